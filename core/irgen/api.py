@@ -1,0 +1,151 @@
+"""The objects plugins hand to irgen, and the errors irgen reports to users.
+
+Everything here is plain Python: importing this module never imports TVM,
+torch or TensorFlow, so `irgen --help` and `irgen plugins` stay fast.
+
+Plugins register instances of these classes from the ``irgen_register_*``
+hooks in :mod:`irgen.hookspecs`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+
+class IrgenError(Exception):
+    """A problem with the user's input: printed as one line, exit code 2."""
+
+
+class UnsupportedOpsError(IrgenError):
+    """The model uses ops a frontend or backend cannot handle (all listed at once)."""
+
+    def __init__(self, where: str, ops: list[str]):
+        self.ops = sorted(set(ops))
+        super().__init__(f"{where}: unsupported ops: {', '.join(self.ops)}")
+
+
+@dataclass
+class InputSpec:
+    """One model input: its name in the source model, shape and dtype."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@dataclass
+class Provenance:
+    """Where a Relax binding came from in the source model.
+
+    Frontends name every Relax binding that holds a source tensor after the
+    (sanitized) tensor name; ``by_var`` maps that Relax variable name to the
+    source node that produced it and the source tensor it holds.
+    """
+
+    # relax var name -> (source node name, source op type, source tensor name or None)
+    by_var: dict[str, tuple[str, str, str | None]] = field(default_factory=dict)
+    # relax var name -> names of vars irgen folded into it (e.g. conv into batch norm)
+    merged: dict[str, list[str]] = field(default_factory=dict)
+
+
+@dataclass
+class ImportedModel:
+    """What a frontend returns: a Relax module whose ``main`` is one dataflow block.
+
+    ``mod`` holds parameters as bound constants; ``inputs`` lists the model
+    inputs in ``main``'s parameter order.
+    """
+
+    mod: Any  # tvm.IRModule
+    inputs: list[InputSpec]
+    provenance: Provenance
+    frontend: str
+    #: source runtime's name for each model output, in order
+    output_names: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Frontend:
+    """Turns one kind of model file into an :class:`ImportedModel`.
+
+    ``claims(path)`` says whether this frontend reads the file (by suffix or
+    content, cheaply: no heavy imports). ``load(path, options)`` imports it;
+    ``options`` carries CLI settings such as input shapes.
+    """
+
+    name: str
+    suffixes: tuple[str, ...]
+    load: Callable[[Path, dict[str, Any]], ImportedModel]
+    claims: Callable[[Path], bool] | None = None
+    description: str = ""
+
+    def claims_file(self, path: Path) -> bool:
+        if self.claims is not None:
+            return bool(self.claims(path))
+        return path.suffix.lower() in self.suffixes
+
+
+@dataclass
+class Quantizer:
+    """A quantization-fusion scheme.
+
+    ``detect(layers)`` says whether the model's layers follow this scheme;
+    ``fold(layers)`` folds quantize/dequantize/clip/cast/multiply/shift ops into
+    each layer's ``quant`` record; ``realize(layers)`` rewrites layers into the
+    integer arithmetic the source runtime uses.
+    """
+
+    name: str
+    detect: Callable[[list[Any]], bool]
+    fold: Callable[[list[Any]], None]
+    realize: Callable[[list[Any]], None] | None = None
+    description: str = ""
+
+
+@dataclass
+class FusionRule:
+    """One hardware-layer fusion rule of a backend.
+
+    ``anchor`` is a set of Relax op names that start a layer (e.g.
+    ``{"relax.nn.conv2d"}``); ``followers`` are tried in order after it, each a
+    set of op names of which at most one is absorbed (e.g. a bias add, then an
+    activation). A follower is absorbed only when it consumes the previous
+    op's result and that result has no other user.
+    """
+
+    name: str
+    anchor: frozenset[str]
+    followers: tuple[frozenset[str], ...] = ()
+
+
+@dataclass
+class Backend:
+    """What a hardware target can run and how it wants its data.
+
+    ``fusion_rules`` decide which graph ops form one hardware layer;
+    ``supported_ops`` (layer op names, None for "all") is checked up front and
+    every unsupported one is listed at once; ``layout`` is the activation
+    layout written in tensor records; ``write_tensor(path_without_suffix, array)``
+    writes one data file and returns its path (default: ``.npy``).
+    """
+
+    name: str
+    fusion_rules: list[FusionRule]
+    supported_ops: frozenset[str] | None = None
+    layout: str = "NCHW"
+    write_tensor: Callable[[Path, Any], Path] | None = None
+    description: str = ""
+
+
+@dataclass
+class Serializer:
+    """Writes the custom IR (a JSON-able dict) into the output folder.
+
+    ``write(ir, out_dir)`` returns the paths it wrote.
+    """
+
+    name: str
+    write: Callable[[dict[str, Any], Path], list[Path]]
+    description: str = ""

@@ -1,0 +1,136 @@
+"""The ``irgen`` command line.
+
+``irgen [--plugin X]... [--strict-plugins] {plugins,run} ...``; the global
+options are also accepted after the subcommand. Only ``irgen run`` imports the
+pipeline (and with it TVM): ``irgen --help`` and ``irgen plugins`` stay fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from irgen import __version__
+from irgen.api import IrgenError
+from irgen.plugins import PluginHost
+
+
+def _add_plugin_options(parser: argparse.ArgumentParser, suffix: str = "") -> None:
+    """The global options; ``suffix`` keeps the copies after a subcommand apart."""
+    parser.add_argument(
+        "--plugin", "-p", action="append", default=[], dest="plugin" + suffix,
+        metavar="MODULE_OR_FILE",
+        help="load a plugin module or .py file; 'no:NAME' blocks plugin NAME (repeatable)",
+    )
+    parser.add_argument(
+        "--strict-plugins", action="store_true", dest="strict_plugins" + suffix,
+        help="a plugin that fails to load is an error (also IRGEN_PLUGINS_STRICT=1)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="irgen", description="Turn NN models into a custom IR and golden data with TVM."
+    )
+    parser.add_argument("--version", action="version", version=f"irgen {__version__}")
+    _add_plugin_options(parser)
+    after = argparse.ArgumentParser(add_help=False)
+    _add_plugin_options(after, suffix="_after")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    listing = commands.add_parser(
+        "plugins", parents=[after], help="list loaded plugins, their versions and hooks"
+    )
+    listing.add_argument("--json", action="store_true", help="print a JSON list")
+    listing.set_defaults(func=cmd_plugins)
+
+    run = commands.add_parser(
+        "run", parents=[after], help="write the IR and golden data of MODEL into OUT"
+    )
+    run.add_argument("model", type=Path, metavar="MODEL", help="model file or SavedModel folder")
+    run.add_argument("-o", "--output", type=Path, required=True, metavar="OUT",
+                     help="output folder")
+    run.add_argument("--input", action="append", default=[], metavar="SPEC",
+                     help="model input data: x.npy (one input) or NAME=x.npy (repeatable); "
+                          "default: seeded random data")
+    run.add_argument("--input-shape", action="append", default=[], metavar="NAME=DIMS",
+                     help="shape for an input the model leaves open, e.g. x=1,3,224,224 (repeatable)")
+    run.add_argument("--opt-level", type=int, choices=range(5), default=3,
+                     help="TVM optimization level (default: 3)")
+    run.add_argument("--frontend", default=None, help="frontend name (default: by file type)")
+    run.add_argument("--backend", default="generic", help="backend name (default: generic)")
+    run.add_argument("--serializer", default="json", help="IR serializer name (default: json)")
+    run.add_argument("--force", action="store_true", help="replace an existing OUT")
+    run.add_argument("--seed", type=int, default=0, help="seed for generated inputs (default: 0)")
+    run.add_argument("--no-progress", action="store_true", help="no progress output")
+    run.set_defaults(func=cmd_run)
+    return parser
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse ``argv``, merging the global options given after the subcommand."""
+    args = build_parser().parse_args(argv)
+    args.plugin = args.plugin + args.plugin_after
+    args.strict_plugins = args.strict_plugins or args.strict_plugins_after
+    del args.plugin_after, args.strict_plugins_after
+    return args
+
+
+def load_host(args: argparse.Namespace) -> PluginHost:
+    return PluginHost().load(extra=args.plugin, strict=args.strict_plugins)
+
+
+def cmd_plugins(args: argparse.Namespace) -> int:
+    rows = load_host(args).describe()
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    if not rows:
+        print("no plugins loaded")
+        return 0
+    table = [("NAME", "VERSION", "SOURCE", "STATUS", "KINDS", "HOOKS")]
+    table += [
+        (r["name"], r["version"] or "-", r["source"], r["status"],
+         ", ".join(r["kinds"]) or "-", ", ".join(r["hooks"]) or "-")
+        for r in rows
+    ]
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]) - 1)]
+    for row in table:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1])
+    for r in rows:
+        if r["error"]:
+            print(f"{r['name']}: {r['error']}")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    host = load_host(args)
+    from irgen import pipeline  # imports TVM
+
+    return int(pipeline.run_cli(args, host))
+
+
+def _one_line(message: Any) -> str:
+    return " ".join(str(message).split())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit code (2 for a user error, 130 when interrupted)."""
+    try:
+        args = parse_args(argv)
+        return int(args.func(args))
+    except IrgenError as exc:
+        print(f"irgen: error: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("irgen: interrupted", file=sys.stderr)
+        return 130
+    except SystemExit as exc:  # argparse: --help, --version, usage errors
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

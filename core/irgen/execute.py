@@ -1,0 +1,229 @@
+"""Claim step 2 on Relax: compile at an opt level, run, and see every kernel's output.
+
+The executed module is lowered here pass by pass so irgen knows, before the
+run, the sequence of kernel calls the VM will make (``Kernel``); the VM's
+instrument hook then hands over each kernel's output as it is produced.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import tvm
+from tvm import relax
+
+from irgen.api import IrgenError
+from irgen.graph import Constant, main_bindings, var_names
+
+#: what each opt level adds, cumulatively (README documents the same table)
+OPT_LEVELS = {
+    0: "no graph optimization: every op is its own kernel, parameter arithmetic runs at run time",
+    1: "constant folding (FoldConstant)",
+    2: "dead-code elimination (DeadCodeElimination)",
+    3: "one fused kernel per hardware layer (FuseTIR over irgen's layers)",
+    4: "as 3; TIR passes that check the level see 4",
+}
+
+
+@dataclass
+class Kernel:
+    """One call the VM makes that produces tensors."""
+
+    callee: str  # PrimFunc name, or "vm.builtin.reshape"
+    outputs: list[str]  # Relax var names of its results
+    inputs: list[Any]  # Relax var names (str) or Constants, in argument order
+    out_types: list[tuple[tuple[int, ...], str]] = field(default_factory=list)
+    storage: list[int] = field(default_factory=list)
+
+
+def _gate(opt_level: int, level: int, p: tvm.transform.Pass) -> list[tvm.transform.Pass]:
+    return [p] if opt_level >= level else []
+
+
+def lower(mod: tvm.IRModule, opt_level: int, group: Callable[[tvm.IRModule], tvm.IRModule]):
+    """Relax passes for ``opt_level``; returns the VM-ready module and its kernel sequence."""
+    target = tvm.target.Target({"kind": "llvm"})
+    with tvm.transform.PassContext(opt_level=opt_level), target:
+        if opt_level >= 1:
+            mod = relax.transform.FoldConstant()(mod)
+        if opt_level >= 2:
+            mod = relax.transform.DeadCodeElimination(["main"])(mod)
+        if opt_level >= 3:
+            mod = group(mod)
+        mod = tvm.transform.Sequential(
+            [
+                relax.backend.DispatchSampling(),
+                relax.backend.DispatchSortScan(),
+                relax.transform.LegalizeOps(),
+                relax.transform.AnnotateTIROpPattern(),
+                *_gate(opt_level, 3, relax.transform.FuseTIR()),
+                *_gate(opt_level, 3, relax.transform.DeadCodeElimination(["main"])),
+                relax.transform.RewriteDataflowReshape(),
+            ]
+        )(mod)
+        kernels, where = kernel_sequence(mod)
+        mod = tvm.transform.Sequential(
+            [
+                relax.transform.ToNonDataflow(),
+                relax.transform.RemovePurityChecking(),
+                relax.transform.CallTIRRewrite(),
+                relax.transform.StaticPlanBlockMemory(),
+                relax.transform.LowerAllocTensor(),
+                relax.transform.KillAfterLastUse(),
+                relax.transform.LowerRuntimeBuiltin(),
+                relax.transform.ComputePrimValue(),
+                relax.transform.VMShapeLower(),
+                relax.transform.AttachGlobalSymbol(),
+            ]
+        )(mod)
+        _attach_storage(mod, kernels)
+        exe = relax.build(mod, target=target, relax_pipeline=None)
+    return exe, kernels, where
+
+
+def _n_fields(ty) -> list[tuple[tuple[int, ...], str]]:
+    tys = list(ty.fields) if isinstance(ty, relax.TupleType) else [ty]
+    out = []
+    for t in tys:
+        shape = tuple(int(d) for d in t.shape.values)
+        out.append((shape, str(t.dtype)))
+    return out
+
+
+def kernel_sequence(mod: tvm.IRModule) -> tuple[list[Kernel], dict[str, tuple[int, int]]]:
+    """The kernels ``main`` calls, in order, and where each var's value comes from.
+
+    ``where`` maps a Relax var name to (kernel index, output index), following
+    tuple-get-items and aliases.
+    """
+    _, bindings = main_bindings(mod)
+    kernels: list[Kernel] = []
+    where: dict[str, tuple[int, int]] = {}
+    for b in bindings:
+        v = b.value
+        if isinstance(v, relax.TupleGetItem) and isinstance(v.tuple_value, relax.Var):
+            src = where.get(v.tuple_value.name)
+            if src is not None:
+                where[b.name] = (src[0], v.index)
+            continue
+        if isinstance(v, relax.Var):
+            if v.name in where:
+                where[b.name] = where[v.name]
+            continue
+        if not isinstance(v, relax.Call):
+            continue
+        op = v.op
+        name = op.name if isinstance(op, tvm.ir.Op) else None
+        if name == "relax.call_tir":
+            callee = v.args[0].name_hint
+            args = list(v.args[1].fields)
+            outs = _n_fields(b.var.ty)
+            out_names = [b.name] if len(outs) == 1 else [f"{b.name}.{k}" for k in range(len(outs))]
+            where[b.name] = (len(kernels), 0)
+            kernels.append(Kernel(callee, out_names, [_arg(a) for a in args], outs))
+        elif name == "relax.reshape":
+            where[b.name] = (len(kernels), 0)
+            kernels.append(Kernel("vm.builtin.reshape", [b.name], [_arg(v.args[0])], _n_fields(b.var.ty)))
+        elif name is not None and name.startswith("relax.") and name not in ("relax.call_pure_packed",):
+            raise IrgenError(f"internal: op {name} was not lowered to a kernel")
+    # passes may rename a result that ``main`` returns to the returned var:
+    # record the returned vars by position ("@out:K")
+    body = mod["main"].body.body
+    outs = list(body.fields) if isinstance(body, relax.Tuple) else [body]
+    for i, o in enumerate(outs):
+        if isinstance(o, relax.Var) and o.name in where:
+            where[f"@out:{i}"] = where[o.name]
+    return kernels, where
+
+
+def _arg(a):
+    if isinstance(a, relax.Var):
+        return a.name
+    if isinstance(a, Constant):
+        return a
+    raise IrgenError(f"internal: unexpected kernel argument {type(a).__name__}")
+
+
+def _attach_storage(final: tvm.IRModule, kernels: list[Kernel]) -> None:
+    """Storage ids of each kernel output, read off the memory-planned ``main``."""
+    func = final["main"]
+    storage_of: dict[str, int] = {}
+    storages: dict[str, int] = {}
+    calls = []
+    for block in func.body.blocks:
+        for b in block.bindings:
+            v = b.value
+            if not isinstance(v, relax.Call):
+                continue
+            op = v.op
+            opname = op.name if isinstance(op, tvm.ir.Op) else None
+            if opname in ("relax.vm.alloc_storage", "relax.memory.alloc_storage"):
+                storages[b.var.name] = len(storages)
+            elif opname in ("relax.vm.alloc_tensor", "relax.memory.alloc_tensor"):
+                s = v.args[0]
+                if isinstance(s, relax.Var) and s.name in storages:
+                    storage_of[b.var.name] = storages[s.name]
+                else:
+                    storages[b.var.name] = len(storages)
+                    storage_of[b.var.name] = storages[b.var.name]
+            elif isinstance(op, tvm.ir.GlobalVar):
+                calls.append([a.name if isinstance(a, relax.Var) else None for a in v.args])
+            elif opname == "relax.call_packed" and isinstance(v.args[0], relax.ExternFunc) and v.args[0].global_symbol == "vm.builtin.reshape":
+                src = v.args[1].name if isinstance(v.args[1], relax.Var) else None
+                storage_of[b.var.name] = storage_of.get(src, -1)
+                calls.append(None)
+    if len(calls) != len(kernels):
+        return  # storage ids are informative only
+    fresh = len(storages)
+    for k, args in zip(kernels, calls):
+        if args is None:
+            k.storage = [-1]
+            continue
+        outs = args[len(args) - len(k.outputs):]
+        ids = []
+        for a in outs:
+            if a in storage_of:
+                ids.append(storage_of[a])
+            else:
+                ids.append(fresh)
+                fresh += 1
+        k.storage = ids
+
+
+class Capture:
+    """VM instrument: matches calls to the kernel sequence and hands over outputs.
+
+    ``on_output(kernel_index, output_index, tensor)`` is called right after a
+    kernel ran, before the VM reuses the output's storage; it must copy.
+    """
+
+    def __init__(self, kernels: list[Kernel], on_output: Callable[[int, int, Any], None]):
+        self.kernels = kernels
+        self.on_output = on_output
+        self.pos = 0
+
+    def __call__(self, func, name, before_run, ret_value, *args):
+        if before_run or self.pos >= len(self.kernels):
+            return 0
+        k = self.kernels[self.pos]
+        if name != k.callee:
+            return 0
+        if k.callee == "vm.builtin.reshape":
+            outs = [ret_value]
+        else:
+            outs = list(args[len(args) - len(k.outputs):])
+        for j, t in enumerate(outs):
+            self.on_output(self.pos, j, t)
+        self.pos += 1
+        return 0
+
+
+def run(exe, inputs: list[Any], kernels: list[Kernel], on_output) -> Any:
+    vm = relax.VirtualMachine(exe, tvm.cpu())
+    cap = Capture(kernels, on_output)
+    vm.set_instrument(cap)
+    result = vm["main"](*[tvm.runtime.tensor(x) for x in inputs])
+    if cap.pos != len(kernels):
+        raise IrgenError(f"internal: saw {cap.pos} of {len(kernels)} kernel calls")
+    return result

@@ -1,0 +1,477 @@
+"""The Relax dataflow graph as irgen sees it (claim step 3).
+
+``main`` of an imported module is one dataflow block of bindings. This module
+reads it into :class:`Binding` records, folds batch norms into the preceding
+convolution, forms hardware layers with a backend's fusion rules, and builds
+the module that runs each layer as one function (so one fused kernel).
+
+Frontends name every binding that holds a source tensor (see
+:class:`irgen.api.Provenance`); layers are matched between the analysed and
+the executed module by those names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from irgen.api import FusionRule, IrgenError, Provenance
+
+Constant = tvm.ir.Constant
+
+# Relax op name -> layer op name (claim 3.1's classes and what real CNNs need).
+OP_NAMES = {
+    "relax.nn.conv2d": "conv2d",
+    "relax.nn.conv2d_transpose": "conv2d_transpose",
+    "relax.nn.conv1d": "conv1d",
+    "relax.matmul": "matmul",
+    "relax.add": "add",
+    "relax.subtract": "subtract",
+    "relax.multiply": "multiply",
+    "relax.divide": "divide",
+    "relax.nn.relu": "relu",
+    "relax.clip": "clip",
+    "relax.sigmoid": "sigmoid",
+    "relax.tanh": "tanh",
+    "relax.nn.max_pool2d": "max_pool2d",
+    "relax.nn.avg_pool2d": "avg_pool2d",
+    "relax.nn.adaptive_avg_pool2d": "global_avg_pool2d",
+    "relax.mean": "mean",
+    "relax.concat": "concatenate",
+    "relax.permute_dims": "transpose",
+    "relax.reshape": "reshape",
+    "relax.nn.softmax": "softmax",
+    "relax.nn.batch_norm": "batch_norm",
+    "relax.squeeze": "reshape",
+    "relax.expand_dims": "reshape",
+    "relax.flatten": "reshape",
+}
+
+
+def op_name(call: relax.Call) -> str | None:
+    """The Relax op name of a call (``relax.nn.conv2d``), or None for other callees."""
+    op = call.op
+    return op.name if isinstance(op, tvm.ir.Op) else None
+
+
+def attrs_to_dict(attrs: Any) -> dict[str, Any]:
+    """A JSON-able dict of a call's attributes."""
+    if attrs is None:
+        return {}
+    out = {}
+    for key in dir(attrs):
+        if key.startswith("_") or key in {"get_int", "get_int_tuple", "get_str", "id_", "is_", "same_as"}:
+            continue
+        try:
+            value = getattr(attrs, key)
+        except Exception:  # pragma: no cover - attribute that cannot be read
+            continue
+        if callable(value):
+            continue
+        out[key] = to_json(value)
+    return out
+
+
+def to_json(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)) or type(value).__name__ == "Array":
+        return [to_json(v) for v in value]
+    if hasattr(value, "value"):
+        return to_json(value.value)
+    if type(value).__name__ == "DataType":
+        return str(value)
+    return str(value)
+
+
+def tensor_type(expr: relax.Expr) -> tuple[tuple[int, ...], str] | None:
+    """Static shape and dtype of a tensor-typed expression, None if not a static tensor."""
+    ty = expr.ty
+    if not isinstance(ty, relax.TensorType) or ty.shape is None:
+        return None
+    try:
+        shape = tuple(int(d) for d in ty.shape.values)
+    except (TypeError, AttributeError):
+        try:
+            shape = tuple(int(d) for d in ty.shape)
+        except Exception:
+            return None
+    return shape, str(ty.dtype)
+
+
+@dataclass
+class Binding:
+    """One ``var = value`` of ``main``'s dataflow block."""
+
+    name: str
+    var: relax.Var
+    value: relax.Expr
+
+    @property
+    def kind(self) -> str:
+        v = self.value
+        if isinstance(v, relax.Call):
+            return "call"
+        if isinstance(v, relax.TupleGetItem):
+            return "tgi"
+        if isinstance(v, relax.Var):
+            return "alias"
+        if isinstance(v, relax.Tuple):
+            return "tuple"
+        if isinstance(v, Constant):
+            return "const"
+        return "other"
+
+    @property
+    def op(self) -> str | None:
+        return op_name(self.value) if isinstance(self.value, relax.Call) else None
+
+
+def var_names(expr: relax.Expr) -> list[str]:
+    """Names of the variables an expression reads, in order (through tuples)."""
+    if isinstance(expr, relax.Var):
+        return [expr.name]
+    if isinstance(expr, relax.Call):
+        return [n for a in expr.args for n in var_names(a)]
+    if isinstance(expr, relax.Tuple):
+        return [n for f in expr.fields for n in var_names(f)]
+    if isinstance(expr, relax.TupleGetItem):
+        return var_names(expr.tuple_value)
+    return []
+
+
+def constants(expr: relax.Expr) -> list[Constant]:
+    """Tensor constants an expression reads, in order."""
+    if isinstance(expr, Constant):
+        return [expr] if isinstance(expr.ty, relax.TensorType) else []
+    if isinstance(expr, relax.Call):
+        return [c for a in expr.args for c in constants(a)]
+    if isinstance(expr, relax.Tuple):
+        return [c for f in expr.fields for c in constants(f)]
+    return []
+
+
+def main_bindings(mod: tvm.IRModule) -> tuple[relax.Function, list[Binding]]:
+    """``main`` and its bindings; irgen handles one dataflow block of static shapes."""
+    func = mod["main"]
+    body = func.body
+    bindings: list[Binding] = []
+    for block in body.blocks:
+        for b in block.bindings:
+            if not isinstance(b, relax.VarBinding):
+                raise IrgenError("the model needs dynamic shapes (match_cast); give static input shapes")
+            bindings.append(Binding(b.var.name, b.var, b.value))
+    return func, bindings
+
+
+def substitute(expr: relax.Expr, vmap: dict[str, relax.Expr], cmap: dict | None = None) -> relax.Expr:
+    """Rebuild ``expr`` with variables replaced by name and constants by identity."""
+    if isinstance(expr, relax.Var):
+        return vmap.get(expr.name, expr)
+    if isinstance(expr, Constant):
+        if cmap:
+            for c, repl in cmap:
+                if c.same_as(expr):
+                    return repl
+        return expr
+    if isinstance(expr, relax.Call):
+        return relax.Call(expr.op, [substitute(a, vmap, cmap) for a in expr.args], expr.attrs, expr.ty_args)
+    if isinstance(expr, relax.Tuple):
+        return relax.Tuple([substitute(f, vmap, cmap) for f in expr.fields])
+    if isinstance(expr, relax.TupleGetItem):
+        return relax.TupleGetItem(substitute(expr.tuple_value, vmap, cmap), expr.index)
+    return expr
+
+
+def rebuild_main(mod: tvm.IRModule, bindings: list[Binding]) -> tvm.IRModule:
+    """``mod`` with ``main``'s dataflow block replaced by ``bindings`` (vars kept)."""
+    func = mod["main"]
+    out = func.body.body
+    # the block's output var(s) are non-dataflow vars; keep the block as dataflow
+    block = relax.DataflowBlock([relax.VarBinding(b.var, b.value) for b in bindings])
+    new_func = relax.Function(func.params, relax.SeqExpr([block], out), func.ret_ty, func.is_pure, func.attrs)
+    new_mod = tvm.IRModule({gv: f for gv, f in mod.functions.items() if gv.name_hint != "main"})
+    new_mod["main"] = new_func
+    return relax.transform.Normalize()(new_mod)
+
+
+def users_of(bindings: list[Binding]) -> dict[str, list[int]]:
+    users: dict[str, list[int]] = {}
+    for i, b in enumerate(bindings):
+        for n in var_names(b.value):
+            users.setdefault(n, []).append(i)
+    return users
+
+
+def const_np(c: Constant) -> np.ndarray:
+    return c.value.numpy()
+
+
+# --------------------------------------------------------------------------
+# Batch-norm folding: conv2d (+ bias) -> batch_norm -> [0]  ==>  conv2d' + bias'
+
+
+def fold_batch_norm(mod: tvm.IRModule, provenance: Provenance) -> tvm.IRModule:
+    """Fold inference batch norms that follow a convolution into its weight and bias.
+
+    The folded layer keeps the batch norm's output name; the convolution's and
+    batch norm's source nodes are recorded as merged into it.
+    """
+    _, bindings = main_bindings(mod)
+    users = users_of(bindings)
+    by_name = {b.name: i for i, b in enumerate(bindings)}
+    drop: set[int] = set()
+    replace: dict[int, relax.Expr] = {}
+    for i, b in enumerate(bindings):
+        if b.op != "relax.nn.batch_norm":
+            continue
+        data, gamma, beta, mean, var = b.value.args[:5]
+        if not all(isinstance(x, Constant) for x in (gamma, beta, mean, var)) or not isinstance(data, relax.Var):
+            continue
+        u = users.get(b.name, [])
+        if len(u) != 1 or bindings[u[0]].kind != "tgi" or bindings[u[0]].value.index != 0:
+            continue
+        out_idx = u[0]
+        chain = []  # producer bindings: conv2d, optional bias add
+        j = by_name.get(data.name)
+        if j is None or len(users.get(data.name, [])) != 1:
+            continue
+        bias = None
+        if bindings[j].op == "relax.add" and isinstance(bindings[j].value.args[1], Constant):
+            bias = const_np(bindings[j].value.args[1])
+            chain.append(j)
+            inner = bindings[j].value.args[0]
+            j = by_name.get(inner.name) if isinstance(inner, relax.Var) else None
+            if j is None or len(users.get(inner.name, [])) != 1:
+                continue
+        conv = bindings[j]
+        if conv.op != "relax.nn.conv2d" or not isinstance(conv.value.args[1], Constant):
+            continue
+        cattrs = conv.value.attrs
+        if str(cattrs.data_layout) != "NCHW" or str(cattrs.kernel_layout) != "OIHW" or int(b.value.attrs.axis) != 1:
+            continue
+        eps = float(b.value.attrs.epsilon)
+        w = const_np(conv.value.args[1])
+        g, bt, m, v = (const_np(x) for x in (gamma, beta, mean, var))
+        scale = (g / np.sqrt(v + np.asarray(eps, dtype=v.dtype))).astype(w.dtype)
+        new_w = (w * scale.reshape(-1, 1, 1, 1)).astype(w.dtype)
+        b0 = bias.reshape(-1) if bias is not None else np.zeros_like(m)
+        new_b = ((b0 - m) * scale + bt).astype(w.dtype).reshape(1, -1, 1, 1)
+        replace[j] = relax.Call(conv.value.op, [conv.value.args[0], relax.const(new_w)], conv.value.attrs, conv.value.ty_args)
+        replace[out_idx] = relax.op.add(conv.var, relax.const(new_b))
+        drop.update(chain)
+        drop.add(i)
+        merged = provenance.merged.setdefault(bindings[out_idx].name, [])
+        merged.extend([bindings[k].name for k in chain] + [b.name, conv.name])
+    if not replace:
+        return mod
+    new = [
+        Binding(b.name, b.var, replace.get(i, b.value)) for i, b in enumerate(bindings) if i not in drop
+    ]
+    return rebuild_main(mod, new)
+
+
+# --------------------------------------------------------------------------
+# Layers
+
+
+@dataclass
+class Layer:
+    """One hardware layer: consecutive bindings that run as one kernel."""
+
+    index: int
+    members: list[str]  # binding names, in order
+    anchor: str  # binding name of the op that names the layer
+    rule: str | None = None
+    outputs: list[str] = field(default_factory=list)  # binding names holding the layer's results
+    name: str = ""
+
+
+def form_layers(
+    bindings: list[Binding], rules: list[FusionRule], provenance: Provenance, main_output: relax.Expr
+) -> list[Layer]:
+    """Group bindings into hardware layers with a backend's fusion rules.
+
+    Tuple-get-item and alias bindings stay outside layers: they name results
+    of the layer that produced the tuple or value.
+    """
+    users = users_of(bindings)
+    assigned: dict[str, int] = {}
+    layers: list[Layer] = []
+    for i, b in enumerate(bindings):
+        if b.name in assigned or b.kind in ("tgi", "alias", "const"):
+            continue
+        layer = Layer(len(layers), [b.name], b.name)
+        assigned[b.name] = layer.index
+        rule = next((r for r in rules if b.op in r.anchor), None)
+        if rule is not None:
+            layer.rule = rule.name
+            tail = i
+            for followers in rule.followers:
+                u = users.get(bindings[tail].name, [])
+                if len(u) != 1:
+                    break
+                nxt = bindings[u[0]]
+                if nxt.op not in followers or nxt.name in assigned:
+                    continue
+                args = nxt.value.args
+                first = args[0]
+                if not (isinstance(first, relax.Var) and first.name == bindings[tail].name):
+                    continue
+                if any(isinstance(a, relax.Var) for a in args[1:]):
+                    continue  # a second tensor input is a layer of its own (e.g. a residual add)
+                layer.members.append(nxt.name)
+                assigned[nxt.name] = layer.index
+                tail = u[0]
+        layers.append(layer)
+
+    # ops a converter split into several bindings: merge unnamed single-use
+    # results into the layer of the same source node that consumes them
+    idx = {b.name: i for i, b in enumerate(bindings)}
+    merged_into: dict[int, int] = {}
+    for layer in layers:
+        last = layer.members[-1]
+        if last in provenance.by_var:
+            continue
+        u = users.get(last, [])
+        if len(u) != 1 or bindings[u[0]].name not in assigned:
+            continue
+        target = assigned[bindings[u[0]].name]
+        if target == layer.index:
+            continue
+        merged_into[layer.index] = target
+    if merged_into:
+        def root(k: int) -> int:
+            while k in merged_into:
+                k = merged_into[k]
+            return k
+
+        groups: dict[int, list[str]] = {}
+        for layer in layers:
+            groups.setdefault(root(layer.index), []).extend(layer.members)
+        new_layers = []
+        for layer in layers:
+            if layer.index in merged_into:
+                continue
+            members = sorted(groups[layer.index], key=idx.__getitem__)
+            anchor = layer.anchor if layer.rule else members[0]
+            new_layers.append(Layer(len(new_layers), members, anchor, layer.rule))
+        layers = new_layers
+        assigned = {m: layer.index for layer in layers for m in layer.members}
+
+    # a layer's results: members used outside the layer (or by main's output)
+    out_names = set(var_names(main_output))
+    for layer in layers:
+        mset = set(layer.members)
+        for m in layer.members:
+            outside = [k for k in users.get(m, []) if bindings[k].name not in mset]
+            if outside or m in out_names:
+                layer.outputs.append(m)
+        if not layer.outputs:
+            layer.outputs.append(layer.members[-1])
+    return layers
+
+
+def resolve(name: str, bindings_by_name: dict[str, Binding]) -> str:
+    """Follow alias bindings to the binding that computes a value."""
+    seen = set()
+    while name in bindings_by_name and bindings_by_name[name].kind == "alias" and name not in seen:
+        seen.add(name)
+        name = bindings_by_name[name].value.name
+    return name
+
+
+# --------------------------------------------------------------------------
+# The executed module: each layer one function, fused into one kernel
+
+
+def group_module(mod: tvm.IRModule, assignment: dict[str, int], layer_names: dict[int, str]) -> tvm.IRModule:
+    """Move each layer's bindings into a private ``Primitive`` function.
+
+    ``assignment`` maps binding names to layer indices; bindings not named
+    there go with the next assigned binding (the parameter arithmetic a
+    converter emitted ahead of its op). Tuple-get-items and aliases stay in
+    ``main``. FuseTIR later turns each function into one kernel.
+    """
+    func, bindings = main_bindings(mod)
+    groups: dict[int, list[Binding]] = {}
+    order: list[int] = []
+    pending: list[Binding] = []
+    stay: dict[str, Binding] = {}
+    seq: list[tuple[str, Any]] = []  # ("layer", k) or ("bind", binding) in main order
+    for b in bindings:
+        if b.kind in ("tgi", "alias", "const"):
+            stay[b.name] = b
+            seq.append(("bind", b))
+            continue
+        k = assignment.get(b.name)
+        if k is None:
+            pending.append(b)
+            continue
+        if k not in groups:
+            groups[k] = []
+            order.append(k)
+            seq.append(("layer", k))
+        groups[k].extend(pending)
+        pending = []
+        groups[k].append(b)
+    if pending:
+        raise IrgenError(f"internal: bindings after the last layer: {[b.name for b in pending]}")
+
+    users = users_of(bindings)
+    where = {b.name: k for k, bs in groups.items() for b in bs}
+    out_names = set(var_names(func.body.body))
+    bb = relax.BlockBuilder()
+    vmap: dict[str, relax.Expr] = {}
+    with bb.function("main", list(func.params), attrs=dict(func.attrs) if func.attrs else None, pure=True):
+        with bb.dataflow():
+            for kind, item in seq:
+                if kind == "bind":
+                    b = item
+                    new = bb.emit(substitute(b.value, vmap), name_hint=b.name)
+                    vmap[b.name] = new
+                    continue
+                k = item
+                members = groups[k]
+                mset = {b.name for b in members}
+                ext: list[str] = []
+                consts: list[Constant] = []
+                for b in members:
+                    for n in var_names(b.value):
+                        if n not in mset and n not in ext:
+                            ext.append(n)
+                    for c in constants(b.value):
+                        if not any(c.same_as(x) for x in consts):
+                            consts.append(c)
+                outs = [
+                    b.name for b in members
+                    if b.name in out_names or any(where.get(bindings[u].name) != k for u in users.get(b.name, []))
+                ] or [members[-1].name]
+                src = {**{p.name: p for p in func.params}, **vmap}
+                params = [relax.Var(f"{n}_in", src[n].ty) for n in ext]
+                cparams = [relax.Var(f"c{j}", c.ty) for j, c in enumerate(consts)]
+                fb = relax.BlockBuilder()
+                with fb.function("layer", params + cparams, attrs={"Primitive": True}, private=True):
+                    with fb.dataflow():
+                        inner = dict(zip(ext, params))
+                        for b in members:
+                            inner[b.name] = fb.emit(substitute(b.value, inner, list(zip(consts, cparams))), name_hint=b.name)
+                        res = inner[outs[0]] if len(outs) == 1 else relax.Tuple([inner[o] for o in outs])
+                        gv_out = fb.emit_output(res)
+                    fb.emit_func_output(gv_out)
+                fn = fb.get()["layer"]
+                gvar = bb.add_func(fn, layer_names[k])
+                call = relax.Call(gvar, [src[n] for n in ext] + list(consts))
+                if len(outs) == 1:
+                    vmap[outs[0]] = bb.emit(call, name_hint=outs[0])
+                else:
+                    tup = bb.emit(call, name_hint=f"{layer_names[k]}_out")
+                    for j, o in enumerate(outs):
+                        vmap[o] = bb.emit(relax.TupleGetItem(tup, j), name_hint=o)
+            result = bb.emit_output(substitute(func.body.body, vmap))
+        bb.emit_func_output(result)
+    return bb.get()

@@ -1,0 +1,190 @@
+"""Claim step 3.3: the custom IR's layer records, built from formed layers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from tvm import relax
+
+from irgen.api import Provenance
+from irgen.graph import OP_NAMES, Binding, Constant, Layer, attrs_to_dict, tensor_type, to_json
+
+IR_VERSION = 1
+
+_ACTIVATIONS = {"relax.nn.relu", "relax.clip", "relax.sigmoid", "relax.tanh", "relax.nn.gelu", "relax.nn.silu"}
+_WEIGHTED = {"relax.nn.conv2d", "relax.nn.conv1d", "relax.nn.conv2d_transpose", "relax.matmul"}
+
+
+def short_op(b: Binding) -> str:
+    """Layer-op name of one binding (``conv2d``, ``dense``, ``flatten``...)."""
+    name = b.op or b.kind
+    v = b.value
+    if name == "relax.matmul" and isinstance(v.args[1], Constant) and len(v.args[1].ty.shape.values) == 2:
+        return "dense"
+    if name == "relax.mean":
+        axes = [int(a) for a in v.attrs.axis] if v.attrs.axis is not None else []
+        t = tensor_type(v.args[0])
+        if t and len(t[0]) == 4 and sorted(a % 4 for a in axes) == [2, 3]:
+            return "global_avg_pool2d"
+    if name == "relax.reshape":
+        tin, tout = tensor_type(v.args[0]), tensor_type(b.var)
+        if tin and tout and len(tout[0]) == 2 and len(tin[0]) > 2 and tout[0][0] == tin[0][0]:
+            return "flatten"
+    if name in OP_NAMES:
+        return OP_NAMES[name]
+    return name.removeprefix("relax.").removeprefix("nn.").replace(".", "_")
+
+
+@dataclass
+class LayerRecord:
+    """A layer's IR record plus its parameter arrays (written as files by the pipeline)."""
+
+    record: dict[str, Any]
+    params: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+def _role(anchor_op: str | None, b: Binding, arg_index: int, is_anchor: bool) -> str:
+    op = b.op
+    if op in _WEIGHTED and arg_index == 1:
+        return "weight"
+    if op == "relax.nn.batch_norm":
+        return ["data", "gamma", "beta", "moving_mean", "moving_var"][arg_index]
+    if not is_anchor and anchor_op in _WEIGHTED:
+        if op == "relax.add":
+            return "bias"
+        if op == "relax.multiply":
+            return "scale"
+    return "operand"
+
+
+def _arg_ref(a: relax.Expr, names: dict[str, str], params: list[tuple[Constant, str]]) -> Any:
+    if isinstance(a, relax.Var):
+        return names.get(a.name, a.name)
+    if isinstance(a, Constant):
+        for c, role in params:
+            if c.same_as(a):
+                return f"param:{role}"
+        return {"value": to_json(a.value.numpy().tolist()) if hasattr(a.value, "numpy") else to_json(a.value)}
+    if isinstance(a, relax.ShapeExpr):
+        return {"shape": [int(x) for x in a.values]}
+    if isinstance(a, relax.Tuple):
+        return [_arg_ref(f, names, params) for f in a.fields]
+    if hasattr(a, "value"):
+        return {"value": to_json(a.value)}
+    return {"value": str(a)}
+
+
+def build_layer_record(
+    layer: Layer,
+    by_name: dict[str, Binding],
+    provenance: Provenance,
+    tensor_name: dict[str, str],
+    layer_name: str,
+) -> LayerRecord:
+    """The IR record of one layer.
+
+    ``tensor_name`` maps Relax var names of layer inputs/outputs to IR tensor
+    names. ``fused_ops`` is a small program: each op's ``args`` name a layer
+    input (``input:K``), a parameter (``param:ROLE``), an earlier op's result
+    (``op:J``) or a literal; it is what the numpy reference runs.
+    """
+    members = [by_name[m] for m in layer.members]
+    anchor = by_name[layer.anchor]
+    mset = set(layer.members)
+
+    ext: list[str] = []
+    for b in members:
+        for a in _walk_vars(b.value):
+            if a not in mset and a not in ext:
+                ext.append(a)
+
+    params: list[tuple[Constant, str]] = []
+    arrays: dict[str, np.ndarray] = {}
+    for b in members:
+        for j, a in enumerate(_flat_args(b.value)):
+            if isinstance(a, Constant) and isinstance(a.ty, relax.TensorType) and not any(a.same_as(c) for c, _ in params):
+                arr = a.value.numpy()
+                if arr.ndim == 0 and b.op not in _WEIGHTED:
+                    continue  # a scalar literal stays inline in the op's args
+                role = _role(anchor.op, b, j, b is anchor)
+                base, k = role, 1
+                while role in arrays:
+                    role = f"{base}{k}"
+                    k += 1
+                params.append((a, role))
+                arrays[role] = arr
+
+    refs = {n: f"input:{i}" for i, n in enumerate(ext)}
+    ops = []
+    for j, b in enumerate(members):
+        ops.append(
+            {
+                "op": short_op(b),
+                "relax_op": b.op or b.kind,
+                "attrs": attrs_to_dict(b.value.attrs) if isinstance(b.value, relax.Call) else {"index": int(b.value.index)} if b.kind == "tgi" else {},
+                "args": [_arg_ref(a, refs, params) for a in _flat_args(b.value)],
+            }
+        )
+        refs[b.name] = f"op:{j}"
+
+    attrs = dict(ops[layer.members.index(layer.anchor)]["attrs"])
+    acts = [b for b in members if b.op in _ACTIVATIONS and b is not anchor]
+    if acts:
+        act = acts[-1]
+        a = {"op": short_op(act)}
+        if act.op == "relax.clip":
+            a["min"] = _arg_ref(act.value.args[1], {}, [])["value"]
+            a["max"] = _arg_ref(act.value.args[2], {}, [])["value"]
+        attrs["activation"] = a
+
+    nodes: list[str] = []
+    op_types: list[str] = []
+    tensors: list[str] = []
+    for m in layer.members:
+        for name in [*provenance.merged.get(m, []), m]:
+            if name in provenance.by_var:
+                node, op_type, tensor = provenance.by_var[name]
+                if node not in nodes:
+                    nodes.append(node)
+                    op_types.append(op_type)
+                if tensor and tensor not in tensors:
+                    tensors.append(tensor)
+    out_src = [provenance.by_var[o][2] for o in layer.outputs if o in provenance.by_var and provenance.by_var[o][2]]
+
+    op = short_op(anchor)
+    if layer.rule is None and len(members) > 1 and len(set(op_types)) == 1:
+        op = op_types[0].lower()
+    record = {
+        "name": layer_name,
+        "op": op,
+        "fused_ops": ops,
+        "attrs": attrs,
+        "inputs": [tensor_name.get(n, n) for n in ext],
+        "outputs": [tensor_name.get(o, o) for o in layer.outputs],
+        "params": {},
+        "quant": None,
+        "source": {"nodes": nodes, "op_types": op_types, "tensors": tensors, "outputs": out_src},
+    }
+    return LayerRecord(record, arrays)
+
+
+def _flat_args(v: relax.Expr) -> list[relax.Expr]:
+    if isinstance(v, relax.Call):
+        out = []
+        for a in v.args:
+            if isinstance(a, relax.Tuple):
+                out.extend(a.fields)
+            else:
+                out.append(a)
+        return out
+    if isinstance(v, relax.TupleGetItem):
+        return [v.tuple_value]
+    if isinstance(v, relax.Var):
+        return [v]
+    return []
+
+
+def _walk_vars(v: relax.Expr) -> list[str]:
+    return [a.name for a in _flat_args(v) if isinstance(a, relax.Var)]

@@ -1,0 +1,486 @@
+"""``irgen run``: the claims' three steps on Relax, end to end.
+
+1. import the model (frontend plugin) -> ``graph/model.relax.txt``, ``graph/shape_dtype.json``
+2. compile at ``--opt-level`` and run with the VM instrument -> ``debug/``
+3. form layers (backend's fusion rules) -> ``ir.json``, ``parameters/``, ``activations/``
+
+Every tensor is written as the VM produces it; the output folder appears
+complete or not at all.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from irgen import __version__
+from irgen.api import Backend, ImportedModel, InputSpec, IrgenError
+from irgen.names import SafeNames, sanitize
+from irgen.output import OutputFolder, ParamsStreamWriter, Progress, write_manifest
+
+
+def parse_input_shapes(specs: list[str]) -> dict[str, tuple[int, ...]]:
+    shapes = {}
+    for spec in specs:
+        name, sep, dims = spec.rpartition("=")
+        try:
+            if not sep or not name:
+                raise ValueError
+            shapes[name] = tuple(int(d) for d in dims.split(","))
+        except ValueError:
+            raise IrgenError(f"--input-shape {spec!r}: expected NAME=D1,D2,...") from None
+    return shapes
+
+
+def load_inputs(specs: list[InputSpec], given: list[str], seed: int) -> list[np.ndarray]:
+    """The model's input arrays: from ``--input`` files, else seeded random data."""
+    files: dict[str, Path] = {}
+    for item in given:
+        name, sep, file = item.partition("=")
+        if sep and not Path(item).exists():
+            if name not in {s.name for s in specs}:
+                raise IrgenError(f"--input {item!r}: the model has no input {name!r} (inputs: {', '.join(s.name for s in specs)})")
+            files[name] = Path(file)
+        else:
+            if len(specs) != 1:
+                raise IrgenError(f"--input {item!r}: the model has {len(specs)} inputs; give NAME=FILE for each")
+            files[specs[0].name] = Path(item)
+    rng = np.random.default_rng(seed)
+    arrays = []
+    for s in specs:
+        if s.name in files:
+            path = files[s.name]
+            if not path.is_file():
+                raise IrgenError(f"--input {path}: no such file")
+            try:
+                arr = np.load(path, allow_pickle=False)
+            except ValueError as err:
+                raise IrgenError(f"--input {path}: not a plain .npy array ({err})") from None
+            except Exception as err:
+                raise IrgenError(f"--input {path}: cannot read ({type(err).__name__}: {err})") from None
+            if not isinstance(arr, np.ndarray):
+                raise IrgenError(f"--input {path}: holds several arrays; give one .npy per input")
+            if tuple(arr.shape) != tuple(s.shape):
+                raise IrgenError(f"--input {path}: shape {tuple(arr.shape)} does not match input {s.name!r} shape {tuple(s.shape)}")
+            if str(arr.dtype) != s.dtype:
+                raise IrgenError(f"--input {path}: dtype {arr.dtype} does not match input {s.name!r} dtype {s.dtype}")
+            arrays.append(np.ascontiguousarray(arr))
+        elif np.issubdtype(np.dtype(s.dtype), np.floating):
+            arrays.append(rng.random(s.shape, dtype=np.float32).astype(s.dtype))
+        elif np.issubdtype(np.dtype(s.dtype), np.integer):
+            info = np.iinfo(s.dtype)
+            arrays.append(rng.integers(max(info.min, -128), min(info.max, 127), s.shape, endpoint=True).astype(s.dtype))
+        elif s.dtype == "bool":
+            arrays.append(rng.random(s.shape) < 0.5)
+        else:
+            raise IrgenError(f"input {s.name!r}: cannot generate data of dtype {s.dtype}; give --input")
+    return arrays
+
+
+def pick_frontend(host, model: Path, name: str | None):
+    if name:
+        return host.frontends.get(name)
+    for _, fe in host.frontends.items():
+        if fe.claims_file(model):
+            return fe
+    known = ", ".join(f"{n} ({', '.join(f.suffixes)})" for n, f in host.frontends.items()) or "none installed"
+    raise IrgenError(f"{model}: no frontend reads this file (frontends: {known})")
+
+
+def sha256_path(path: Path) -> str:
+    h = hashlib.sha256()
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    for p in files:
+        with open(p, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def run_cli(args, host) -> int:
+    options = {"input_shapes": parse_input_shapes(getattr(args, "input_shape", []) or [])}
+    run(
+        host,
+        model=Path(args.model),
+        out=Path(args.output),
+        inputs=args.input,
+        opt_level=args.opt_level,
+        frontend=args.frontend,
+        backend=args.backend,
+        serializer=args.serializer,
+        force=args.force,
+        seed=args.seed,
+        progress=Progress(enabled=not args.no_progress),
+        options=options,
+        command=["irgen", *sys.argv[1:]],
+    )
+    return 0
+
+
+def run(
+    host,
+    model: Path,
+    out: Path,
+    inputs: list[str] = (),
+    opt_level: int = 3,
+    frontend: str | None = None,
+    backend: str = "generic",
+    serializer: str = "json",
+    force: bool = False,
+    seed: int = 0,
+    progress: Progress | None = None,
+    options: dict[str, Any] | None = None,
+    command: list[str] | None = None,
+) -> dict[str, Any]:
+    """Generate the IR and golden data for ``model`` into ``out``; returns the IR dict."""
+    progress = progress or Progress(enabled=False)
+    if not model.exists():
+        raise IrgenError(f"{model}: no such file")
+    if opt_level not in range(5):
+        raise IrgenError(f"--opt-level {opt_level}: must be 0..4")
+    fe = pick_frontend(host, model, frontend)
+    be: Backend = host.backends.get(backend)
+    ser = host.serializers.get(serializer)
+    folder = OutputFolder(out, force)
+
+    progress.stage(f"import {model.name} ({fe.name} frontend)")
+    imported: ImportedModel = fe.load(model, options or {})
+    arrays = load_inputs(imported.inputs, list(inputs), seed)
+
+    import tvm  # noqa: F401  (heavy: after the cheap checks)
+    from tvm import relax
+
+    from irgen import execute
+    from irgen.graph import fold_batch_norm, form_layers, group_module, main_bindings
+    from irgen.ir import IR_VERSION, build_layer_record
+
+    with folder:
+        mod = imported.mod
+        (folder.path("graph/model.relax.txt")).write_text(mod.script(show_meta=False))
+
+        progress.stage("form layers")
+        mod = fold_batch_norm(mod, imported.provenance)
+        analysed = relax.transform.FoldConstant()(mod)
+        func, bindings = main_bindings(analysed)
+        main_out = func.body.body
+        layers = form_layers(bindings, be.fusion_rules, imported.provenance, main_out)
+        by_name = {b.name: b for b in bindings}
+
+        if be.supported_ops is not None:
+            from irgen.ir import short_op
+
+            bad = sorted({short_op(by_name[l.anchor]) for l in layers} - set(be.supported_ops))
+            if bad:
+                from irgen.api import UnsupportedOpsError
+
+                raise UnsupportedOpsError(f"backend {be.name!r}", bad)
+
+        # names: layers after their anchor's source node, tensors after source tensors
+        layer_namer, file_namer = SafeNames(), SafeNames()
+        prov = imported.provenance.by_var
+        layer_names = {}
+        for layer in layers:
+            src = next((prov[m] for m in layer.members if m in prov), None)
+            layer_names[layer.index] = layer_namer(src[0] if src else layer.anchor)
+        tensor_name: dict[str, str] = {}
+        for p, spec in zip(func.params, imported.inputs):
+            tensor_name[p.name] = spec.name
+        for layer in layers:
+            for o in layer.outputs:
+                t = prov.get(o)
+                tensor_name[o] = t[2] if t and t[2] else o
+        # aliases and tuple items outside layers name the same tensors
+        aliases = _alias_map(bindings)
+
+        records = []
+        for layer in layers:
+            rec = build_layer_record(layer, by_name, imported.provenance, tensor_name, layer_names[layer.index])
+            records.append(rec)
+
+        progress.stage(f"compile (opt level {opt_level}: {execute.OPT_LEVELS[opt_level]})")
+        assignment = {m: l.index for l in layers for m in l.members}
+        fn_names = {l.index: "layer_" + layer_names[l.index].replace(".", "_").replace("-", "_") for l in layers}
+        exe, kernels, where = execute.lower(mod, opt_level, lambda m: group_module(m, assignment, fn_names))
+
+        # which kernel output is each layer output / model output
+        out_vars = [aliases.get(v, v) for v in _out_vars(main_out)]
+        for i, v in enumerate(out_vars):
+            if v not in where and f"@out:{i}" in where:
+                where[v] = where[f"@out:{i}"]
+
+        def source_of(var: str) -> tuple[int, int] | None:
+            var = aliases.get(var, var)
+            return where.get(var)
+
+        tensor_files: dict[str, str] = {}
+        records_by_tensor: dict[str, dict] = {}
+        shapes: dict[str, tuple[tuple[int, ...], str]] = {}
+        wanted: dict[tuple[int, int], list[str]] = {}
+        for layer, rec in zip(layers, records):
+            for o in layer.outputs:
+                loc = source_of(o)
+                if loc is None:
+                    raise IrgenError(f"internal: layer {rec.record['name']!r} output {o!r} is not computed by any kernel")
+                wanted.setdefault(loc, []).append(tensor_name[o])
+        for spec in imported.inputs:
+            tensor_files[spec.name] = f"activations/{file_namer(spec.name)}.npy"
+        for names in wanted.values():
+            for n in names:
+                tensor_files.setdefault(n, f"activations/{file_namer(n)}.npy")
+
+        # debug graph: inputs, parameters (p*), kernels
+        debug = _DebugGraph(func.params, imported.inputs, kernels, where, aliases, [source_of(v) for v in out_vars])
+        writer = ParamsStreamWriter(folder.path("debug/output_tensors.params"), debug.tensor_names())
+        write = be.write_tensor or _write_npy
+
+        for spec, arr in zip(imported.inputs, arrays):
+            write(folder.path(tensor_files[spec.name][:-4]), arr)
+            shapes[spec.name] = (tuple(arr.shape), str(arr.dtype))
+        for name, value in debug.leading_tensors(arrays):
+            writer.add(name, value)
+
+        progress.stage(f"run {len(kernels)} kernels, capture {len(layers)} layers")
+        done = [0]
+
+        def on_output(ki: int, j: int, tensor) -> None:
+            arr = tensor.numpy()  # a copy: the VM reuses this storage later
+            writer.add(debug.kernel_node_name(ki, j), tensor)
+            for n in wanted.get((ki, j), []):
+                write(folder.path(tensor_files[n][:-4]), arr)
+                shapes[n] = (tuple(arr.shape), str(arr.dtype))
+                done[0] += 1
+                progress.step("layers", done[0], sum(len(v) for v in wanted.values()))
+
+        execute.run(exe, arrays, kernels, on_output)
+        writer.close()
+        folder.path("debug/_tvmdbg_graph_dump.json").write_text(json.dumps(debug.to_json(), indent=1) + "\n")
+
+        progress.stage("write IR and parameters")
+        param_records: dict[str, dict] = {}
+        for layer, rec in zip(layers, records):
+            r = rec.record
+            for role, arr in rec.params.items():
+                fname = _unique(f"parameters/{sanitize(r['name'] + '.' + role)}.npy", param_records)
+                write(folder.path(fname[:-4]), arr)
+                r["params"][role] = {
+                    "name": f"{r['name']}.{role}",
+                    "shape": list(arr.shape),
+                    "dtype": str(arr.dtype),
+                    "layout": _param_layout(r, role, arr),
+                    "file": fname,
+                }
+                param_records[fname] = r["params"][role]
+            r["inputs"] = [_tensor_record(n, shapes, tensor_files, _producer(n, layers, records, tensor_name), be) for n in r["inputs"]]
+            r["outputs"] = [_tensor_record(n, shapes, tensor_files, r["name"], be) for n in r["outputs"]]
+
+        ir = {
+            "ir_version": IR_VERSION,
+            "producer": {
+                "irgen": __version__,
+                "tvm": tvm.__version__,
+                "frontend": fe.name,
+                "quantizer": None,
+                "backend": be.name,
+                "serializer": ser.name,
+                "opt_level": opt_level,
+            },
+            "model": {"path": str(model), "sha256": sha256_path(model)},
+            "inputs": [_tensor_record(s.name, shapes, tensor_files, "input", be) for s in imported.inputs],
+            "outputs": [
+                _tensor_record(tensor_name.get(v, v), shapes, tensor_files, None, be) for v in out_vars
+            ],
+            "layers": [rec.record for rec in records],
+        }
+        for o, name in zip(ir["outputs"], imported.output_names):
+            o["source"] = name
+        shape_dtype = {
+            "inputs": {s.name: {"shape": list(s.shape), "dtype": s.dtype} for s in imported.inputs},
+            "params": {p["name"]: {"shape": p["shape"], "dtype": p["dtype"], "file": p["file"]} for p in param_records.values()},
+        }
+        folder.path("graph/shape_dtype.json").write_text(json.dumps(shape_dtype, indent=1) + "\n")
+        ser.write(ir, folder.tmp)
+        write_manifest(
+            folder,
+            {
+                "irgen": __version__,
+                "tvm": tvm.__version__,
+                "python": sys.version.split()[0],
+                "plugins": {kind: {n: reg.owner(n) for n in reg.names()} for kind, reg in host.registries.items()},
+                "command": shlex.join(command) if command else None,
+                "model": ir["model"],
+            },
+        )
+    progress.done(f"wrote {out} ({len(layers)} layers, {len(kernels)} kernels)")
+    return ir
+
+
+def _write_npy(path_without_suffix: Path, arr: np.ndarray) -> Path:
+    path = path_without_suffix.with_name(path_without_suffix.name + ".npy")
+    np.save(path, arr, allow_pickle=False)
+    return path
+
+
+def _unique(fname: str, taken: dict[str, Any]) -> str:
+    base, k = fname[:-4], 1
+    while fname.lower() in {t.lower() for t in taken}:
+        fname = f"{base}_{k}.npy"
+        k += 1
+    return fname
+
+
+def _param_layout(rec: dict, role: str, arr: np.ndarray) -> str | None:
+    if role == "weight" and rec["op"] in ("conv2d", "conv2d_transpose") and arr.ndim == 4:
+        return str(rec["attrs"].get("kernel_layout", "OIHW"))
+    if role == "weight" and rec["op"] == "dense":
+        return "IO"  # the graph computes x @ W
+    return None
+
+
+def _tensor_record(name: str, shapes, files, producer, be: Backend) -> dict[str, Any]:
+    shape, dtype = shapes.get(name, ((), None))
+    layout = be.layout if len(shape) == 4 else "NC" if len(shape) == 2 else None
+    return {"name": name, "shape": list(shape), "dtype": dtype, "layout": layout, "file": files.get(name), "producer": producer}
+
+
+def _producer(tensor: str, layers, records, tensor_name) -> str:
+    for layer, rec in zip(layers, records):
+        if any(tensor_name.get(o) == tensor for o in layer.outputs):
+            return rec.record["name"]
+    return "input"
+
+
+def _alias_map(bindings) -> dict[str, str]:
+    """Alias var -> the var it names (transitively)."""
+    out: dict[str, str] = {}
+    for b in bindings:
+        if b.kind == "alias":
+            out[b.name] = out.get(b.value.name, b.value.name)
+    return out
+
+
+def _out_vars(expr) -> list[str]:
+    from tvm import relax
+
+    if isinstance(expr, relax.Tuple):
+        return [f.name for f in expr.fields]
+    return [expr.name]
+
+
+class _DebugGraph:
+    """``_tvmdbg_graph_dump.json`` in the graph executor's schema, from the kernel sequence."""
+
+    def __init__(self, params, specs, kernels, where, aliases, heads):
+        from irgen.graph import Constant
+
+        self.kernels = kernels
+        self.nodes: list[dict[str, Any]] = []
+        self.entry_shapes: list[list[int]] = []
+        self.entry_dtypes: list[str] = []
+        self.entry_storage: list[int] = []
+        self.node_of_input: dict[str, int] = {}
+        self.consts: list[Any] = []
+        self.const_node: list[int] = []
+        self.kernel_node: list[int] = []
+        storage = 0
+        for p, s in zip(params, specs):
+            self.node_of_input[p.name] = len(self.nodes)
+            self._add({"op": "null", "name": s.name, "inputs": []}, [(list(s.shape), s.dtype, storage)])
+            storage += 1
+        for k in kernels:
+            for a in k.inputs:
+                if isinstance(a, Constant) and not any(a.same_as(c) for c in self.consts):
+                    self.consts.append(a)
+                    arr_ty = a.ty
+                    self.const_node.append(len(self.nodes))
+                    shape = [int(d) for d in arr_ty.shape.values]
+                    self._add({"op": "null", "name": f"p{len(self.consts) - 1}", "inputs": []}, [(shape, str(arr_ty.dtype), storage)])
+                    storage += 1
+        base = storage
+        for ki, k in enumerate(kernels):
+            ins = []
+            for a in k.inputs:
+                if isinstance(a, Constant):
+                    ci = next(i for i, c in enumerate(self.consts) if c.same_as(a))
+                    ins.append([self.const_node[ci], 0, 0])
+                else:
+                    a = aliases.get(a, a)
+                    if a in self.node_of_input:
+                        ins.append([self.node_of_input[a], 0, 0])
+                    elif a in where:
+                        src_k, j = where[a]
+                        ins.append([self.kernel_node[src_k], j, 0])
+            self.kernel_node.append(len(self.nodes))
+            st = k.storage if len(k.storage) == len(k.outputs) else [-1] * len(k.outputs)
+            entries = [(list(s), d, (base + sid) if sid >= 0 else -1) for (s, d), sid in zip(k.out_types, st)]
+            self._add(
+                {
+                    "op": "tvm_op",
+                    "name": self.kernel_node_name(ki, None),
+                    "attrs": {"func_name": k.callee, "flatten_data": "0", "num_inputs": str(len(ins)), "num_outputs": str(len(k.outputs))},
+                    "inputs": ins,
+                },
+                entries,
+            )
+        self.heads = [[self.kernel_node[k], j, 0] for k, j in (h for h in heads if h is not None)]
+        # reshape views share their input's storage
+        for ki, k in enumerate(kernels):
+            if k.callee == "vm.builtin.reshape":
+                nid = self.kernel_node[ki]
+                src = self.nodes[nid]["inputs"][0] if self.nodes[nid]["inputs"] else None
+                if src is not None:
+                    self.entry_storage[self.row_ptr[nid]] = self.entry_storage[self.row_ptr[src[0]] + src[1]]
+
+    row_ptr: list[int]
+
+    def _add(self, node: dict[str, Any], entries) -> None:
+        if not hasattr(self, "row_ptr"):
+            self.row_ptr = [0]
+        self.nodes.append(node)
+        for shape, dtype, sid in entries:
+            self.entry_shapes.append(shape)
+            self.entry_dtypes.append(dtype)
+            self.entry_storage.append(sid)
+        self.row_ptr.append(self.row_ptr[-1] + len(entries))
+
+    def kernel_node_name(self, ki: int, j: int | None) -> str:
+        k = self.kernels[ki]
+        base = f"{k.callee.replace('vm.builtin.', '')}_{ki}"
+        return base if j is None or len(k.outputs) == 1 else f"{base}:{j}"
+
+    def tensor_names(self) -> list[str]:
+        names = [n["name"] for n in self.nodes if n["op"] == "null"]
+        for ki, k in enumerate(self.kernels):
+            names += [self.kernel_node_name(ki, j) for j in range(len(k.outputs))]
+        return names
+
+    def leading_tensors(self, inputs):
+        for spec_node, arr in zip(self.node_of_input.values(), inputs):
+            yield self.nodes[spec_node]["name"], _tvm_tensor(arr)
+        for ci, c in enumerate(self.consts):
+            yield f"p{ci}", c.value
+
+    def to_json(self) -> dict[str, Any]:
+        arg_nodes = [i for i, n in enumerate(self.nodes) if n["op"] == "null"]
+        return {
+            "nodes": self.nodes,
+            "arg_nodes": arg_nodes,
+            "heads": self.heads,
+            "node_row_ptr": self.row_ptr,
+            "attrs": {
+                "shape": ["list_shape", self.entry_shapes],
+                "dltype": ["list_str", self.entry_dtypes],
+                "storage_id": ["list_int", self.entry_storage],
+            },
+        }
+
+
+def _tvm_tensor(arr):
+    import tvm
+
+    return tvm.runtime.tensor(arr)
