@@ -169,8 +169,8 @@ def _attach_storage(final: tvm.IRModule, kernels: list[Kernel]) -> None:
                     storage_of[b.var.name] = storages[b.var.name]
             elif isinstance(op, tvm.ir.GlobalVar):
                 calls.append([a.name if isinstance(a, relax.Var) else None for a in v.args])
-            elif opname == "relax.call_packed" and isinstance(v.args[0], relax.ExternFunc) and v.args[0].global_symbol == "vm.builtin.reshape":
-                src = v.args[1].name if isinstance(v.args[1], relax.Var) else None
+            elif isinstance(op, relax.ExternFunc) and op.global_symbol == "vm.builtin.reshape":
+                src = v.args[0].name if isinstance(v.args[0], relax.Var) else None
                 storage_of[b.var.name] = storage_of.get(src, -1)
                 calls.append(None)
     if len(calls) != len(kernels):

@@ -233,6 +233,9 @@ def fold_batch_norm(mod: tvm.IRModule, provenance: Provenance) -> tvm.IRModule:
         if not all(isinstance(x, Constant) for x in (gamma, beta, mean, var)) or not isinstance(data, relax.Var):
             continue
         u = users.get(b.name, [])
+        # the ONNX importer also emits bn[1], bn[2] (running mean/var), unused in inference
+        dead = [k for k in u if bindings[k].kind == "tgi" and bindings[k].value.index != 0 and not users.get(bindings[k].name)]
+        u = [k for k in u if k not in dead]
         if len(u) != 1 or bindings[u[0]].kind != "tgi" or bindings[u[0]].value.index != 0:
             continue
         out_idx = u[0]
@@ -241,9 +244,17 @@ def fold_batch_norm(mod: tvm.IRModule, provenance: Provenance) -> tvm.IRModule:
         if j is None or len(users.get(data.name, [])) != 1:
             continue
         bias = None
-        if bindings[j].op == "relax.add" and isinstance(bindings[j].value.args[1], Constant):
-            bias = const_np(bindings[j].value.args[1])
+        bias_arg = bindings[j].value.args[1] if bindings[j].op == "relax.add" else None
+        bias_src = None  # the importer's R.reshape(const, [1, C, 1, 1]) binding of a conv bias
+        if isinstance(bias_arg, relax.Var) and bias_arg.name in by_name and len(users.get(bias_arg.name, [])) == 1:
+            k = by_name[bias_arg.name]
+            if bindings[k].op == "relax.reshape" and isinstance(bindings[k].value.args[0], Constant):
+                bias_src = k
+        if bias_arg is not None and (isinstance(bias_arg, Constant) or bias_src is not None):
+            bias = const_np(bias_arg if bias_src is None else bindings[bias_src].value.args[0])
             chain.append(j)
+            if bias_src is not None:
+                chain.append(bias_src)
             inner = bindings[j].value.args[0]
             j = by_name.get(inner.name) if isinstance(inner, relax.Var) else None
             if j is None or len(users.get(inner.name, [])) != 1:
@@ -264,6 +275,7 @@ def fold_batch_norm(mod: tvm.IRModule, provenance: Provenance) -> tvm.IRModule:
         replace[j] = relax.Call(conv.value.op, [conv.value.args[0], relax.const(new_w)], conv.value.attrs, conv.value.ty_args)
         replace[out_idx] = relax.op.add(conv.var, relax.const(new_b))
         drop.update(chain)
+        drop.update(dead)
         drop.add(i)
         merged = provenance.merged.setdefault(bindings[out_idx].name, [])
         merged.extend([bindings[k].name for k in chain] + [b.name, conv.name])
@@ -373,6 +385,19 @@ def form_layers(
                 layer.outputs.append(m)
         if not layer.outputs:
             layer.outputs.append(layer.members[-1])
+        # a tuple result (batch_norm, dropout, split) is named by its items
+        by_name = {b.name: b for b in bindings}
+        items: list[str] = []
+        for o in layer.outputs:
+            if isinstance(by_name[o].var.ty, relax.TupleType):
+                used = [
+                    bindings[k].name for k in users.get(o, [])
+                    if bindings[k].kind == "tgi" and (users.get(bindings[k].name) or bindings[k].name in out_names)
+                ]
+                items.extend(used or [bindings[k].name for k in users.get(o, []) if bindings[k].kind == "tgi"][:1])
+            else:
+                items.append(o)
+        layer.outputs = items
     return layers
 
 

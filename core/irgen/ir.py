@@ -153,6 +153,15 @@ def build_layer_record(
                     tensors.append(tensor)
     out_src = [provenance.by_var[o][2] for o in layer.outputs if o in provenance.by_var and provenance.by_var[o][2]]
 
+    # which op result each output is: "op:J", or "op:J.K" for item K of a tuple result
+    results = []
+    for o in layer.outputs:
+        if o in refs:
+            results.append(refs[o])
+        else:
+            tgi = by_name[o].value
+            results.append(f"{refs[tgi.tuple_value.name]}.{int(tgi.index)}")
+
     op = short_op(anchor)
     if layer.rule is None and len(members) > 1 and len(set(op_types)) == 1:
         op = op_types[0].lower()
@@ -163,6 +172,7 @@ def build_layer_record(
         "attrs": attrs,
         "inputs": [tensor_name.get(n, n) for n in ext],
         "outputs": [tensor_name.get(o, o) for o in layer.outputs],
+        "results": results,
         "params": {},
         "quant": None,
         "source": {"nodes": nodes, "op_types": op_types, "tensors": tensors, "outputs": out_src},

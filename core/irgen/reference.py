@@ -1,0 +1,472 @@
+"""A numpy-only reference interpreter of ``ir.json`` layers.
+
+Each layer's ``fused_ops`` is a small program (see :func:`irgen.ir.build_layer_record`):
+op ``j`` runs its Relax op (``relax_op``) on ``args`` that name a layer input
+(``"input:K"``), a parameter (``"param:ROLE"``), an earlier op's result
+(``"op:J"``) or a literal (``{"value": ...}``, ``{"shape": [...]}``).
+
+This module imports only numpy: it is an independent check of what TVM
+computed (the base of ``irgen verify``).
+
+Layer outputs: the layer's ``results`` name the op result of each output
+(``op:J`` or ``op:J.K``, item K of a tuple result); :func:`run_layer` returns
+them in order.
+
+Arithmetic: convolutions and matrix products accumulate in float64 (integer
+inputs in int64) and are cast back to the op's result dtype, so the result is
+at least as exact as TVM's float32 kernels.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+__all__ = ["UnsupportedLayer", "run_layer", "run_op", "load_layer_params", "load_layer_inputs", "OPS"]
+
+
+class UnsupportedLayer(Exception):
+    """A layer uses an op (or an argument form) the reference does not implement."""
+
+    def __init__(self, layer: str, op: str, detail: str = ""):
+        self.layer = layer
+        self.op = op
+        msg = f"layer {layer!r}: op {op!r} is not supported by the numpy reference"
+        if detail:
+            msg += f" ({detail})"
+        super().__init__(msg)
+
+
+# ----------------------------------------------------------------- helpers
+
+
+def _pair(v: Any, n: int = 2) -> tuple[int, ...]:
+    if isinstance(v, (list, tuple)):
+        if len(v) == 1:
+            return tuple(int(v[0]) for _ in range(n))
+        return tuple(int(x) for x in v)
+    return tuple(int(v) for _ in range(n))
+
+
+def _pad4(v: Any) -> tuple[int, int, int, int]:
+    """Relax 2-D padding -> (top, left, bottom, right)."""
+    p = _pair(v, 2) if not isinstance(v, (list, tuple)) or len(v) in (1, 2) else tuple(int(x) for x in v)
+    if len(p) == 2:
+        return p[0], p[1], p[0], p[1]
+    if len(p) == 4:
+        return p  # type: ignore[return-value]
+    raise ValueError(f"bad padding {v!r}")
+
+
+def _acc_dtype(dtype: np.dtype) -> np.dtype:
+    return np.dtype(np.float64) if dtype.kind in "fc" else np.dtype(np.int64)
+
+
+def _check_layout(attrs: dict, key: str, want: str) -> None:
+    v = attrs.get(key)
+    if v not in (None, want):
+        raise NotImplementedError(f"{key}={v} (only {want})")
+
+
+def _windows(x: np.ndarray, kh: int, kw: int, sh: int, sw: int, dh: int, dw: int, oh: int, ow: int) -> np.ndarray:
+    """(N, C, H, W) padded -> (N, C, oh, ow, kh, kw) strided view."""
+    n, c, h, w = x.shape
+    s = x.strides
+    return np.lib.stride_tricks.as_strided(
+        x,
+        shape=(n, c, oh, ow, kh, kw),
+        strides=(s[0], s[1], s[2] * sh, s[3] * sw, s[2] * dh, s[3] * dw),
+        writeable=False,
+    )
+
+
+# ----------------------------------------------------------------- ops
+
+
+def conv2d(x: np.ndarray, w: np.ndarray, attrs: dict) -> np.ndarray:
+    _check_layout(attrs, "data_layout", "NCHW")
+    _check_layout(attrs, "kernel_layout", "OIHW")
+    _check_layout(attrs, "out_layout", "NCHW")
+    sh, sw = _pair(attrs.get("strides", [1, 1]))
+    dh, dw = _pair(attrs.get("dilation", [1, 1]))
+    pt, pl, pb, pr = _pad4(attrs.get("padding", [0, 0, 0, 0]))
+    g = int(attrs.get("groups", 1))
+    out_dtype = np.dtype(attrs.get("out_dtype") or np.result_type(x.dtype, w.dtype))
+    acc = _acc_dtype(out_dtype)
+    n, c, h, wd = x.shape
+    o, ci, kh, kw = w.shape
+    if c != ci * g or o % g:
+        raise ValueError(f"conv2d shapes {x.shape} x {w.shape} with groups={g}")
+    xp = np.pad(x.astype(acc), ((0, 0), (0, 0), (pt, pb), (pl, pr)))
+    oh = (h + pt + pb - dh * (kh - 1) - 1) // sh + 1
+    ow = (wd + pl + pr - dw * (kw - 1) - 1) // sw + 1
+    cols = _windows(xp, kh, kw, sh, sw, dh, dw, oh, ow)  # n, c, oh, ow, kh, kw
+    cols = cols.reshape(n, g, ci, oh, ow, kh, kw)
+    wg = w.astype(acc).reshape(g, o // g, ci, kh, kw)
+    y = np.einsum("ngcyxhw,gochw->ngoyx", cols, wg, optimize=True)
+    return y.reshape(n, o, oh, ow).astype(out_dtype)
+
+
+def _pool2d(x: np.ndarray, attrs: dict, kind: str) -> np.ndarray:
+    _check_layout(attrs, "layout", "NCHW")
+    _check_layout(attrs, "out_layout", "NCHW")
+    kh, kw = _pair(attrs["pool_size"])
+    sh, sw = _pair(attrs.get("strides", [1, 1]))
+    dh, dw = _pair(attrs.get("dilation", [1, 1]))
+    pt, pl, pb, pr = _pad4(attrs.get("padding", [0, 0, 0, 0]))
+    ceil = bool(attrs.get("ceil_mode", False))
+    n, c, h, w = x.shape
+
+    def out_size(size: int, k: int, s: int, d: int, p0: int, p1: int) -> tuple[int, int]:
+        eff = d * (k - 1) + 1
+        span = size + p0 + p1 - eff
+        if ceil:
+            o = -(-span // s) + 1
+            # the last window must start inside the input or the left padding
+            if (o - 1) * s >= size + p0:
+                o -= 1
+        else:
+            o = span // s + 1
+        extra = max(0, (o - 1) * s + eff - (size + p0 + p1))
+        return o, extra
+
+    oh, eh = out_size(h, kh, sh, dh, pt, pb)
+    ow, ew = out_size(w, kw, sw, dw, pl, pr)
+    pads = ((0, 0), (0, 0), (pt, pb + eh), (pl, pr + ew))
+    if kind == "max":
+        fill = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
+        xp = np.pad(x, pads, constant_values=fill)
+        return _windows(xp, kh, kw, sh, sw, dh, dw, oh, ow).max(axis=(4, 5)).astype(x.dtype)
+    acc = _acc_dtype(x.dtype)
+    xp = np.pad(x.astype(acc), pads)
+    s = _windows(xp, kh, kw, sh, sw, dh, dw, oh, ow).sum(axis=(4, 5))
+    if attrs.get("count_include_pad", False):
+        # padding counts, the ceil-mode overhang beyond it does not
+        ones = np.pad(np.ones((1, 1, h + pt + pb, w + pl + pr), acc), ((0, 0), (0, 0), (0, eh), (0, ew)))
+    else:
+        ones = np.pad(np.ones((1, 1, h, w), acc), pads)
+    cnt = _windows(ones, kh, kw, sh, sw, dh, dw, oh, ow).sum(axis=(4, 5))
+    y = s / np.maximum(cnt, 1)
+    return y.astype(x.dtype)
+
+
+def _matmul(a: np.ndarray, b: np.ndarray, attrs: dict) -> np.ndarray:
+    out_dtype = np.dtype(attrs.get("out_dtype") or np.result_type(a.dtype, b.dtype))
+    acc = _acc_dtype(out_dtype)
+    return np.matmul(a.astype(acc), b.astype(acc)).astype(out_dtype)
+
+
+def _softmax(x: np.ndarray, axis: int) -> np.ndarray:
+    xd = x.astype(np.float64)
+    e = np.exp(xd - xd.max(axis=axis, keepdims=True))
+    return (e / e.sum(axis=axis, keepdims=True)).astype(x.dtype)
+
+
+def _batch_norm(x, gamma, beta, mean, var, attrs: dict):
+    axis = int(attrs.get("axis", 1)) % x.ndim
+    eps = float(attrs.get("epsilon", 1e-5))
+    shape = [1] * x.ndim
+    shape[axis] = x.shape[axis]
+
+    def r(a):
+        return np.asarray(a, np.float64).reshape(shape)
+
+    g = r(gamma) if attrs.get("scale", True) else 1.0
+    b = r(beta) if attrs.get("center", True) else 0.0
+    y = (x.astype(np.float64) - r(mean)) / np.sqrt(r(var) + eps) * g + b
+    return (y.astype(x.dtype), np.asarray(mean), np.asarray(var))
+
+
+def _mean(x: np.ndarray, attrs: dict) -> np.ndarray:
+    axis = attrs.get("axis")
+    axis = None if axis is None else tuple(int(a) for a in axis)
+    return np.mean(x.astype(np.float64), axis=axis, keepdims=bool(attrs.get("keepdims", False))).astype(x.dtype)
+
+
+def _reduce(fn, x: np.ndarray, attrs: dict) -> np.ndarray:
+    axis = attrs.get("axis")
+    axis = None if axis is None else tuple(int(a) for a in axis)
+    acc = x.astype(np.float64) if fn is np.sum and x.dtype.kind == "f" else x
+    return np.asarray(fn(acc, axis=axis, keepdims=bool(attrs.get("keepdims", False)))).astype(x.dtype)
+
+
+def _adaptive_avg_pool2d(x: np.ndarray, attrs: dict) -> np.ndarray:
+    _check_layout(attrs, "layout", "NCHW")
+    out = attrs.get("output_size")
+    n, c, h, w = x.shape
+    oh, ow = (h, w) if out is None else _pair(out)
+    y = np.empty((n, c, oh, ow), np.float64)
+    for i in range(oh):
+        h0, h1 = (i * h) // oh, -((-(i + 1) * h) // oh)
+        for j in range(ow):
+            w0, w1 = (j * w) // ow, -((-(j + 1) * w) // ow)
+            y[:, :, i, j] = x[:, :, h0:h1, w0:w1].astype(np.float64).mean(axis=(2, 3))
+    return y.astype(x.dtype)
+
+
+def _shape(v: Any) -> tuple[int, ...]:
+    if isinstance(v, dict) and "shape" in v:
+        return tuple(int(d) for d in v["shape"])
+    if isinstance(v, np.ndarray):
+        return tuple(int(d) for d in v.reshape(-1))
+    if isinstance(v, (list, tuple)):
+        return tuple(int(d) for d in v)
+    raise ValueError(f"not a shape: {v!r}")
+
+
+def _scalar(v: Any) -> Any:
+    if isinstance(v, np.ndarray):
+        return v.item() if v.size == 1 else v
+    return v
+
+
+def _binary(fn: Callable) -> Callable:
+    def run(args, attrs):
+        a, b = args
+        dtype = np.result_type(*(x.dtype for x in (a, b) if isinstance(x, np.ndarray))) if any(
+            isinstance(x, np.ndarray) for x in (a, b)
+        ) else None
+        y = fn(np.asarray(a), np.asarray(b))
+        return y.astype(dtype) if dtype is not None else y
+
+    return run
+
+
+def _divide(a, b):
+    if a.dtype.kind in "iu" and b.dtype.kind in "iu":
+        return np.floor_divide(a, b)
+    return a / b
+
+
+def _clip(args, attrs):
+    x, lo, hi = args
+    return np.clip(x, _scalar(lo), _scalar(hi)).astype(x.dtype)
+
+
+def _unary_f(fn: Callable) -> Callable:
+    def run(args, attrs):
+        (x,) = args
+        return fn(x.astype(np.float64)).astype(x.dtype)
+
+    return run
+
+
+def _concat(args, attrs):
+    return np.concatenate([np.asarray(a) for a in args], axis=int(attrs.get("axis", 0)))
+
+
+def _permute(args, attrs):
+    (x,) = args
+    axes = attrs.get("axes")
+    return np.transpose(x, None if axes is None else [int(a) for a in axes])
+
+
+def _reshape(args, attrs):
+    x, shape = args
+    return np.reshape(x, _shape(shape))
+
+
+def _flatten(args, attrs):
+    (x,) = args
+    return x.reshape(-1)
+
+
+def _squeeze(args, attrs):
+    (x,) = args
+    axis = attrs.get("axis")
+    return np.squeeze(x, axis=None if axis is None else tuple(int(a) for a in axis))
+
+
+def _expand_dims(args, attrs):
+    (x,) = args
+    y = x
+    axes = sorted(int(a) % (x.ndim + len(attrs["axis"])) for a in attrs["axis"])
+    for a in axes:
+        y = np.expand_dims(y, a)
+    return y
+
+
+def _lrn(args, attrs):
+    # relax.nn.local_response_norm if it ever appears (TVM's semantics: ONNX LRN)
+    (x,) = args
+    size = int(attrs["size"])
+    axis = int(attrs.get("axis", 1)) % x.ndim
+    alpha, beta, bias = float(attrs["alpha"]), float(attrs["beta"]), float(attrs["bias"])
+    xd = x.astype(np.float64)
+    sq = xd * xd
+    pad = [(0, 0)] * x.ndim
+    pad[axis] = ((size - 1) // 2, size // 2)
+    sqp = np.pad(sq, pad)
+    acc = np.zeros_like(sq)
+    for k in range(size):
+        acc += np.take(sqp, range(k, k + x.shape[axis]), axis=axis)
+    return (xd / np.power(bias + alpha / size * acc, beta)).astype(x.dtype)
+
+
+def _avg_pool3d(args, attrs):
+    """NCDHW average pool (TVM lowers ONNX LRN to square -> expand_dims -> avg_pool3d -> squeeze ...)."""
+    (x,) = args
+    _check_layout(attrs, "layout", "NCDHW")
+    _check_layout(attrs, "out_layout", "NCDHW")
+    k = _pair(attrs["pool_size"], 3)
+    st = _pair(attrs.get("strides", [1, 1, 1]), 3)
+    if any(d != 1 for d in _pair(attrs.get("dilation", [1, 1, 1]), 3)) or attrs.get("ceil_mode"):
+        raise NotImplementedError("avg_pool3d with dilation or ceil_mode")
+    p = _pair(attrs.get("padding", [0] * 6), 3)
+    if len(p) == 3:
+        p = p + p
+    pads = ((0, 0), (0, 0)) + tuple((p[i], p[i + 3]) for i in range(3))
+    acc = _acc_dtype(x.dtype)
+    xp = np.pad(x.astype(acc), pads)
+    win = np.lib.stride_tricks.sliding_window_view(xp, k, axis=(2, 3, 4))[:, :, :: st[0], :: st[1], :: st[2]]
+    total = win.sum(axis=(-3, -2, -1))
+    if attrs.get("count_include_pad", False):
+        cnt = float(np.prod(k))
+    else:
+        ones = np.pad(np.ones((1, 1) + x.shape[2:], acc), pads)
+        cnt = np.lib.stride_tricks.sliding_window_view(ones, k, axis=(2, 3, 4))[:, :, :: st[0], :: st[1], :: st[2]].sum(axis=(-3, -2, -1))
+    return (total / cnt).astype(x.dtype)
+
+
+def _dropout(args, attrs):
+    """Inference dropout: identity; relax.nn.dropout returns (output, mask)."""
+    (x,) = args
+    return (x, np.ones_like(x))
+
+
+def _power(a, b):
+    return np.power(a, b)
+
+
+OPS: dict[str, Callable[[list[Any], dict], Any]] = {
+    "relax.nn.conv2d": lambda args, attrs: conv2d(args[0], args[1], attrs),
+    "relax.matmul": lambda args, attrs: _matmul(args[0], args[1], attrs),
+    "relax.add": _binary(np.add),
+    "relax.subtract": _binary(np.subtract),
+    "relax.multiply": _binary(np.multiply),
+    "relax.divide": _binary(_divide),
+    "relax.power": _binary(_power),
+    "relax.maximum": _binary(np.maximum),
+    "relax.minimum": _binary(np.minimum),
+    "relax.nn.relu": lambda args, attrs: np.maximum(args[0], np.zeros((), args[0].dtype)),
+    "relax.clip": _clip,
+    "relax.sigmoid": _unary_f(lambda x: 1.0 / (1.0 + np.exp(-x))),
+    "relax.tanh": _unary_f(np.tanh),
+    "relax.sqrt": _unary_f(np.sqrt),
+    "relax.rsqrt": _unary_f(lambda x: 1.0 / np.sqrt(x)),
+    "relax.exp": _unary_f(np.exp),
+    "relax.nn.max_pool2d": lambda args, attrs: _pool2d(args[0], attrs, "max"),
+    "relax.nn.avg_pool2d": lambda args, attrs: _pool2d(args[0], attrs, "avg"),
+    "relax.nn.adaptive_avg_pool2d": lambda args, attrs: _adaptive_avg_pool2d(args[0], attrs),
+    "relax.mean": lambda args, attrs: _mean(args[0], attrs),
+    "relax.sum": lambda args, attrs: _reduce(np.sum, args[0], attrs),
+    "relax.max": lambda args, attrs: _reduce(np.max, args[0], attrs),
+    "relax.min": lambda args, attrs: _reduce(np.min, args[0], attrs),
+    "relax.exp": lambda args, attrs: np.exp(args[0]),
+    "relax.sqrt": lambda args, attrs: np.sqrt(args[0]),
+    "relax.negative": lambda args, attrs: np.negative(args[0]),
+    "relax.power": lambda args, attrs: np.power(args[0], args[1]).astype(np.result_type(args[0])),
+    "relax.astype": lambda args, attrs: np.asarray(args[0]).astype(str(attrs["dtype"])),
+    "relax.maximum": lambda args, attrs: np.maximum(args[0], args[1]),
+    "relax.minimum": lambda args, attrs: np.minimum(args[0], args[1]),
+    "relax.concat": _concat,
+    "relax.stack": lambda a, at: np.stack([np.asarray(x) for x in a], axis=int(at.get("axis") or 0)),
+    "relax.permute_dims": _permute,
+    "relax.reshape": _reshape,
+    "relax.broadcast_to": lambda a, at: np.broadcast_to(a[0], _shape(a[1])).copy(),
+    "relax.flatten": _flatten,
+    "relax.squeeze": _squeeze,
+    "relax.expand_dims": _expand_dims,
+    "relax.nn.softmax": lambda args, attrs: _softmax(args[0], int(attrs.get("axis", -1))),
+    "relax.nn.batch_norm": lambda args, attrs: _batch_norm(*args[:5], attrs),
+    "relax.nn.local_response_norm": _lrn,
+    "relax.nn.avg_pool3d": _avg_pool3d,
+    "relax.nn.dropout": _dropout,
+    "tgi": lambda args, attrs: args[0][int(attrs["index"])],
+}
+
+
+def run_op(relax_op: str, args: list[Any], attrs: dict, layer: str = "?") -> Any:
+    """Run one fused op on resolved arguments."""
+    fn = OPS.get(relax_op)
+    if fn is None:
+        raise UnsupportedLayer(layer, relax_op)
+    try:
+        return fn(args, attrs)
+    except UnsupportedLayer:
+        raise
+    except NotImplementedError as e:
+        raise UnsupportedLayer(layer, relax_op, str(e)) from None
+
+
+def _resolve(ref: Any, layer: str, op: str, inputs: list, params: dict, results: list) -> Any:
+    if isinstance(ref, str):
+        kind, _, key = ref.partition(":")
+        if kind == "input" and key.isdigit() and int(key) < len(inputs):
+            return inputs[int(key)]
+        if kind == "op" and key.isdigit() and int(key) < len(results):
+            return results[int(key)]
+        if kind == "param" and key in params:
+            return params[key]
+        raise UnsupportedLayer(layer, op, f"unresolvable argument {ref!r}")
+    if isinstance(ref, dict):
+        if "shape" in ref:
+            return ref
+        if "value" in ref:
+            v = ref["value"]
+            if isinstance(v, str):
+                raise UnsupportedLayer(layer, op, f"non-numeric literal {v!r}")
+            return v if not isinstance(v, list) else np.asarray(v)
+    if isinstance(ref, list):
+        return [_resolve(r, layer, op, inputs, params, results) for r in ref]
+    raise UnsupportedLayer(layer, op, f"unknown argument form {ref!r}")
+
+
+def run_layer(layer: dict, inputs: list[np.ndarray], params: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """Execute a layer's ``fused_ops`` and return its output arrays (one per output record)."""
+    name = layer.get("name", "?")
+    results: list[Any] = []
+    ops = layer.get("fused_ops") or []
+    if not ops:
+        raise UnsupportedLayer(name, "<none>", "layer has no fused_ops")
+    for op in ops:
+        rop = op.get("relax_op") or op.get("op")
+        args = [_resolve(a, name, rop, inputs, params, results) for a in op.get("args", [])]
+        results.append(run_op(rop, args, op.get("attrs") or {}, name))
+
+    picked = []
+    for ref in layer.get("results") or [f"op:{len(ops) - 1}"]:
+        j, _, k = ref.removeprefix("op:").partition(".")
+        r = results[int(j)]
+        if k:
+            r = r[int(k)]
+        elif isinstance(r, tuple):
+            raise UnsupportedLayer(name, ops[int(j)].get("relax_op", "?"), f"result {ref} is a tuple")
+        picked.append(np.asarray(r))
+    return picked
+
+
+def _safe_path(out_dir: Path, rel: str) -> Path:
+    p = (out_dir / rel).resolve()
+    if out_dir.resolve() not in p.parents:
+        raise ValueError(f"file {rel!r} points outside {out_dir}")
+    return p
+
+
+def load_layer_params(out_dir: str | Path, layer: dict) -> dict[str, np.ndarray]:
+    """``{role: array}`` from ``parameters/*.npy`` of one layer record."""
+    out_dir = Path(out_dir)
+    return {role: np.load(_safe_path(out_dir, rec["file"])) for role, rec in (layer.get("params") or {}).items()}
+
+
+def load_layer_inputs(out_dir: str | Path, layer: dict) -> list[np.ndarray]:
+    """The layer's input activations (``activations/*.npy``) in ``input:K`` order."""
+    out_dir = Path(out_dir)
+    return [np.load(_safe_path(out_dir, rec["file"])) for rec in layer.get("inputs") or []]
+
+
+def load_ir(out_dir: str | Path) -> dict:
+    return json.loads((Path(out_dir) / "ir.json").read_text())

@@ -1,0 +1,160 @@
+"""End to end on torch-built ONNX models: every layer's golden data against ONNX Runtime.
+
+For each model and opt level: run ``irgen run`` with a fixed input, then check
+- every layer's output activation file against ORT's value of the ONNX tensor
+  named in ``layer["source"]["outputs"]`` (those tensors become extra graph outputs);
+- the model output file against ORT's model output;
+- the numpy reference (``irgen.reference``) recomputes every layer from ir.json,
+  parameters/ and the layer's input activation files;
+- debug/ files (param dict, graph-executor JSON) and manifest.json checksums.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+import models  # noqa: E402
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+
+from irgen import reference  # noqa: E402
+from irgen.cli import main as irgen_main  # noqa: E402
+
+RTOL, ATOL = 1e-4, 1e-5
+
+CASES = [
+    pytest.param(("small_cnn", 0), id="small_cnn-O0"),
+    pytest.param(("small_cnn", 3), id="small_cnn-O3"),
+    pytest.param(("mlp", 0), id="mlp-O0"),
+    pytest.param(("mlp", 3), id="mlp-O3"),
+    pytest.param(("resnet18", 0), id="resnet18-O0"),
+    pytest.param(("resnet18", 3), id="resnet18-O3"),
+]
+
+
+def ort_run(model_path: Path, x: np.ndarray, extra: list[str]) -> dict[str, np.ndarray]:
+    """Run ORT with ``extra`` intermediate tensors added as graph outputs."""
+    m = onnx.load(str(model_path))
+    m = onnx.shape_inference.infer_shapes(m)
+    have = {o.name for o in m.graph.output}
+    vi = {v.name: v for v in m.graph.value_info}
+    for name in extra:
+        if name in have:
+            continue
+        m.graph.output.append(vi[name] if name in vi else onnx.ValueInfoProto(name=name))
+        have.add(name)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    return dict(zip(names, sess.run(names, {sess.get_inputs()[0].name: x})))
+
+
+@pytest.fixture(scope="module", params=CASES)
+def run(request, tmp_path_factory):
+    name, opt = request.param
+    d = tmp_path_factory.mktemp(f"{name}_O{opt}")
+    model_path, x = models.export(name, d)
+    np.save(d / "x.npy", x)
+    out = d / "out"
+    rc = irgen_main(["run", str(model_path), "-o", str(out), "--input", str(d / "x.npy"), "--opt-level", str(opt), "--no-progress"])
+    assert rc == 0, f"irgen run failed for {name} -O{opt}"
+    ir = json.loads((out / "ir.json").read_text())
+    extra = sorted({t for layer in ir["layers"] for t in layer["source"].get("outputs", [])})
+    ref = ort_run(model_path, x, extra)
+    return {"name": name, "opt": opt, "out": out, "ir": ir, "ort": ref, "x": x, "model": model_path}
+
+
+def _cmp(actual: np.ndarray, expected: np.ndarray, what: str, rtol=RTOL, atol=ATOL) -> float:
+    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
+    err = float(np.max(np.abs(actual.astype(np.float64) - expected.astype(np.float64)))) if actual.size else 0.0
+    np.testing.assert_allclose(actual, expected, rtol=rtol, atol=atol, err_msg=what)
+    return err
+
+
+def test_layers_match_onnxruntime(run):
+    out, ir, ref = run["out"], run["ir"], run["ort"]
+    assert ir["producer"]["opt_level"] == run["opt"]
+    missing = [layer["name"] for layer in ir["layers"] if not layer["source"].get("outputs")]
+    assert not missing, f"layers without a source output tensor: {missing}"
+    worst = 0.0
+    for layer in ir["layers"]:
+        srcs = layer["source"]["outputs"]
+        assert len(srcs) == len(layer["outputs"]), layer["name"]
+        for rec, src in zip(layer["outputs"], srcs):
+            got = np.load(out / rec["file"])
+            assert list(got.shape) == rec["shape"] and str(got.dtype) == rec["dtype"], rec
+            worst = max(worst, _cmp(got, ref[src], f"{run['name']} -O{run['opt']} layer {layer['name']} ({src})"))
+    print(f"\n{run['name']} -O{run['opt']}: {len(ir['layers'])} layers, max |irgen - ORT| = {worst:.3g}")
+
+
+def test_model_output_matches_onnxruntime(run):
+    out, ir, ref = run["out"], run["ir"], run["ort"]
+    m = onnx.load(str(run["model"]))
+    assert [o["name"] for o in ir["outputs"]] == [o.name for o in m.graph.output]
+    for rec in ir["outputs"]:
+        _cmp(np.load(out / rec["file"]), ref[rec["name"]], f"model output {rec['name']}")
+    # the input file is the input we gave
+    np.testing.assert_array_equal(np.load(out / ir["inputs"][0]["file"]), run["x"])
+
+
+def test_reference_recomputes_every_layer(run):
+    out, ir = run["out"], run["ir"]
+    worst = 0.0
+    for layer in ir["layers"]:
+        inputs = reference.load_layer_inputs(out, layer)
+        params = reference.load_layer_params(out, layer)
+        got = reference.run_layer(layer, inputs, params)
+        assert len(got) == len(layer["outputs"])
+        for a, rec in zip(got, layer["outputs"]):
+            exp = np.load(out / rec["file"])
+            assert str(a.dtype) == rec["dtype"], (layer["name"], a.dtype)
+            worst = max(worst, _cmp(a, exp, f"reference vs irgen, layer {layer['name']}"))
+    print(f"\n{run['name']} -O{run['opt']}: max |reference - irgen| = {worst:.3g}")
+
+
+def test_debug_files(run):
+    tvm = pytest.importorskip("tvm")
+    out = run["out"]
+    params = tvm.runtime.load_param_dict((out / "debug" / "output_tensors.params").read_bytes())
+    assert len(params) > 0
+    g = json.loads((out / "debug" / "_tvmdbg_graph_dump.json").read_text())
+    for key in ("nodes", "arg_nodes", "heads", "node_row_ptr", "attrs"):
+        assert key in g, key
+    n = len(g["nodes"])
+    n_entries = g["node_row_ptr"][-1]
+    assert len(g["node_row_ptr"]) == n + 1
+    attrs = g["attrs"]
+    for key in ("shape", "dltype", "storage_id"):
+        assert key in attrs, key
+        assert len(attrs[key]) == 2 and len(attrs[key][1]) == n_entries, key
+    assert all(0 <= i < n for i in g["arg_nodes"])
+    assert all(0 <= h[0] < n for h in g["heads"])
+    # every captured tensor in the param dict has the shape the graph says
+    shapes = {}
+    for i, node in enumerate(g["nodes"]):
+        for k in range(g["node_row_ptr"][i], g["node_row_ptr"][i + 1]):
+            shapes.setdefault(node["name"], attrs["shape"][1][k])
+    for key, arr in params.items():
+        if key in shapes:
+            assert list(arr.shape) == list(shapes[key]), key
+
+
+def test_manifest_checksums(run):
+    out = run["out"]
+    man = json.loads((out / "manifest.json").read_text())
+    listed = {f["path"] for f in man["files"]}
+    on_disk = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file() and p.name != "manifest.json"}
+    assert listed == on_disk
+    for f in man["files"]:
+        data = (out / f["path"]).read_bytes()
+        assert len(data) == f["size"], f["path"]
+        assert hashlib.sha256(data).hexdigest() == f["sha256"], f["path"]
