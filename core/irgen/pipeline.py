@@ -21,7 +21,7 @@ import numpy as np
 
 from irgen import __version__
 from irgen.api import Backend, ImportedModel, InputSpec, IrgenError
-from irgen.names import SafeNames, sanitize
+from irgen.names import SafeNames
 from irgen.output import OutputFolder, ParamsStreamWriter, Progress, write_manifest
 
 
@@ -182,7 +182,7 @@ def run(
                 raise UnsupportedOpsError(f"backend {be.name!r}", bad)
 
         # names: layers after their anchor's source node, tensors after source tensors
-        layer_namer, file_namer = SafeNames(), SafeNames()
+        layer_namer, file_namer, param_namer = SafeNames(), SafeNames(), SafeNames()
         prov = imported.provenance.by_var
         layer_names = {}
         for layer in layers:
@@ -195,8 +195,11 @@ def run(
             for o in layer.outputs:
                 t = prov.get(o)
                 tensor_name[o] = t[2] if t and t[2] else o
-        # aliases and tuple items outside layers name the same tensors
+        # an alias (an Identity, a Dropout at inference) names the same tensor
         aliases = _alias_map(bindings)
+        for alias, target in aliases.items():
+            if target in tensor_name:
+                tensor_name[alias] = tensor_name[target]
 
         records = []
         for layer in layers:
@@ -218,8 +221,8 @@ def run(
             var = aliases.get(var, var)
             return where.get(var)
 
-        tensor_files: dict[str, str] = {}
-        records_by_tensor: dict[str, dict] = {}
+        stems: dict[str, str] = {}  # tensor name -> file path without suffix
+        tensor_files: dict[str, str] = {}  # tensor name -> file written
         shapes: dict[str, tuple[tuple[int, ...], str]] = {}
         wanted: dict[tuple[int, int], list[str]] = {}
         for layer, rec in zip(layers, records):
@@ -229,18 +232,20 @@ def run(
                     raise IrgenError(f"internal: layer {rec.record['name']!r} output {o!r} is not computed by any kernel")
                 wanted.setdefault(loc, []).append(tensor_name[o])
         for spec in imported.inputs:
-            tensor_files[spec.name] = f"activations/{file_namer(spec.name)}.npy"
+            stems[spec.name] = f"activations/{file_namer(spec.name)}"
         for names in wanted.values():
             for n in names:
-                tensor_files.setdefault(n, f"activations/{file_namer(n)}.npy")
+                stems.setdefault(n, f"activations/{file_namer(n)}")
 
         # debug graph: inputs, parameters (p*), kernels
         debug = _DebugGraph(func.params, imported.inputs, kernels, where, aliases, [source_of(v) for v in out_vars])
         writer = ParamsStreamWriter(folder.path("debug/output_tensors.params"), debug.tensor_names())
-        write = be.write_tensor or _write_npy
+        def write(stem: str, arr: np.ndarray) -> str:
+            path = (be.write_tensor or _write_npy)(folder.path(stem), arr)
+            return path.relative_to(folder.tmp).as_posix()
 
         for spec, arr in zip(imported.inputs, arrays):
-            write(folder.path(tensor_files[spec.name][:-4]), arr)
+            tensor_files[spec.name] = write(stems[spec.name], arr)
             shapes[spec.name] = (tuple(arr.shape), str(arr.dtype))
         for name, value in debug.leading_tensors(arrays):
             writer.add(name, value)
@@ -252,7 +257,7 @@ def run(
             arr = tensor.numpy()  # a copy: the VM reuses this storage later
             writer.add(debug.kernel_node_name(ki, j), tensor)
             for n in wanted.get((ki, j), []):
-                write(folder.path(tensor_files[n][:-4]), arr)
+                tensor_files[n] = write(stems[n], arr)
                 shapes[n] = (tuple(arr.shape), str(arr.dtype))
                 done[0] += 1
                 progress.step("layers", done[0], sum(len(v) for v in wanted.values()))
@@ -266,8 +271,8 @@ def run(
         for layer, rec in zip(layers, records):
             r = rec.record
             for role, arr in rec.params.items():
-                fname = _unique(f"parameters/{sanitize(r['name'] + '.' + role)}.npy", param_records)
-                write(folder.path(fname[:-4]), arr)
+                stem = param_namer(f"{r['name']}.{role}")
+                fname = write(f"parameters/{stem}", arr)
                 r["params"][role] = {
                     "name": f"{r['name']}.{role}",
                     "shape": list(arr.shape),
@@ -324,14 +329,6 @@ def _write_npy(path_without_suffix: Path, arr: np.ndarray) -> Path:
     path = path_without_suffix.with_name(path_without_suffix.name + ".npy")
     np.save(path, arr, allow_pickle=False)
     return path
-
-
-def _unique(fname: str, taken: dict[str, Any]) -> str:
-    base, k = fname[:-4], 1
-    while fname.lower() in {t.lower() for t in taken}:
-        fname = f"{base}_{k}.npy"
-        k += 1
-    return fname
 
 
 def _param_layout(rec: dict, role: str, arr: np.ndarray) -> str | None:
