@@ -56,12 +56,23 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("IRGEN_PLUGINS_STRICT", raising=False)
 
 
+@pytest.fixture
+def no_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An empty world: no installed entry-point plugins (onnx, generic, json are installed)."""
+
+    def entry_points(**selection):
+        assert selection == {"group": "irgen"}
+        return []
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", entry_points)
+
+
 def plugins_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, dict]:
     assert main(["plugins", "--json", *argv]) == 0
     return {row["name"]: row for row in json.loads(capsys.readouterr().out)}
 
 
-def test_file_plugin_registers_frontend_and_serializer(plugin_file) -> None:
+def test_file_plugin_registers_frontend_and_serializer(no_installed, plugin_file) -> None:
     host = PluginHost().load(extra=[str(plugin_file("myplugin", GOOD))])
     frontend = host.frontends.get("testfmt")
     assert frontend.claims_file(Path("model.TST"))
@@ -83,7 +94,7 @@ def test_plugins_json_lists_file_plugin_with_hooks(plugin_file, capsys) -> None:
     assert row["registered"] == {"frontend": ["testfmt"], "serializer": ["yamlish"]}
 
 
-def test_plugins_table_and_global_option_before_subcommand(plugin_file, capsys) -> None:
+def test_plugins_table_and_global_option_before_subcommand(no_installed, plugin_file, capsys) -> None:
     assert main(["--plugin", str(plugin_file("myplugin", GOOD)), "plugins"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["NAME", "VERSION", "SOURCE", "STATUS", "KINDS", "HOOKS"]
@@ -108,7 +119,7 @@ def test_duplicate_name_names_both_plugins(plugin_file, capsys) -> None:
     assert err == "irgen: error: frontend 'testfmt' registered by both 'first' and 'second'\n"
 
 
-def test_no_name_blocks_plugin_before_import(plugin_file, capsys) -> None:
+def test_no_name_blocks_plugin_before_import(no_installed, plugin_file, capsys) -> None:
     good = plugin_file("myplugin", GOOD)
     broken = plugin_file("broken", BROKEN)
     host = PluginHost().load(extra=[str(good), str(broken), "no:myplugin", "no:broken"])
@@ -176,7 +187,7 @@ def test_plugin_with_misspelled_hook_is_rejected(plugin_file, capsys) -> None:
     assert [f.name for f in host.failures] == ["typo"]
 
 
-def test_plugin_whose_hook_raises_is_dropped_entirely(plugin_file, capsys) -> None:
+def test_plugin_whose_hook_raises_is_dropped_entirely(no_installed, plugin_file, capsys) -> None:
     bad = plugin_file("halfway", """
         from irgen import hookimpl
         from irgen.api import Serializer
@@ -262,6 +273,35 @@ def test_entry_point_plugins_are_loaded_and_blockable(plugin_file, monkeypatch, 
     assert host.frontends.names() == [] and capsys.readouterr().err == ""
     with pytest.raises(IrgenError, match="two plugins named 'testep'"):
         PluginHost().load(extra=[str(plugin_file("testep", OTHER_TESTFMT))])
+
+
+INSTALLED = {  # plugin name -> (kind, registered name) of the distributions in this repo
+    "onnx": ("frontend", "onnx"),
+    "generic": ("backend", "generic"),
+    "json": ("serializer", "json"),
+}
+
+
+def test_installed_plugins_are_listed(capsys) -> None:
+    rows = plugins_json(capsys)
+    for name, (kind, registered) in INSTALLED.items():
+        row = rows[name]
+        assert row["source"] == "entry point" and row["status"] == "loaded", row
+        assert row["version"] and row["error"] in (None, "")
+        assert row["kinds"] == [kind]
+        assert registered in row["registered"][kind]
+    assert main(["plugins"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert {line.split()[0] for line in table[1:]} >= set(INSTALLED)
+
+
+def test_installed_plugins_can_be_blocked(capsys, monkeypatch) -> None:
+    rows = plugins_json(capsys, "--plugin", "no:onnx")
+    assert rows["onnx"]["status"] == "blocked" and rows["generic"]["status"] == "loaded"
+    monkeypatch.setenv("IRGEN_BLOCK_PLUGINS", "generic,json")
+    host = PluginHost().load()
+    assert "generic" not in host.backends and "json" not in host.serializers
+    assert "onnx" in host.frontends
 
 
 def test_run_passes_args_and_host_to_pipeline(plugin_file, monkeypatch, capsys, tmp_path) -> None:

@@ -117,12 +117,49 @@ def _one_line(message: Any) -> str:
     return " ".join(str(message).split())
 
 
+class _SigintWatch:
+    """Notes that SIGINT arrived, then raises KeyboardInterrupt as Python's default does.
+
+    TVM's C++ code checks for signals and turns the KeyboardInterrupt raised
+    inside it into a bare ``RuntimeError``; the flag tells ``main`` that such
+    an error was really Ctrl-C.
+    """
+
+    def __init__(self) -> None:
+        self.seen = False
+        self.previous: Any = None
+
+    def __enter__(self) -> "_SigintWatch":
+        import signal
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+                self.previous = signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def _handler(self, signum, frame) -> None:
+        self.seen = True
+        raise KeyboardInterrupt
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.previous is not None:
+            import signal
+
+            signal.signal(signal.SIGINT, self.previous)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code (2 for a user error, 130 when interrupted)."""
+    watch = _SigintWatch()
     try:
-        args = parse_args(argv)
-        return int(args.func(args))
+        with watch:
+            args = parse_args(argv)
+            return int(args.func(args))
     except IrgenError as exc:
+        if watch.seen:
+            print("irgen: interrupted", file=sys.stderr)
+            return 130
         print(f"irgen: error: {_one_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -130,6 +167,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except SystemExit as exc:  # argparse: --help, --version, usage errors
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except Exception:
+        if watch.seen:  # Ctrl-C surfaced as another error (e.g. from inside TVM)
+            print("irgen: interrupted", file=sys.stderr)
+            return 130
+        raise
 
 
 if __name__ == "__main__":
