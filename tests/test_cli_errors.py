@@ -207,3 +207,25 @@ def test_interrupt_turned_into_other_error_still_exits_130(monkeypatch, capsys) 
     assert main(["plugins"]) == 130
     assert capsys.readouterr().err == "irgen: interrupted\n"
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+BACKEND_PLUGIN = """
+from irgen import hookimpl
+from irgen.api import Backend
+from irgen_generic import RULES
+
+
+@hookimpl
+def irgen_register_backends(register):
+    register(Backend("nhwc-only", RULES, layout="NHWC"))
+    register(Backend("pool-only", RULES, supported_ops=frozenset({"max_pool2d"})))
+"""
+
+
+def test_backend_layout_and_supported_ops_are_checked(model, tmp_path, plugin_file) -> None:
+    plugin = plugin_file("strict_backends", BACKEND_PLUGIN)
+    out = tmp_path / "out"
+    proc = irgen("run", str(model), "-o", str(out), "--plugin", str(plugin), "--backend", "nhwc-only", "--no-progress")
+    line = assert_user_error(proc, out, "nhwc-only", "NHWC", "NCHW")
+    proc = irgen("run", str(model), "-o", str(out), "--plugin", str(plugin), "--backend", "pool-only", "--no-progress")
+    assert_user_error(proc, out, "pool-only", "unsupported ops: conv2d")

@@ -126,15 +126,16 @@ class Backend:
 
     ``fusion_rules`` decide which graph ops form one hardware layer;
     ``supported_ops`` (layer op names, None for "all") is checked up front and
-    every unsupported one is listed at once; ``layout`` is the activation
-    layout written in tensor records; ``write_tensor(path_without_suffix, array)``
-    writes one data file and returns its path (default: ``.npy``).
+    every unsupported one is listed at once; ``layout`` (None for "any") is the
+    4-D activation layout the hardware takes: a model whose layers state
+    another one is refused, naming them; ``write_tensor(path_without_suffix,
+    array)`` writes one data file and returns its path (default: ``.npy``).
     """
 
     name: str
     fusion_rules: list[FusionRule]
     supported_ops: frozenset[str] | None = None
-    layout: str = "NCHW"
+    layout: str | None = None
     write_tensor: Callable[[Path, Any], Path] | None = None
     description: str = ""
 

@@ -281,8 +281,16 @@ def run(
                     "file": fname,
                 }
                 param_records[fname] = r["params"][role]
-            r["inputs"] = [_tensor_record(n, shapes, tensor_files, _producer(n, layers, records, tensor_name), be) for n in r["inputs"]]
-            r["outputs"] = [_tensor_record(n, shapes, tensor_files, r["name"], be) for n in r["outputs"]]
+        layouts = _layouts([rec.record for rec in records], shapes)
+        if be.layout:
+            other = sorted({f"{r.record['name']} ({layouts[o]})" for r in records for o in r.record["outputs"]
+                            if len(layouts.get(o, "")) == 4 and layouts[o] != be.layout})
+            if other:
+                raise IrgenError(f"backend {be.name!r} takes {be.layout} activations; these layers are not: {', '.join(other)}")
+        for layer, rec in zip(layers, records):
+            r = rec.record
+            r["inputs"] = [_tensor_record(n, shapes, tensor_files, layouts, _producer(n, layers, records, tensor_name)) for n in r["inputs"]]
+            r["outputs"] = [_tensor_record(n, shapes, tensor_files, layouts, r["name"]) for n in r["outputs"]]
 
         ir = {
             "ir_version": IR_VERSION,
@@ -296,9 +304,9 @@ def run(
                 "opt_level": opt_level,
             },
             "model": {"path": str(model), "sha256": sha256_path(model)},
-            "inputs": [_tensor_record(s.name, shapes, tensor_files, "input", be) for s in imported.inputs],
+            "inputs": [_tensor_record(s.name, shapes, tensor_files, layouts, "input") for s in imported.inputs],
             "outputs": [
-                _tensor_record(tensor_name.get(v, v), shapes, tensor_files, None, be) for v in out_vars
+                _tensor_record(tensor_name.get(v, v), shapes, tensor_files, layouts, None) for v in out_vars
             ],
             "layers": [rec.record for rec in records],
         }
@@ -339,10 +347,33 @@ def _param_layout(rec: dict, role: str, arr: np.ndarray) -> str | None:
     return None
 
 
-def _tensor_record(name: str, shapes, files, producer, be: Backend) -> dict[str, Any]:
+def _tensor_record(name: str, shapes, files, layouts, producer) -> dict[str, Any]:
     shape, dtype = shapes.get(name, ((), None))
-    layout = be.layout if len(shape) == 4 else "NC" if len(shape) == 2 else None
-    return {"name": name, "shape": list(shape), "dtype": dtype, "layout": layout, "file": files.get(name), "producer": producer}
+    return {"name": name, "shape": list(shape), "dtype": dtype, "layout": layouts.get(name), "file": files.get(name), "producer": producer}
+
+
+_LAYOUT_ATTRS = ("out_layout", "data_layout", "layout")
+
+
+def _layouts(records: list[dict], shapes) -> dict[str, str]:
+    """Activation layouts: from the ops that state one (conv, pool), carried
+    through ops that keep their input's layout; 2-D tensors are ``NC``."""
+    layouts: dict[str, str] = {}
+    for r in records:  # inputs take the layout of the first op that states one
+        stated = next((str(r["attrs"][k]) for k in _LAYOUT_ATTRS if r["attrs"].get(k)), None)
+        for n in r["inputs"]:
+            if stated and len(shapes.get(n, ((),))[0]) == len(stated):
+                layouts.setdefault(n, stated)
+    for r in records:
+        stated = next((str(r["attrs"][k]) for k in _LAYOUT_ATTRS if r["attrs"].get(k)), None)
+        carried = next((layouts[n] for n in r["inputs"] if n in layouts), None)
+        for n in r["outputs"]:
+            rank = len(shapes.get(n, ((),))[0])
+            for cand in (stated, carried, "NC" if rank == 2 else None):
+                if cand and len(cand) == rank:
+                    layouts[n] = cand
+                    break
+    return layouts
 
 
 def _producer(tensor: str, layers, records, tensor_name) -> str:

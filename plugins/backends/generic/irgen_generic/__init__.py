@@ -1,4 +1,4 @@
-"""irgen's generic backend: the layer fusion of a typical NPU, NCHW, ``.npy`` files.
+"""irgen's generic backend: the layer fusion of a typical NPU, any layout, ``.npy`` files.
 
 A layer is a compute op (convolution or dense) with its bias add and
 activation, an element-wise op with its activation, or any other op alone.
@@ -33,7 +33,7 @@ def irgen_register_backends(register):
             name="generic",
             fusion_rules=RULES,
             supported_ops=None,
-            layout="NCHW",
-            description="conv/dense + bias + activation per layer; NCHW; .npy files",
+            layout=None,
+            description="conv/dense + bias + activation per layer; the model's own layout; .npy files",
         )
     )
