@@ -91,16 +91,20 @@ class Frontend:
 class Quantizer:
     """A quantization-fusion scheme.
 
-    ``detect(layers)`` says whether the model's layers follow this scheme;
-    ``fold(layers)`` folds quantize/dequantize/clip/cast/multiply/shift ops into
-    each layer's ``quant`` record; ``realize(layers)`` rewrites layers into the
-    integer arithmetic the source runtime uses.
+    Both callables get an :class:`irgen.quant.QGraph` (``main``'s bindings).
+    ``detect(qgraph)`` says whether the model was quantized the way this
+    scheme understands, cheaply and without changing anything; ``realize(qgraph)``
+    folds each layer's quantize/dequantize/clip/cast ops into integer Relax
+    arithmetic (bound to the layer's output name) and stores the layer's
+    ``quant`` record in ``qgraph.quant``. Something the scheme cannot realize
+    exactly is an :class:`IrgenError` naming the tensor and the reason.
+    ``priority`` orders automatic detection (higher first).
     """
 
     name: str
-    detect: Callable[[list[Any]], bool]
-    fold: Callable[[list[Any]], None]
-    realize: Callable[[list[Any]], None] | None = None
+    detect: Callable[[Any], bool]
+    realize: Callable[[Any], None]
+    priority: int = 0
     description: str = ""
 
 

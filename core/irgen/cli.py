@@ -63,6 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--frontend", default=None, help="frontend name (default: by file type)")
     run.add_argument("--backend", default="generic", help="backend name (default: generic)")
     run.add_argument("--serializer", default="json", help="IR serializer name (default: json)")
+    run.add_argument("--quantizer", default=None, metavar="NAME",
+                     help="quantization-fusion scheme (default: detected from the model)")
     run.add_argument("--force", action="store_true", help="replace an existing OUT")
     run.add_argument("--seed", type=int, default=0, help="seed for generated inputs (default: 0)")
     run.add_argument("--no-progress", action="store_true", help="no progress output")

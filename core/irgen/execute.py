@@ -7,10 +7,11 @@ instrument hook then hands over each kernel's output as it is produced.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import tvm
+import tvm_ffi
 from tvm import relax
 
 from irgen.api import IrgenError
@@ -41,8 +42,31 @@ def _gate(opt_level: int, level: int, p: tvm.transform.Pass) -> list[tvm.transfo
     return [p] if opt_level >= level else []
 
 
+_CACHE: dict[tuple[int, int, int], tuple] = {}
+_CACHE_SIZE = 4
+
+
 def lower(mod: tvm.IRModule, opt_level: int, group: Callable[[tvm.IRModule], tvm.IRModule]):
-    """Relax passes for ``opt_level``; returns the VM-ready module and its kernel sequence."""
+    """Compile ``mod`` at ``opt_level``: (executable, kernel sequence, where each var comes from).
+
+    Within one process the result is reused for a structurally equal module
+    (golden data for many inputs of one model compiles once).
+    """
+    # var names matter too: the kernel sequence refers to them
+    names = tuple(b.name for b in main_bindings(mod)[1])
+    key = (tvm_ffi.structural_hash(mod, map_free_vars=True), hash(names), opt_level)
+    hit = _CACHE.get(key)
+    if hit is not None and hit[2] == names and tvm_ffi.structural_equal(hit[0], mod, map_free_vars=True):
+        exe, kernels, where = hit[1]
+        return exe, [replace(k) for k in kernels], dict(where)
+    result = _lower(mod, opt_level, group)
+    if len(_CACHE) >= _CACHE_SIZE:
+        _CACHE.pop(next(iter(_CACHE)))
+    _CACHE[key] = (mod, result, names)
+    return result[0], [replace(k) for k in result[1]], dict(result[2])
+
+
+def _lower(mod: tvm.IRModule, opt_level: int, group: Callable[[tvm.IRModule], tvm.IRModule]):
     target = tvm.target.Target({"kind": "llvm"})
     with tvm.transform.PassContext(opt_level=opt_level), target:
         if opt_level >= 1:

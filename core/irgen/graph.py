@@ -401,6 +401,36 @@ def form_layers(
     return layers
 
 
+_COMPUTE = {"relax.nn.conv2d", "relax.nn.conv1d", "relax.nn.conv2d_transpose", "relax.matmul"}
+
+
+def cut_layers(bindings: list[Binding], provenance: Provenance, main_output: relax.Expr) -> list[Layer]:
+    """Layers of a realized quantized graph: each binding named after a source
+    tensor closes a layer holding the unnamed bindings before it (the integer
+    arithmetic a scheme put in place of one source op)."""
+    layers: list[Layer] = []
+    pending: list[str] = []
+    by_name = {b.name: b for b in bindings}
+    for b in bindings:
+        if b.kind in ("tgi", "alias", "const"):
+            continue
+        pending.append(b.name)
+        if b.name in provenance.by_var:
+            anchor = next((m for m in pending if by_name[m].op in _COMPUTE), b.name)
+            layers.append(Layer(len(layers), pending, anchor, "quantized", [b.name]))
+            pending = []
+    if pending:
+        layers.append(Layer(len(layers), pending, pending[-1], "quantized", [pending[-1]]))
+    out_names = set(var_names(main_output))
+    users = users_of(bindings)
+    for layer in layers:  # intermediate results used elsewhere are outputs too
+        mset = set(layer.members)
+        for m in layer.members[:-1]:
+            if m in out_names or any(bindings[k].name not in mset for k in users.get(m, [])):
+                layer.outputs.insert(len(layer.outputs) - 1, m)
+    return layers
+
+
 def resolve(name: str, bindings_by_name: dict[str, Binding]) -> str:
     """Follow alias bindings to the binding that computes a value."""
     seen = set()

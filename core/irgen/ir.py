@@ -45,13 +45,15 @@ class LayerRecord:
     params: dict[str, np.ndarray] = field(default_factory=dict)
 
 
-def _role(anchor_op: str | None, b: Binding, arg_index: int, is_anchor: bool) -> str:
+def _role(anchor: Binding, b: Binding, arg_index: int) -> str:
     op = b.op
     if op in _WEIGHTED and arg_index == 1:
         return "weight"
     if op == "relax.nn.batch_norm":
         return ["data", "gamma", "beta", "moving_mean", "moving_var"][arg_index]
-    if not is_anchor and anchor_op in _WEIGHTED:
+    first = b.value.args[0] if isinstance(b.value, relax.Call) and b.value.args else None
+    feeds_on_anchor = isinstance(first, relax.Var) and first.name == anchor.name
+    if b is not anchor and anchor.op in _WEIGHTED and feeds_on_anchor:
         if op == "relax.add":
             return "bias"
         if op == "relax.multiply":
@@ -82,6 +84,7 @@ def build_layer_record(
     provenance: Provenance,
     tensor_name: dict[str, str],
     layer_name: str,
+    quant: dict[str, Any] | None = None,
 ) -> LayerRecord:
     """The IR record of one layer.
 
@@ -108,7 +111,12 @@ def build_layer_record(
                 arr = a.value.numpy()
                 if arr.ndim == 0 and b.op not in _WEIGHTED:
                     continue  # a scalar literal stays inline in the op's args
-                role = _role(anchor.op, b, j, b is anchor)
+                role = _role(anchor, b, j)
+                if quant is not None and (
+                    quant.get("kind") not in ("conv2d", "depthwise_conv2d", "dense")
+                    or role not in ("weight", "bias") or role in arrays
+                ):
+                    continue  # integer arithmetic constants stay inline; `quant` explains them
                 base, k = role, 1
                 while role in arrays:
                     role = f"{base}{k}"
@@ -163,7 +171,9 @@ def build_layer_record(
             results.append(f"{refs[tgi.tuple_value.name]}.{int(tgi.index)}")
 
     op = short_op(anchor)
-    if layer.rule is None and len(members) > 1 and len(set(op_types)) == 1:
+    if quant is not None and quant.get("kind") not in (None, "integer"):
+        op = quant["kind"]
+    elif layer.rule is None and len(members) > 1 and len(set(op_types)) == 1:
         op = op_types[0].lower()
     record = {
         "name": layer_name,
@@ -174,7 +184,7 @@ def build_layer_record(
         "outputs": [tensor_name.get(o, o) for o in layer.outputs],
         "results": results,
         "params": {},
-        "quant": None,
+        "quant": quant,
         "source": {"nodes": nodes, "op_types": op_types, "tensors": tensors, "outputs": out_src},
     }
     return LayerRecord(record, arrays)

@@ -93,6 +93,23 @@ def pick_frontend(host, model: Path, name: str | None):
     raise IrgenError(f"{model}: no frontend reads this file (frontends: {known})")
 
 
+def pick_quantizer(host, qg, name: str | None):
+    """The scheme to realize: ``--quantizer NAME``, else the first that detects the model."""
+    if name:
+        return host.quantizers.get(name)
+    found = [q for _, q in sorted(host.quantizers.items(), key=lambda kv: -kv[1].priority) if q.detect(qg)]
+    if found:
+        return found[0]
+    qdq = [b.name for b in qg.bindings if b.op in ("relax.quantize", "relax.dequantize")]
+    if qdq:
+        known = ", ".join(host.quantizers.names()) or "none installed"
+        raise IrgenError(
+            f"the model is quantized (e.g. tensor {qdq[0]!r}) but no quantization scheme recognizes it "
+            f"(schemes: {known}); force one with --quantizer NAME"
+        )
+    return None
+
+
 def sha256_path(path: Path) -> str:
     h = hashlib.sha256()
     files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
@@ -114,6 +131,7 @@ def run_cli(args, host) -> int:
         frontend=args.frontend,
         backend=args.backend,
         serializer=args.serializer,
+        quantizer=getattr(args, "quantizer", None),
         force=args.force,
         seed=args.seed,
         progress=Progress(enabled=not args.no_progress),
@@ -132,6 +150,7 @@ def run(
     frontend: str | None = None,
     backend: str = "generic",
     serializer: str = "json",
+    quantizer: str | None = None,
     force: bool = False,
     seed: int = 0,
     progress: Progress | None = None,
@@ -157,7 +176,8 @@ def run(
     from tvm import relax
 
     from irgen import execute
-    from irgen.graph import fold_batch_norm, form_layers, group_module, main_bindings
+    from irgen.graph import cut_layers, fold_batch_norm, form_layers, group_module, main_bindings
+    from irgen.quant import QGraph
     from irgen.ir import IR_VERSION, build_layer_record
 
     with folder:
@@ -166,10 +186,20 @@ def run(
 
         progress.stage("form layers")
         mod = fold_batch_norm(mod, imported.provenance)
+        scheme, quant = None, {}
+        qg = QGraph(mod, frontend=imported.frontend)
+        scheme = pick_quantizer(host, qg, quantizer)
+        if scheme is not None:
+            progress.stage(f"quantization scheme {scheme.name}")
+            scheme.realize(qg)
+            mod, quant = qg.module(), qg.quant
         analysed = relax.transform.FoldConstant()(mod)
         func, bindings = main_bindings(analysed)
         main_out = func.body.body
-        layers = form_layers(bindings, be.fusion_rules, imported.provenance, main_out)
+        if scheme is not None:
+            layers = cut_layers(bindings, imported.provenance, main_out)
+        else:
+            layers = form_layers(bindings, be.fusion_rules, imported.provenance, main_out)
         by_name = {b.name: b for b in bindings}
 
         if be.supported_ops is not None:
@@ -203,7 +233,8 @@ def run(
 
         records = []
         for layer in layers:
-            rec = build_layer_record(layer, by_name, imported.provenance, tensor_name, layer_names[layer.index])
+            q = next((quant[m] for m in reversed(layer.members) if m in quant), None)
+            rec = build_layer_record(layer, by_name, imported.provenance, tensor_name, layer_names[layer.index], q)
             records.append(rec)
 
         progress.stage(f"compile (opt level {opt_level}: {execute.OPT_LEVELS[opt_level]})")
@@ -298,7 +329,7 @@ def run(
                 "irgen": __version__,
                 "tvm": tvm.__version__,
                 "frontend": fe.name,
-                "quantizer": None,
+                "quantizer": scheme.name if scheme else None,
                 "backend": be.name,
                 "serializer": ser.name,
                 "opt_level": opt_level,

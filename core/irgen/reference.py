@@ -86,10 +86,19 @@ def _windows(x: np.ndarray, kh: int, kw: int, sh: int, sw: int, dh: int, dw: int
 # ----------------------------------------------------------------- ops
 
 
+def _perm(src: str, dst: str) -> list[int]:
+    return [src.index(ch) for ch in dst]
+
+
 def conv2d(x: np.ndarray, w: np.ndarray, attrs: dict) -> np.ndarray:
-    _check_layout(attrs, "data_layout", "NCHW")
-    _check_layout(attrs, "kernel_layout", "OIHW")
-    _check_layout(attrs, "out_layout", "NCHW")
+    """2-D convolution in any data/kernel layout (computed in NCHW/OIHW)."""
+    dl = str(attrs.get("data_layout") or "NCHW")
+    kl = str(attrs.get("kernel_layout") or "OIHW")
+    ol = str(attrs.get("out_layout") or dl)
+    if sorted(dl) != sorted("NCHW") or sorted(kl) != sorted("OIHW") or sorted(ol) != sorted("NCHW"):
+        raise NotImplementedError(f"conv2d layouts {dl}/{kl}/{ol}")
+    x = np.transpose(x, _perm(dl, "NCHW"))
+    w = np.transpose(w, _perm(kl, "OIHW"))
     sh, sw = _pair(attrs.get("strides", [1, 1]))
     dh, dw = _pair(attrs.get("dilation", [1, 1]))
     pt, pl, pb, pr = _pad4(attrs.get("padding", [0, 0, 0, 0]))
@@ -107,12 +116,20 @@ def conv2d(x: np.ndarray, w: np.ndarray, attrs: dict) -> np.ndarray:
     cols = cols.reshape(n, g, ci, oh, ow, kh, kw)
     wg = w.astype(acc).reshape(g, o // g, ci, kh, kw)
     y = np.einsum("ngcyxhw,gochw->ngoyx", cols, wg, optimize=True)
-    return y.reshape(n, o, oh, ow).astype(out_dtype)
+    y = y.reshape(n, o, oh, ow).astype(out_dtype)
+    return np.transpose(y, _perm("NCHW", ol))
 
 
 def _pool2d(x: np.ndarray, attrs: dict, kind: str) -> np.ndarray:
-    _check_layout(attrs, "layout", "NCHW")
-    _check_layout(attrs, "out_layout", "NCHW")
+    layout = str(attrs.get("layout") or "NCHW")
+    out_layout = str(attrs.get("out_layout") or layout)
+    if sorted(layout) != sorted("NCHW") or sorted(out_layout) != sorted("NCHW"):
+        raise NotImplementedError(f"pool2d layouts {layout}/{out_layout}")
+    y = _pool2d_nchw(np.transpose(x, _perm(layout, "NCHW")), attrs, kind)
+    return np.transpose(y, _perm("NCHW", out_layout))
+
+
+def _pool2d_nchw(x: np.ndarray, attrs: dict, kind: str) -> np.ndarray:
     kh, kw = _pair(attrs["pool_size"])
     sh, sw = _pair(attrs.get("strides", [1, 1]))
     dh, dw = _pair(attrs.get("dilation", [1, 1]))
@@ -236,8 +253,9 @@ def _binary(fn: Callable) -> Callable:
 
 
 def _divide(a, b):
-    if a.dtype.kind in "iu" and b.dtype.kind in "iu":
-        return np.floor_divide(a, b)
+    if a.dtype.kind in "iu" and b.dtype.kind in "iu":  # TVM's integer divide truncates, as C does
+        q = np.floor_divide(a, b)
+        return q + ((np.remainder(a, b) != 0) & ((a < 0) != (b < 0)))
     return a / b
 
 
@@ -337,6 +355,12 @@ def _dropout(args, attrs):
     return (x, np.ones_like(x))
 
 
+def _where(args, attrs):
+    c, a, b = (np.asarray(x) for x in args)
+    dtype = np.result_type(*(x for x in (a, b) if x.ndim)) if (a.ndim or b.ndim) else np.result_type(a, b)
+    return np.where(c, a, b).astype(dtype)
+
+
 def _power(a, b):
     return np.power(a, b)
 
@@ -365,13 +389,18 @@ OPS: dict[str, Callable[[list[Any], dict], Any]] = {
     "relax.sum": lambda args, attrs: _reduce(np.sum, args[0], attrs),
     "relax.max": lambda args, attrs: _reduce(np.max, args[0], attrs),
     "relax.min": lambda args, attrs: _reduce(np.min, args[0], attrs),
-    "relax.exp": lambda args, attrs: np.exp(args[0]),
-    "relax.sqrt": lambda args, attrs: np.sqrt(args[0]),
     "relax.negative": lambda args, attrs: np.negative(args[0]),
-    "relax.power": lambda args, attrs: np.power(args[0], args[1]).astype(np.result_type(args[0])),
+    "relax.abs": lambda args, attrs: np.abs(args[0]),
+    "relax.left_shift": _binary(np.left_shift),
+    "relax.right_shift": _binary(np.right_shift),
+    "relax.bitwise_and": _binary(np.bitwise_and),
+    "relax.floor_divide": _binary(np.floor_divide),
+    "relax.less": lambda args, attrs: np.less(args[0], args[1]),
+    "relax.greater": lambda args, attrs: np.greater(args[0], args[1]),
+    "relax.greater_equal": lambda args, attrs: np.greater_equal(args[0], args[1]),
+    "relax.less_equal": lambda args, attrs: np.less_equal(args[0], args[1]),
+    "relax.where": _where,
     "relax.astype": lambda args, attrs: np.asarray(args[0]).astype(str(attrs["dtype"])),
-    "relax.maximum": lambda args, attrs: np.maximum(args[0], args[1]),
-    "relax.minimum": lambda args, attrs: np.minimum(args[0], args[1]),
     "relax.concat": _concat,
     "relax.stack": lambda a, at: np.stack([np.asarray(x) for x in a], axis=int(at.get("axis") or 0)),
     "relax.permute_dims": _permute,

@@ -1,0 +1,309 @@
+"""Integer arithmetic shared by quantization-fusion schemes.
+
+Three things live here, side by side so they cannot drift apart:
+
+* the fixed-point helpers of TFLite's reference kernels in numpy
+  (:func:`quantize_multiplier`, :func:`multiply_by_quantized_multiplier`...),
+  which the numpy reference of the IR uses;
+* the same arithmetic as Relax expressions (:func:`rx_multiply_by_quantized_multiplier`...),
+  which schemes put into the graph so TVM computes it;
+* :class:`QGraph`, the editable view of ``main`` that schemes rewrite.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+
+# ------------------------------------------------------------------ numpy
+
+
+def quantize_multiplier(real: float) -> tuple[int, int]:
+    """TFLite's QuantizeMultiplier: ``real ~= M * 2**(shift - 31)``, M in [2**30, 2**31)."""
+    if real == 0.0:
+        return 0, 0
+    if not math.isfinite(real) or real < 0:
+        raise ValueError(f"multiplier {real!r} is not a finite non-negative number")
+    frac, shift = math.frexp(real)
+    q = int(round(frac * (1 << 31)))  # std::round: half away from zero (frac > 0)
+    if q == (1 << 31):
+        q //= 2
+        shift += 1
+    if shift < -31:
+        return 0, 0
+    if shift > 30:
+        raise ValueError(f"multiplier {real!r} is too large for int32 fixed point")
+    return q, shift
+
+
+def _as64(x) -> np.ndarray:
+    return np.asarray(x, dtype=np.int64)
+
+
+#: how a kernel rounds in MultiplyByQuantizedMultiplier (TF 2.21's reference kernels use both)
+DOUBLE = "double"  # SaturatingRoundingDoublingHighMul, then RoundingDivideByPOT: ties away from zero
+SINGLE = "single"  # (x * M + 2**(30 - shift)) >> (31 - shift): one rounding, ties up
+ROUNDING_RULES = {
+    DOUBLE: "SaturatingRoundingDoublingHighMul(x * 2**max(shift,0), M) then RoundingDivideByPOT(-min(shift,0)); "
+            "both round half away from zero",
+    SINGLE: "(x * M + 2**(30 - shift)) >> (31 - shift) in int64; round half up",
+}
+
+
+def multiply_by_quantized_multiplier(x, multiplier, shift, rounding: str = DOUBLE) -> np.ndarray:
+    """TFLite's MultiplyByQuantizedMultiplier, in either of its rounding builds."""
+    x, m, shift = _as64(x), _as64(multiplier), _as64(shift)
+    if rounding == SINGLE:
+        total = 31 - shift
+        return (x * m + (np.int64(1) << (total - 1))) >> total
+    left, right = np.maximum(shift, 0), np.maximum(-shift, 0)
+    ab = (x << left) * m
+    s = ab + np.where(ab >= 0, 1 << 30, 1 - (1 << 30))
+    high = np.where(s < 0, -((-s) >> 31), s >> 31)  # C++ division truncates
+    # RoundingDivideByPOT: round half away from zero
+    half = (np.int64(1) << right) >> 1
+    mag = (np.abs(high) + half) >> right
+    return np.where(high < 0, -mag, mag)
+
+
+def divide_round_half_away(acc, count) -> np.ndarray:
+    """``acc > 0 ? (acc + n/2)/n : (acc - n/2)/n`` with C++ truncating division."""
+    acc, n = _as64(acc), _as64(count)
+    num = np.where(acc > 0, acc + n // 2, acc - n // 2)
+    q = np.abs(num) // n
+    return np.where(num < 0, -q, q)
+
+
+def per_axis(values, axis: int, ndim: int) -> np.ndarray:
+    """Reshape a per-channel vector so it broadcasts along ``axis`` of an ``ndim`` tensor."""
+    v = np.asarray(values)
+    if v.ndim == 0 or v.size == 1:
+        return v.reshape(())
+    shape = [1] * ndim
+    shape[axis % ndim] = v.size
+    return v.reshape(shape)
+
+
+def recompute(layer: dict[str, Any], inputs: list[np.ndarray], params: dict[str, np.ndarray]) -> np.ndarray:
+    """A realized integer layer from its ``quant`` record and parameters alone.
+
+    This is the arithmetic a hardware engineer reproduces; it does not read
+    ``fused_ops``. Kinds: conv2d, depthwise_conv2d, dense, add, mean,
+    avg_pool2d, concatenate.
+    """
+    from irgen.reference import conv2d
+
+    qr = layer["quant"]
+    kind = qr["kind"]
+    out = qr["output"]
+    lo, hi = qr.get("clamp") or (np.iinfo(out["dtype"]).min, np.iinfo(out["dtype"]).max)
+    zp_in = [int(np.asarray(i["zero_point"]).reshape(-1)[0]) for i in qr["inputs"]]
+    rq = qr.get("requant") or {}
+    if kind in ("conv2d", "depthwise_conv2d", "dense"):
+        x = inputs[0].astype(np.int64) - zp_in[0]
+        w = params["weight"].astype(np.int64)
+        if kind == "dense":
+            acc = x @ w
+        else:
+            acc = conv2d(x, w, {**layer["attrs"], "out_dtype": "int64"})
+        axis = rq["axis"]
+        if "bias" in params:
+            acc = acc + per_axis(params["bias"].reshape(-1).astype(np.int64), axis, acc.ndim)
+        y = multiply_by_quantized_multiplier(
+            acc, per_axis(rq["multiplier"], axis, acc.ndim), per_axis(rq["shift"], axis, acc.ndim), rq["rounding"]
+        )
+    elif kind == "add":
+        ls = rq["left_shift"]
+        scaled = [
+            multiply_by_quantized_multiplier((inp.astype(np.int64) - z) << ls, m, s, rq["rounding"])
+            for inp, z, m, s in zip(inputs, zp_in, rq["input_multiplier"], rq["input_shift"])
+        ]
+        y = multiply_by_quantized_multiplier(scaled[0] + scaled[1], rq["multiplier"], rq["shift"], rq["rounding"])
+    elif kind == "mean":
+        acc = np.sum(inputs[0].astype(np.int64) - zp_in[0], axis=tuple(qr["axes"]), keepdims=qr["keepdims"])
+        y = multiply_by_quantized_multiplier(acc, rq["multiplier"], rq["shift"], rq["rounding"])
+    elif kind == "avg_pool2d":
+        p = qr["pool"]
+        x = inputs[0].astype(np.int64)
+        c = x.shape[p["layout"].index("C")]
+        kh, kw = p["size"]
+        attrs = {"strides": p["strides"], "padding": p["padding"], "groups": c, "data_layout": p["layout"],
+                 "kernel_layout": "OIHW", "out_dtype": "int64"}
+        ones = np.ones((c, 1, kh, kw), np.int64)
+        total = conv2d(x, ones, attrs)
+        count = conv2d(np.ones_like(x), ones, attrs)
+        return np.clip(divide_round_half_away(total, count), lo, hi).astype(out["dtype"])
+    elif kind == "concatenate":
+        return np.concatenate(inputs, axis=qr["axis"])
+    elif kind == "integer":  # max pool, reshape...: plain int8 ops, their attrs say all
+        from irgen.reference import run_layer
+
+        return run_layer(layer, inputs, params)[0]
+    else:
+        raise NotImplementedError(f"quant kind {kind!r}")
+    return np.clip(y + int(out["zero_point"]), lo, hi).astype(out["dtype"])
+
+
+# ------------------------------------------------------------------ Relax
+
+
+def rx_const(value, dtype: str):
+    from tvm import relax
+
+    return relax.const(np.asarray(value, dtype=dtype), dtype)
+
+
+def rx_multiply_by_quantized_multiplier(emit, x, multiplier, shift, axis: int, ndim: int, rounding: str = DOUBLE):
+    """:func:`multiply_by_quantized_multiplier` as Relax ops on an int32 tensor.
+
+    ``emit`` binds each intermediate (see :meth:`QGraph.emit`) so values used
+    twice are computed once.
+    """
+    from tvm.relax import op
+
+    def c(v):
+        return rx_const(per_axis(np.asarray(v, np.int64), axis, ndim), "int64")
+
+    sh = np.asarray(shift, np.int64)
+    x64 = emit(op.astype(x, "int64"))
+    if rounding == SINGLE:
+        total = 31 - sh
+        ab = emit(op.add(emit(op.multiply(x64, c(multiplier))), c(np.int64(1) << (total - 1))))
+        return emit(op.astype(emit(op.right_shift(ab, c(total))), "int32"))
+    left, right = np.maximum(sh, 0), np.maximum(-sh, 0)
+    ab = emit(op.multiply(x64, c(np.asarray(multiplier, np.int64) << left)))
+    zero = rx_const(0, "int64")
+    nudge = emit(op.where(emit(op.greater_equal(ab, zero)), rx_const(1 << 30, "int64"), rx_const(1 - (1 << 30), "int64")))
+    high = emit(op.divide(emit(op.add(ab, nudge)), rx_const(1 << 31, "int64")))  # integer divide truncates
+    mag = emit(op.right_shift(emit(op.add(emit(op.abs(high)), c((np.int64(1) << right) >> 1))), c(right)))
+    rounded = emit(op.where(emit(op.less(high, zero)), emit(op.negative(mag)), mag))
+    return emit(op.astype(rounded, "int32"))
+
+
+def rx_divide_round_half_away(emit, acc, count):
+    """:func:`divide_round_half_away` on an int32 tensor; ``count`` is a positive
+    int or a Relax int32 tensor of positive counts (broadcast)."""
+    from tvm.relax import op
+
+    if isinstance(count, (int, np.integer)):
+        n, half = rx_const(int(count), "int32"), rx_const(int(count) // 2, "int32")
+    else:
+        n, half = count, rx_const(np.asarray(count.value.numpy()) // 2, "int32")
+    neg = emit(op.less(acc, rx_const(0, "int32")))
+    q = emit(op.floor_divide(emit(op.add(emit(op.abs(acc)), half)), n))
+    return emit(op.where(neg, emit(op.negative(q)), q))
+
+
+def rx_clamp_cast(emit, x, lo: int, hi: int, dtype: str):
+    from tvm.relax import op
+
+    return op.astype(emit(op.clip(x, lo, hi)), dtype)
+
+
+# ------------------------------------------------------------------ graph
+
+
+@dataclass
+class QTensor:
+    """A quantized tensor's parameters: ``real = scale * (q - zero_point)``."""
+
+    scale: np.ndarray
+    zero_point: np.ndarray
+    dtype: str
+    axis: int | None = None  # per-channel axis, None when per tensor
+
+    def record(self) -> dict[str, Any]:
+        per_channel = self.scale.size > 1
+        return {
+            "scale": [float(s) for s in self.scale.reshape(-1)] if per_channel else float(self.scale.reshape(-1)[0]),
+            "zero_point": [int(z) for z in self.zero_point.reshape(-1)] if self.zero_point.size > 1 else int(self.zero_point.reshape(-1)[0]),
+            "dtype": self.dtype,
+            "axis": self.axis if per_channel else None,
+        }
+
+
+@dataclass
+class QGraph:
+    """``main``'s bindings as a scheme edits them.
+
+    A scheme replaces a span of bindings (dequantize -> op -> quantize) with
+    one new expression bound to the span's last variable (so names and
+    provenance hold) and records the layer's ``quant`` dict under that name.
+    """
+
+    mod: Any
+    frontend: str = ""
+    bindings: list = field(default_factory=list)
+    quant: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        from irgen.graph import main_bindings
+
+        _, self.bindings = main_bindings(self.mod)
+        self._pending: list = []
+        self._count = 0
+        self._index()
+
+    def emit(self, expr):
+        """Bind one op (whose arguments are variables or constants) to a new
+        unnamed variable; the binding lands before the next :meth:`replace`."""
+        from tvm import relax
+
+        from irgen.graph import Binding
+
+        expr = relax.BlockBuilder().normalize(expr)
+        var = relax.DataflowVar(f"iq{self._count}", expr.ty)
+        self._count += 1
+        self._pending.append(Binding(var.name, var, expr))
+        return var
+
+    def _index(self) -> None:
+        from irgen.graph import users_of
+
+        self.by_name = {b.name: b for b in self.bindings}
+        self.users = users_of(self.bindings)
+
+    def producer(self, expr):
+        """The binding that computes a variable, or None (inputs, constants)."""
+        from tvm import relax
+
+        if isinstance(expr, relax.Var):
+            return self.by_name.get(expr.name)
+        return None
+
+    def n_users(self, name: str) -> int:
+        out = self.mod["main"].body.body
+        from irgen.graph import var_names
+
+        return len(self.users.get(name, [])) + (1 if name in var_names(out) else 0)
+
+    def replace(self, names: list[str], expr, quant: dict[str, Any] | None = None) -> None:
+        """Drop bindings ``names`` and bind ``expr`` to the last of them, in its place."""
+        from irgen.graph import Binding
+
+        last = names[-1]
+        drop = set(names[:-1])
+        new = []
+        for b in self.bindings:
+            if b.name in drop:
+                continue
+            if b.name == last:
+                new.extend(self._pending)
+                new.append(Binding(b.name, b.var, expr))
+            else:
+                new.append(b)
+        self._pending = []
+        self.bindings = new
+        self._index()
+        if quant is not None:
+            self.quant[last] = quant
+
+    def module(self):
+        from irgen.graph import rebuild_main
+
+        return rebuild_main(self.mod, self.bindings)

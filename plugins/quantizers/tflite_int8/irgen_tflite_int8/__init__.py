@@ -1,0 +1,451 @@
+"""The ``tflite-int8`` quantization-fusion scheme.
+
+TVM imports a full-integer TFLite model as dequantize -> float op ->
+quantize. Run as is, that rounds differently from TFLite's integer kernels.
+This scheme rewrites each such span into the integer arithmetic of TFLite's
+reference kernels (``tflite::reference_integer_ops``), so the golden data is
+what the TFLite interpreter computes, bit for bit:
+
+* CONV_2D, DEPTHWISE_CONV_2D, FULLY_CONNECTED: int32 accumulation of
+  ``(x - zp_x) * w`` plus the int32 bias, then ``MultiplyByQuantizedMultiplier``
+  (per output channel; TF 2.21 rounds twice in conv and depthwise, once in
+  fully connected), plus ``zp_y``, clamp to the fused activation's range;
+* ADD: both inputs shifted left by 20 and scaled to twice the larger input
+  scale, summed, rescaled to the output (TFLite's general int8 add);
+* MEAN: sum of ``x - zp_x`` times a multiplier that folds in the division by
+  the element count (TFLite's MeanImpl);
+* AVERAGE_POOL_2D: sum over the valid window divided by the valid count,
+  rounding half away from zero;
+* MAX_POOL_2D, RESHAPE, CONCATENATION with shared parameters: exact in int8
+  as imported.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from irgen import hookimpl
+from irgen.api import IrgenError, Quantizer
+
+__version__ = "0.1.0"
+
+SCHEME = "tflite-int8"
+
+
+def _ops():
+    from tvm import relax
+    from tvm.relax import op
+
+    from irgen import quant as q
+    from irgen.graph import Constant
+
+    return relax, op, q, Constant
+
+
+def _tensor_name(qg, name: str) -> str:
+    return name
+
+
+def _qparams(qg, call, what: str, tensor: str):
+    """Scale and zero point of a quantize/dequantize call, checked."""
+    relax, _, q, Constant = _ops()
+    scale, zp = call.args[1], call.args[2]
+    if not isinstance(scale, Constant) or not isinstance(zp, Constant):
+        raise IrgenError(f"{SCHEME}: {what} of tensor {tensor!r} has a scale or zero point that is not a constant")
+    s = scale.value.numpy().astype(np.float32).reshape(-1)
+    z = zp.value.numpy().astype(np.int64).reshape(-1)
+    if not np.all(np.isfinite(s)) or np.any(s <= 0):
+        raise IrgenError(f"{SCHEME}: tensor {tensor!r} has a zero, negative or NaN scale ({s.tolist()[:4]})")
+    dtype = str(call.attrs.out_dtype) if str(call.op.name) == "relax.quantize" else str(call.args[0].ty.dtype)
+    info = np.iinfo(dtype) if dtype in ("int8", "uint8", "int16", "int32") else None
+    if info is not None and (np.any(z < info.min) or np.any(z > info.max)):
+        raise IrgenError(f"{SCHEME}: tensor {tensor!r} has a zero point outside {dtype} ({z.tolist()[:4]})")
+    axis = int(call.attrs.axis)
+    return q.QTensor(s, z, dtype, axis if s.size > 1 else None)
+
+
+def _dequantized(qg, expr):
+    """(int var, QTensor, dq binding name) when ``expr`` is dequantize(var)."""
+    relax, _, _, _ = _ops()
+    b = qg.producer(expr)
+    if b is None or b.op != "relax.dequantize":
+        return None
+    src = b.value.args[0]
+    if not isinstance(src, relax.Var):
+        return None
+    return src, _qparams(qg, b.value, "dequantize", src.name), b.name
+
+
+def _const_weight(qg, expr, tensor: str):
+    """Follow dequantize/reshape/permute_dims back to an int8 constant.
+
+    Returns (int array in the layout the op consumes, QTensor with the
+    per-channel axis mapped into that layout, binding names to drop).
+    """
+    relax, _, q, Constant = _ops()
+    chain = []
+    e = expr
+    while True:
+        if isinstance(e, Constant):
+            break
+        b = qg.producer(e)
+        if b is None or b.op not in ("relax.dequantize", "relax.reshape", "relax.permute_dims"):
+            raise IrgenError(f"{SCHEME}: weights of {tensor!r} are not a constant int8 tensor")
+        chain.append(b)
+        e = b.value.args[0]
+    arr = e.value.numpy()
+    if arr.dtype != np.int8:
+        raise IrgenError(f"{SCHEME}: weights of {tensor!r} are {arr.dtype}, not int8 "
+                         "(a dynamic-range or float model is not full-integer)")
+    # channel index map follows the same reshapes/permutes as the data
+    qt = None
+    chan = None
+    for b in reversed(chain):
+        v = b.value
+        if b.op == "relax.dequantize":
+            qt = _qparams(qg, v, "dequantize", tensor)
+            if qt.axis is not None:
+                idx = np.arange(arr.shape[qt.axis]).reshape([-1 if i == qt.axis % arr.ndim else 1 for i in range(arr.ndim)])
+                chan = np.broadcast_to(idx, arr.shape)
+        elif b.op == "relax.reshape":
+            shape = [int(d) for d in v.args[1].values]
+            arr = arr.reshape(shape)
+            chan = chan.reshape(shape) if chan is not None else None
+        else:
+            axes = [int(a) for a in v.attrs.axes] if v.attrs.axes is not None else None
+            arr = np.transpose(arr, axes)
+            chan = np.transpose(chan, axes) if chan is not None else None
+    if qt is None:
+        raise IrgenError(f"{SCHEME}: weights of {tensor!r} are never dequantized")
+    if np.any(qt.zero_point != 0):
+        raise IrgenError(f"{SCHEME}: weights of {tensor!r} have non-zero zero points (TFLite int8 weights are symmetric)")
+    if chan is not None:
+        axes = [a for a in range(arr.ndim) if np.any(np.diff(chan, axis=a) != 0)] if arr.ndim else []
+        if len(axes) != 1:
+            raise IrgenError(f"{SCHEME}: cannot tell the channel axis of the weights of {tensor!r}")
+        qt.axis = axes[0]
+        if arr.shape[qt.axis] != qt.scale.size:
+            raise IrgenError(
+                f"{SCHEME}: weights of {tensor!r} have {qt.scale.size} scales for {arr.shape[qt.axis]} channels"
+            )
+    return arr, qt, [b.name for b in chain if qg.n_users(b.name) == 1]
+
+
+def _multipliers(real: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    from irgen.quant import quantize_multiplier
+
+    pairs = [quantize_multiplier(float(r)) for r in np.asarray(real, np.float64).reshape(-1)]
+    return np.array([p[0] for p in pairs], np.int64), np.array([p[1] for p in pairs], np.int64)
+
+
+def _clamp(qg, qname: str, dtype: str) -> tuple[int, int, str]:
+    """Clamp range from a clip that follows the quantize (TFLite's fused activation)."""
+    info = np.iinfo(dtype)
+    lo, hi, last = int(info.min), int(info.max), qname
+    users = qg.users.get(qname, [])
+    if len(users) == 1 and qg.n_users(qname) == 1:
+        c = qg.bindings[users[0]]
+        if c.op == "relax.clip":
+            lo = max(lo, int(round(float(c.value.args[1].value))))
+            hi = min(hi, int(round(float(c.value.args[2].value))))
+            last = c.name
+    return lo, hi, last
+
+
+def _finish(qg, acc, out, lo, hi):
+    """acc (int32) + zero point, clamped, cast to the output dtype."""
+    _, op, q, _ = _ops()
+    y = qg.emit(op.add(acc, q.rx_const(int(out.zero_point[0]), "int32")))
+    return q.rx_clamp_cast(qg.emit, y, lo, hi, out.dtype)
+
+
+def _offset(qg, x, zp: int):
+    _, op, q, _ = _ops()
+    return qg.emit(op.subtract(qg.emit(op.astype(x, "int32")), q.rx_const(zp, "int32")))
+
+
+def _realize_conv(qg, qb, comp, bias_b, out):
+    relax, op, q, Constant = _ops()
+    tensor = qb.name
+    xin = _dequantized(qg, comp.value.args[0])
+    if xin is None:
+        raise IrgenError(f"{SCHEME}: input of {tensor!r} is not a dequantized int8 tensor")
+    x, qx, dqx = xin
+    w, qw, wdrop = _const_weight(qg, comp.value.args[1], tensor)
+    xs = _offset(qg, x, int(qx.zero_point[0]))
+    a = comp.value.attrs
+    if comp.op == "relax.matmul":
+        kind = "dense"
+        acc = qg.emit(op.matmul(xs, relax.const(w), out_dtype="int32"))
+        ch_axis = -1
+    else:
+        kind = "depthwise_conv2d" if int(a.groups) > 1 else "conv2d"
+        acc = qg.emit(op.nn.conv2d(
+            xs, relax.const(w), strides=list(a.strides), padding=list(a.padding), dilation=list(a.dilation),
+            groups=int(a.groups), data_layout=str(a.data_layout), kernel_layout=str(a.kernel_layout),
+            out_layout=str(a.out_layout), out_dtype="int32",
+        ))
+        ch_axis = str(a.out_layout).index("C")
+    ndim = len(comp.var.ty.shape.values)
+    n_out = int(comp.var.ty.shape.values[ch_axis])
+    drop = [dqx] + wdrop + [comp.name]
+    bias_rec = None
+    w_scale = np.broadcast_to(qw.scale, (n_out,)) if qw.scale.size == 1 else qw.scale
+    if bias_b is not None:
+        other = bias_b.value.args[1] if bias_b.value.args[0].same_as(comp.var) else bias_b.value.args[0]
+        bb = qg.producer(other)
+        if bb is None or bb.op != "relax.dequantize" or not isinstance(bb.value.args[0], Constant):
+            raise IrgenError(f"{SCHEME}: bias of {tensor!r} is not a dequantized int32 constant")
+        bias = bb.value.args[0].value.numpy()
+        if bias.dtype != np.int32:
+            raise IrgenError(f"{SCHEME}: bias of {tensor!r} is {bias.dtype}, not int32")
+        bq = _qparams(qg, bb.value, "dequantize", tensor + " bias")
+        acc = qg.emit(op.add(acc, relax.const(q.per_axis(bias, ch_axis, ndim).astype(np.int32))))
+        drop += [bb.name, bias_b.name]
+        bias_rec = bq.record()
+    # TFLite: effective scale = double(s_x) * double(s_w) / double(s_y)
+    real = (np.float64(qx.scale[0]) * w_scale.astype(np.float64)) / np.float64(out.scale[0])
+    mult, shift = _multipliers(real)
+    # TF 2.21's reference kernels: conv and depthwise round twice, fully connected once
+    rounding = q.SINGLE if kind == "dense" else q.DOUBLE
+    y = q.rx_multiply_by_quantized_multiplier(qg.emit, acc, mult, shift, ch_axis, ndim, rounding)
+    lo, hi, last = _clamp(qg, qb.name, out.dtype)
+    expr = _finish(qg, y, out, lo, hi)
+    rec = {
+        "scheme": SCHEME,
+        "kind": kind,
+        "inputs": [qx.record()],
+        "weight": qw.record(),
+        "bias": bias_rec,
+        "output": out.record(),
+        "requant": {
+            "multiplier": mult.tolist(),
+            "shift": shift.tolist(),
+            "axis": ch_axis % ndim,
+            "rounding": rounding,
+            "rounding_rule": q.ROUNDING_RULES[rounding],
+        },
+        "clamp": [lo, hi],
+    }
+    return drop + [qb.name] + ([last] if last != qb.name else []), expr, rec
+
+
+def _realize_add(qg, qb, comp, out):
+    relax, op, q, _ = _ops()
+    tensor = qb.name
+    ins = [_dequantized(qg, a) for a in comp.value.args]
+    if any(i is None for i in ins):
+        raise IrgenError(f"{SCHEME}: an input of the add {tensor!r} is not a dequantized int8 tensor")
+    (x1, q1, d1), (x2, q2, d2) = ins
+    left_shift = 20
+    s1, s2 = np.float32(q1.scale[0]), np.float32(q2.scale[0])
+    twice_max = np.float64(np.float32(2) * max(s1, s2))
+    m1, sh1 = _multipliers([np.float64(s1) / twice_max])
+    m2, sh2 = _multipliers([np.float64(s2) / twice_max])
+    mo, sho = _multipliers([twice_max / (np.float64(1 << left_shift) * np.float64(out.scale[0]))])
+    ndim = len(comp.var.ty.shape.values)
+    ls = q.rx_const(left_shift, "int32")
+    e = qg.emit
+    a1 = q.rx_multiply_by_quantized_multiplier(e, e(op.left_shift(_offset(qg, x1, int(q1.zero_point[0])), ls)), m1, sh1, -1, ndim)
+    a2 = q.rx_multiply_by_quantized_multiplier(e, e(op.left_shift(_offset(qg, x2, int(q2.zero_point[0])), ls)), m2, sh2, -1, ndim)
+    y = q.rx_multiply_by_quantized_multiplier(e, e(op.add(a1, a2)), mo, sho, -1, ndim)
+    lo, hi, last = _clamp(qg, qb.name, out.dtype)
+    rec = {
+        "scheme": SCHEME,
+        "kind": "add",
+        "inputs": [q1.record(), q2.record()],
+        "output": out.record(),
+        "requant": {
+            "left_shift": left_shift,
+            "input_multiplier": [int(m1[0]), int(m2[0])],
+            "input_shift": [int(sh1[0]), int(sh2[0])],
+            "multiplier": int(mo[0]),
+            "shift": int(sho[0]),
+            "rounding": q.DOUBLE,
+            "rounding_rule": q.ROUNDING_RULES[q.DOUBLE],
+        },
+        "clamp": [lo, hi],
+    }
+    return [d1, d2, comp.name, qb.name] + ([last] if last != qb.name else []), _finish(qg, y, out, lo, hi), rec
+
+
+def _realize_mean(qg, qb, comp, out):
+    _, op, q, _ = _ops()
+    tensor = qb.name
+    xin = _dequantized(qg, comp.value.args[0])
+    if xin is None:
+        raise IrgenError(f"{SCHEME}: input of the mean {tensor!r} is not a dequantized int8 tensor")
+    x, qx, dqx = xin
+    axes = [int(a) for a in comp.value.attrs.axis]
+    shape = [int(d) for d in x.ty.shape.values]
+    count = int(np.prod([shape[a] for a in axes]))
+    keep = bool(comp.value.attrs.keepdims)
+    mult, shift = _multipliers([np.float64(qx.scale[0]) / np.float64(out.scale[0])])
+    # TFLite's MeanImpl folds the division by the count into the multiplier
+    reduction_shift = min(count.bit_length() - 1, 32, 31 + int(shift[0]))
+    mult = np.array([(int(mult[0]) << reduction_shift) // count], np.int64)
+    shift = shift - reduction_shift
+    acc = qg.emit(op.sum(_offset(qg, x, int(qx.zero_point[0])), axis=axes, keepdims=keep))
+    ndim = len(comp.var.ty.shape.values)
+    acc = q.rx_multiply_by_quantized_multiplier(qg.emit, acc, mult, shift, -1, ndim)
+    lo, hi, last = _clamp(qg, qb.name, out.dtype)
+    rec = {
+        "scheme": SCHEME,
+        "kind": "mean",
+        "inputs": [qx.record()],
+        "output": out.record(),
+        "axes": axes,
+        "keepdims": keep,
+        "requant": {"multiplier": int(mult[0]), "shift": int(shift[0]), "count": count,
+                    "reduction_shift": reduction_shift, "rounding": q.DOUBLE,
+                    "rounding_rule": q.ROUNDING_RULES[q.DOUBLE],
+                    "note": "multiplier = (QuantizeMultiplier(s_in/s_out) << reduction_shift) // count"},
+        "clamp": [lo, hi],
+    }
+    return [dqx, comp.name, qb.name] + ([last] if last != qb.name else []), _finish(qg, acc, out, lo, hi), rec
+
+
+def _realize_concat(qg, qb, comp, out):
+    relax, op, _, _ = _ops()
+    fields = list(comp.value.args[0].fields)
+    ins = [_dequantized(qg, f) for f in fields]
+    if any(i is None for i in ins):
+        raise IrgenError(f"{SCHEME}: an input of the concatenation {qb.name!r} is not a dequantized int8 tensor")
+    for x, qx, _ in ins:
+        if qx.scale[0] != out.scale[0] or qx.zero_point[0] != out.zero_point[0]:
+            raise IrgenError(
+                f"{SCHEME}: concatenation {qb.name!r} mixes quantization parameters "
+                f"(input {x.name!r}: {qx.scale[0]}/{qx.zero_point[0]}, output {out.scale[0]}/{out.zero_point[0]}); "
+                "not supported"
+            )
+    expr = op.concat([x for x, _, _ in ins], axis=int(comp.value.attrs.axis))
+    rec = {"scheme": SCHEME, "kind": "concatenate", "axis": int(comp.value.attrs.axis),
+           "inputs": [qx.record() for _, qx, _ in ins], "output": out.record()}
+    return [d for _, _, d in ins] + [comp.name, qb.name], expr, rec
+
+
+def _realize_avg_pool(qg, cast_b, pool_b, widen_b, qin):
+    """astype(int32) -> avg_pool2d -> astype(int8): TFLite's rounded average of valid elements."""
+    relax, op, q, _ = _ops()
+    a = pool_b.value.attrs
+    layout = str(a.layout)
+    if layout != "NHWC":
+        raise IrgenError(f"{SCHEME}: average pool {cast_b.name!r} in layout {layout} (TFLite is NHWC)")
+    x = widen_b.value.args[0]
+    n, h, w, c = (int(d) for d in x.ty.shape.values)
+    kh, kw = (int(v) for v in a.pool_size)
+    sh, sw = (int(v) for v in a.strides)
+    pt, pl, pb, pr = (int(v) for v in a.padding)
+    dh, dw = (int(v) for v in a.dilation)
+    if (dh, dw) != (1, 1) or bool(a.ceil_mode):
+        raise IrgenError(f"{SCHEME}: average pool {cast_b.name!r} with dilation or ceil mode is not supported")
+    oh = (h + pt + pb - kh) // sh + 1
+    ow = (w + pl + pr - kw) // sw + 1
+    rows = np.array([min(h, i * sh - pt + kh) - max(0, i * sh - pt) for i in range(oh)])
+    cols = np.array([min(w, j * sw - pl + kw) - max(0, j * sw - pl) for j in range(ow)])
+    count = (rows[:, None] * cols[None, :]).reshape(1, oh, ow, 1).astype(np.int32)
+    ones = np.ones((kh, kw, c, 1), np.int8)
+    s = qg.emit(op.nn.conv2d(qg.emit(op.astype(x, "int32")), relax.const(ones), strides=[sh, sw],
+                             padding=[pt, pl, pb, pr], groups=c, data_layout="NHWC", kernel_layout="HWOI",
+                             out_layout="NHWC", out_dtype="int32"))
+    avg = q.rx_divide_round_half_away(qg.emit, s, relax.const(count))
+    out_dtype = str(cast_b.var.ty.dtype)
+    lo, hi, last = _clamp(qg, cast_b.name, out_dtype)
+    rec = {
+        "scheme": SCHEME,
+        "kind": "avg_pool2d",
+        "inputs": [qin.record()] if qin else [],
+        "output": qin.record() if qin else None,
+        "pool": {"size": [kh, kw], "strides": [sh, sw], "padding": [pt, pl, pb, pr], "layout": layout},
+        "requant": {"divide": "sum of valid elements / their count, round half away from zero"},
+        "clamp": [lo, hi],
+    }
+    return [widen_b.name, pool_b.name, cast_b.name] + ([last] if last != cast_b.name else []), q.rx_clamp_cast(qg.emit, avg, lo, hi, out_dtype), rec
+
+
+def _is_quantized(qg) -> bool:
+    return any(b.op in ("relax.quantize", "relax.dequantize") for b in qg.bindings)
+
+
+def detect(qg) -> bool:
+    return getattr(qg, "frontend", None) == "tflite" and _is_quantized(qg)
+
+
+def realize(qg) -> None:
+    relax, _, q, Constant = _ops()
+    qparams: dict[str, Any] = {}  # int var name -> QTensor, for pass-through records
+    i = 0
+    while i < len(qg.bindings):
+        b = qg.bindings[i]
+        i += 1
+        if b.op == "relax.dequantize" and isinstance(b.value.args[0], relax.Var):
+            qparams.setdefault(b.value.args[0].name, _qparams(qg, b.value, "dequantize", b.value.args[0].name))
+        if b.kind == "call" and b.op not in ("relax.quantize", "relax.dequantize", "relax.astype") \
+                and b.name not in qparams and str(getattr(b.var.ty, "dtype", "")) in ("int8", "uint8"):
+            srcs = [a.name for a in b.value.args if isinstance(a, relax.Var) and a.name in qparams]
+            if srcs:  # int8 ops kept as imported (max pool, reshape) keep their input's parameters
+                qparams[b.name] = qparams[srcs[0]]
+        if b.op == "relax.astype" and str(b.var.ty.dtype) in ("int8", "uint8"):
+            pool = qg.producer(b.value.args[0])
+            widen = qg.producer(pool.value.args[0]) if pool is not None and pool.op == "relax.nn.avg_pool2d" else None
+            if widen is not None and widen.op == "relax.astype":
+                src = widen.value.args[0]
+                names, expr, rec = _realize_avg_pool(qg, b, pool, widen, qparams.get(src.name) if isinstance(src, relax.Var) else None)
+                qg.replace(names, expr, rec)
+                i = 0
+                continue
+        if b.op != "relax.quantize":
+            continue
+        out = _qparams(qg, b.value, "quantize", b.name)
+        if out.scale.size != 1:
+            raise IrgenError(f"{SCHEME}: activation {b.name!r} is quantized per channel; TFLite int8 activations are per tensor")
+        f = qg.producer(b.value.args[0])
+        if f is None:
+            raise IrgenError(f"{SCHEME}: model input {b.value.args[0].name!r} is float; give the model int8 inputs")
+        comp, bias_b = f, None
+        if f.op == "relax.add":
+            p0, p1 = (qg.producer(a) for a in f.value.args)
+            for cand, other in ((p0, p1), (p1, p0)):
+                if cand is not None and cand.op in ("relax.nn.conv2d", "relax.matmul") and other is not None \
+                        and other.op == "relax.dequantize" and isinstance(other.value.args[0], Constant):
+                    comp, bias_b = cand, f
+                    break
+        if comp.op in ("relax.nn.conv2d", "relax.matmul"):
+            names, expr, rec = _realize_conv(qg, b, comp, bias_b, out)
+        elif comp.op == "relax.add":
+            names, expr, rec = _realize_add(qg, b, comp, out)
+        elif comp.op == "relax.mean":
+            names, expr, rec = _realize_mean(qg, b, comp, out)
+        elif comp.op == "relax.concat":
+            names, expr, rec = _realize_concat(qg, b, comp, out)
+        else:
+            raise IrgenError(f"{SCHEME}: cannot realize {comp.op or comp.kind} at tensor {b.name!r} in integer arithmetic")
+        qparams[names[-1]] = out
+        qg.replace(names, expr, rec)
+        i = 0  # indices moved; realized spans no longer match
+    left = [b for b in qg.bindings if b.op in ("relax.quantize", "relax.dequantize")]
+    if left:
+        b = left[0]
+        raise IrgenError(f"{SCHEME}: {b.op.removeprefix('relax.')} at tensor {b.name!r} is left after folding; the model is not full-integer")
+    # int8 ops kept as imported (max pool, reshape...): exact in int8, same parameters
+    for b in qg.bindings:
+        if b.name in qg.quant or b.kind != "call" or b.name not in qparams:
+            continue
+        srcs = [a.name for a in b.value.args if isinstance(a, relax.Var) and a.name in qparams]
+        qg.quant[b.name] = {"scheme": SCHEME, "kind": "integer", "inputs": [qparams[s].record() for s in srcs],
+                            "output": qparams[b.name].record()}
+
+
+@hookimpl
+def irgen_register_quantizers(register):
+    register(
+        Quantizer(
+            name=SCHEME,
+            detect=detect,
+            realize=realize,
+            priority=10,
+            description="full-integer TFLite models, bit-exact with TFLite's reference kernels",
+        )
+    )

@@ -1,0 +1,176 @@
+"""The ``tflite`` frontend end to end, against the TFLite interpreter's reference kernels.
+
+Float models (Keras -> .tflite) at opt levels 0 and 3: every layer's output
+activation equals the interpreter's tensor named in ``layer["source"]["outputs"]``
+and the model output matches. Error paths: unsupported ops (all listed at once),
+a garbage file and a dynamic-range quantized model each give one
+``irgen: error:`` line, exit code 2 and no output folder. A full-integer int8
+model runs through (exactness is the quantizer plugin's job); how far TVM's
+plain run is from the interpreter is printed.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tflite")
+pytest.importorskip("tensorflow")
+sys.path.insert(0, str(Path(__file__).parent))
+import tflite_models  # noqa: E402
+
+from irgen.cli import main as irgen_main  # noqa: E402
+
+RTOL, ATOL = 1e-4, 1e-5
+
+
+def _irgen(args: list[str]) -> int:
+    return irgen_main(["run", *args, "--no-progress"])
+
+
+@pytest.fixture(scope="module")
+def models_dir(tmp_path_factory):
+    """Every model built once: {(name, quant): (path, x)}."""
+    d = tmp_path_factory.mktemp("tflite_models")
+    built = {}
+    for name, quant in [("small_cnn", "float"), ("mlp", "float"), ("small_cnn", "int8"), ("mlp", "int8"), ("mlp", "dynamic")]:
+        built[(name, quant)] = tflite_models.export(name, d, quant)
+    return built
+
+
+CASES = [pytest.param((n, o), id=f"{n}-O{o}") for n in ("small_cnn", "mlp") for o in (0, 3)]
+
+
+@pytest.fixture(scope="module", params=CASES)
+def run(request, models_dir, tmp_path_factory):
+    name, opt = request.param
+    path, x = models_dir[(name, "float")]
+    d = tmp_path_factory.mktemp(f"{name}_O{opt}")
+    np.save(d / "x.npy", x)
+    out = d / "out"
+    assert _irgen([str(path), "-o", str(out), "--input", str(d / "x.npy"), "--opt-level", str(opt)]) == 0
+    ir = json.loads((out / "ir.json").read_text())
+    return {"name": name, "opt": opt, "out": out, "ir": ir, "ref": tflite_models.tflite_reference(path, x), "x": x, "model": path}
+
+
+def test_layers_match_interpreter(run):
+    out, ir, ref = run["out"], run["ir"], run["ref"]
+    assert ir["producer"]["frontend"] == "tflite"
+    assert ir["producer"]["opt_level"] == run["opt"]
+    missing = [layer["name"] for layer in ir["layers"] if not layer["source"].get("outputs")]
+    assert not missing, f"layers without a source output tensor: {missing}"
+    worst = 0.0
+    for layer in ir["layers"]:
+        srcs = layer["source"]["outputs"]
+        assert len(srcs) == len(layer["outputs"]), layer["name"]
+        for rec, src in zip(layer["outputs"], srcs):
+            assert src in ref, f"layer {layer['name']}: {src!r} is not a TFLite tensor name"
+            got = np.load(out / rec["file"])
+            exp = ref[src]
+            assert got.shape == exp.shape and got.dtype == exp.dtype, (layer["name"], got.shape, exp.shape)
+            np.testing.assert_allclose(got, exp, rtol=RTOL, atol=ATOL, err_msg=f"layer {layer['name']} ({src})")
+            worst = max(worst, float(np.max(np.abs(got.astype(np.float64) - exp))))
+    print(f"\n{run['name']} -O{run['opt']}: {len(ir['layers'])} layers, max |irgen - TFLite| = {worst:.3g}")
+
+
+def test_model_output_matches_interpreter(run):
+    out, ir, ref = run["out"], run["ir"], run["ref"]
+    names = tflite_models.output_names(run["model"])
+    assert [o["name"] for o in ir["outputs"]] == names
+    for rec in ir["outputs"]:
+        np.testing.assert_allclose(np.load(out / rec["file"]), ref[rec["name"]], rtol=RTOL, atol=ATOL)
+    assert [i["name"] for i in ir["inputs"]] == ["serving_default_x:0"]
+    np.testing.assert_array_equal(np.load(out / ir["inputs"][0]["file"]), run["x"])
+
+
+def test_provenance_names_tflite_ops_and_tensors(run):
+    ir, ref = run["ir"], run["ref"]
+    expected_ops = {"small_cnn": {"CONV_2D", "DEPTHWISE_CONV_2D", "ADD", "MAX_POOL_2D", "AVERAGE_POOL_2D", "CONCATENATION", "MEAN", "FULLY_CONNECTED"},
+                    "mlp": {"FULLY_CONNECTED"}}[run["name"]]
+    seen = set()
+    for layer in ir["layers"]:
+        src = layer["source"]
+        for node, op_type in zip(src["nodes"], src["op_types"]):
+            assert node.startswith(op_type + "_") and node[len(op_type) + 1:].isdigit(), node
+            seen.add(op_type)
+        assert all(t in ref for t in src["outputs"]), src
+    assert expected_ops <= seen, expected_ops - seen
+    if run["name"] == "small_cnn":
+        fused = {layer["source"]["op_types"][0]: [f["op"] for f in layer["fused_ops"]] for layer in ir["layers"]}
+        assert fused["CONV_2D"][-1] == "relu" and fused["DEPTHWISE_CONV_2D"][-1] == "clip"
+
+
+def _assert_user_error(capsys, args, out, *needles):
+    rc = _irgen(args)
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert rc == 2, err
+    assert len(lines) == 1 and lines[0].startswith("irgen: error:"), err
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+    assert not out.exists()
+    return lines[0]
+
+
+def test_garbage_file(tmp_path, capsys):
+    bad = tmp_path / "junk.tflite"
+    bad.write_bytes(np.random.default_rng(0).bytes(256))
+    _assert_user_error(capsys, [str(bad), "-o", str(tmp_path / "out")], tmp_path / "out", "junk.tflite", "TFL3")
+    short = tmp_path / "short.tflite"
+    short.write_bytes(b"\x10\x00\x00\x00TFL3\x00")  # right identifier, truncated body
+    _assert_user_error(capsys, [str(short), "-o", str(tmp_path / "out")], tmp_path / "out", "short.tflite")
+
+
+def _with_unsupported_ops(src: Path, dst: Path) -> None:
+    """Rewrite the first two operators of ``src`` to builtins TVM has no converter for."""
+    import flatbuffers
+    from tensorflow.lite.python import schema_py_generated as schema
+
+    m = schema.ModelT.InitFromObj(schema.Model.GetRootAsModel(src.read_bytes(), 0))
+    for k, code in enumerate((schema.BuiltinOperator.RNN, schema.BuiltinOperator.SKIP_GRAM)):
+        oc = schema.OperatorCodeT()
+        oc.builtinCode = code
+        oc.deprecatedBuiltinCode = code
+        oc.version = 1
+        m.operatorCodes.append(oc)
+        m.subgraphs[0].operators[k].opcodeIndex = len(m.operatorCodes) - 1
+    b = flatbuffers.Builder(1024)
+    b.Finish(m.Pack(b), file_identifier=b"TFL3")
+    dst.write_bytes(bytes(b.Output()))
+
+
+def test_unsupported_ops_listed_at_once(models_dir, tmp_path, capsys):
+    path, _ = models_dir[("mlp", "float")]
+    bad = tmp_path / "odd_ops.tflite"
+    _with_unsupported_ops(path, bad)
+    line = _assert_user_error(capsys, [str(bad), "-o", str(tmp_path / "out")], tmp_path / "out", "odd_ops.tflite", "unsupported ops")
+    assert "RNN" in line and "SKIP_GRAM" in line
+
+
+def test_dynamic_range_quantized_is_rejected(models_dir, tmp_path, capsys):
+    path, _ = models_dir[("mlp", "dynamic")]
+    line = _assert_user_error(capsys, [str(path), "-o", str(tmp_path / "out")], tmp_path / "out",
+                              "dynamic-range quantized", "full-integer quantization", path.name)
+    assert "at tensor '" in line
+
+
+@pytest.mark.parametrize("name", ["small_cnn", "mlp"])
+def test_int8_model_runs(models_dir, tmp_path, name):
+    path, x = models_dir[(name, "int8")]
+    assert x.dtype == np.int8
+    np.save(tmp_path / "x.npy", x)
+    out = tmp_path / "out"
+    assert _irgen([str(path), "-o", str(out), "--input", str(tmp_path / "x.npy")]) == 0
+    ir = json.loads((out / "ir.json").read_text())
+    assert ir["inputs"][0]["dtype"] == "int8"
+    rec = ir["outputs"][0]
+    got = np.load(out / rec["file"])
+    assert got.dtype == np.int8 and rec["dtype"] == "int8"
+    # not asserted yet (the tflite-int8 quantizer makes this exact): how far is plain TVM?
+    exp = tflite_models.tflite_reference(path, x)[rec["name"]]
+    diff = np.abs(got.astype(np.int32) - exp.astype(np.int32))
+    print(f"\n{name} int8: output {got.shape}: {np.mean(diff == 0):.1%} exact, max {diff.max()} LSB")

@@ -1,0 +1,117 @@
+"""tflite-int8: golden data equals TFLite's reference kernels bit for bit.
+
+Each full-integer model built from Keras is run through irgen for 20 seeded
+random int8 inputs; every layer's activation file must equal the TFLite
+interpreter's tensor (BUILTIN_REF resolver, all tensors preserved), the model
+output included. Every layer is also recomputed in numpy from ``quant`` and the
+parameter files alone, and from its ``fused_ops`` program.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tflite_models
+from irgen import quant, reference
+from irgen.pipeline import run
+from irgen.plugins import PluginHost
+
+N_INPUTS = 20
+KINDS = {"conv2d", "depthwise_conv2d", "dense", "add", "max_pool2d", "avg_pool2d", "concatenate", "mean"}
+
+
+@pytest.fixture(scope="module")
+def host():
+    return PluginHost().load()
+
+
+@pytest.fixture(scope="module", params=["small_cnn", "mlp"])
+def int8_runs(request, tmp_path_factory, host):
+    """(model path, [(input, OUT)] for N_INPUTS seeded inputs)."""
+    folder = tmp_path_factory.mktemp(f"int8_{request.param}")
+    path, _ = tflite_models.export(request.param, folder, "int8")
+    shape = tuple(tflite_models.BUILDERS[request.param](tflite_models._tf())[1])
+    runs = []
+    for k in range(N_INPUTS):
+        x = np.random.default_rng(1000 + k).integers(-128, 128, shape).astype(np.int8)
+        np.save(folder / f"x{k}.npy", x)
+        out = folder / f"out{k}"
+        run(host, path, out, inputs=[str(folder / f"x{k}.npy")], opt_level=3 if k % 2 == 0 else 0)
+        runs.append((x, out))
+    return path, runs
+
+
+def test_every_int8_activation_equals_the_interpreter(int8_runs):
+    path, runs = int8_runs
+    checked = 0
+    for x, out in runs:
+        ir = json.loads((out / "ir.json").read_text())
+        assert ir["producer"]["quantizer"] == "tflite-int8"
+        ref = tflite_models.tflite_reference(path, x)
+        for layer in ir["layers"]:
+            for rec, src in zip(layer["outputs"], layer["source"]["outputs"], strict=True):
+                got = np.load(out / rec["file"])
+                assert got.dtype == np.int8, (layer["name"], got.dtype)
+                np.testing.assert_array_equal(got, ref[src], err_msg=f"{out.name} {layer['name']}")
+                checked += 1
+        out_rec = ir["outputs"][0]
+        np.testing.assert_array_equal(np.load(out / out_rec["file"]), ref[out_rec["name"]])
+    assert checked >= N_INPUTS * 3
+
+
+def test_layers_recompute_from_quant_and_parameters(int8_runs):
+    _, runs = int8_runs
+    seen = set()
+    for _, out in runs[:2]:
+        ir = json.loads((out / "ir.json").read_text())
+        for layer in ir["layers"]:
+            q = layer["quant"]
+            assert q is not None and q["scheme"] == "tflite-int8", layer["name"]
+            inputs = reference.load_layer_inputs(out, layer)
+            params = reference.load_layer_params(out, layer)
+            exp = np.load(out / layer["outputs"][0]["file"])
+            got = quant.recompute(layer, inputs, params)
+            assert got.dtype == exp.dtype and np.array_equal(got, exp), layer["name"]
+            got = reference.run_layer(layer, inputs, params)[0]
+            assert got.dtype == exp.dtype and np.array_equal(got, exp), layer["name"]
+            seen.add(layer["op"])
+    assert seen <= KINDS | {"reshape", "flatten"}, seen
+
+
+def test_quant_record_has_what_hardware_needs(int8_runs):
+    _, runs = int8_runs
+    ir = json.loads((runs[0][1] / "ir.json").read_text())
+    convs = [l for l in ir["layers"] if l["op"] in ("conv2d", "depthwise_conv2d", "dense")]
+    assert convs
+    for layer in convs:
+        q = layer["quant"]
+        n = layer["outputs"][0]["shape"][-1]
+        assert q["weight"]["dtype"] == "int8" and q["inputs"][0]["dtype"] == "int8"
+        assert q["output"]["dtype"] == "int8" and isinstance(q["output"]["zero_point"], int)
+        assert len(q["requant"]["multiplier"]) == n and len(q["requant"]["shift"]) == n
+        assert all(2**30 <= m < 2**31 for m in q["requant"]["multiplier"])
+        assert q["requant"]["rounding"] in ("single", "double") and "round" in q["requant"]["rounding_rule"]
+        lo, hi = q["clamp"]
+        assert -128 <= lo < hi <= 127
+        w = np.load(runs[0][1] / layer["params"]["weight"]["file"])
+        assert w.dtype == np.int8
+        if q["bias"] is not None:
+            b = np.load(runs[0][1] / layer["params"]["bias"]["file"])
+            assert b.dtype == np.int32 and b.size == n
+        if isinstance(q["weight"]["scale"], list):
+            assert len(q["weight"]["scale"]) == w.shape[q["weight"]["axis"]] == n
+
+
+def test_small_cnn_covers_every_layer_type(int8_runs):
+    path, runs = int8_runs
+    if "small_cnn" not in Path(path).name:
+        pytest.skip("layer-type coverage is the small CNN's job")
+    ir = json.loads((runs[0][1] / "ir.json").read_text())
+    ops = {l["op"] for l in ir["layers"]}
+    assert {"conv2d", "depthwise_conv2d", "dense", "add", "max_pool2d", "avg_pool2d", "concatenate", "mean"} <= ops, ops
+    clamps = {tuple(l["quant"]["clamp"]) for l in ir["layers"] if l["quant"].get("clamp")}
+    assert any(lo > -128 or hi < 127 for lo, hi in clamps), clamps  # relu6 (and relu) narrow the clamp

@@ -1,0 +1,140 @@
+"""Seeded Keras models converted to ``.tflite`` (float and full-integer int8), and a
+TFLite-interpreter reference that returns every tensor's value.
+
+TensorFlow is imported lazily: it is needed only to *make* and *check* models.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+SEED = 0
+
+
+def _tf():
+    import os
+
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import tensorflow as tf
+
+    return tf
+
+
+def small_cnn(tf):
+    """conv+relu, depthwise+relu6, residual Add, max pool, avg pool, concatenate, GAP, dense."""
+    L = tf.keras.layers
+    x = L.Input((16, 16, 3), batch_size=1, name="x")
+    c1 = L.Conv2D(8, 3, padding="same", activation="relu", name="conv1")(x)
+    d1 = L.DepthwiseConv2D(3, padding="same", name="dw1")(c1)
+    d1 = L.ReLU(max_value=6.0, name="relu6")(d1)
+    r = L.Add(name="residual")([c1, d1])
+    mp = L.MaxPooling2D(2, name="maxpool")(r)
+    ap = L.AveragePooling2D(2, name="avgpool")(r)
+    cat = L.Concatenate(axis=-1, name="concat")([mp, ap])
+    c2 = L.Conv2D(16, 3, strides=2, padding="valid", activation="relu", name="conv2")(cat)
+    g = L.GlobalAveragePooling2D(name="gap")(c2)
+    y = L.Dense(10, name="fc")(g)
+    return tf.keras.Model(x, y), (1, 16, 16, 3)
+
+
+def mlp(tf):
+    """Dense layers only."""
+    L = tf.keras.layers
+    x = L.Input((32,), batch_size=1, name="x")
+    h = L.Dense(64, activation="relu", name="fc1")(x)
+    h = L.Dense(32, activation="relu", name="fc2")(h)
+    y = L.Dense(10, name="fc3")(h)
+    return tf.keras.Model(x, y), (1, 32)
+
+
+BUILDERS = {"small_cnn": small_cnn, "mlp": mlp}
+
+
+def _randomize(model, rng) -> None:
+    """Seeded weights, biases not zero (Keras initializes biases to zero)."""
+    for w in model.weights:
+        shape = tuple(w.shape)
+        fan_in = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
+        w.assign(rng.normal(0.0, 1.0 / np.sqrt(max(fan_in, 1)), size=shape).astype(np.float32))
+
+
+def export(name: str, folder: Path, quant: str = "float") -> tuple[Path, np.ndarray]:
+    """Build model ``name``, convert it to ``folder/<name>_<quant>.tflite``.
+
+    ``quant``: ``float``; ``int8`` (full integer: int8 inputs/outputs, a
+    representative dataset of 20 seeded random inputs); ``dynamic`` (dynamic-range:
+    float activations, int8 weights). Returns the path and a seeded input for it
+    (float32, or int8 quantized with the input tensor's scale and zero point).
+    """
+    tf = _tf()
+    tf.keras.utils.set_random_seed(SEED)
+    rng = np.random.default_rng(SEED)
+    model, shape = BUILDERS[name](tf)
+    _randomize(model, rng)
+    conv = tf.lite.TFLiteConverter.from_keras_model(model)
+    if quant in ("int8", "dynamic"):
+        conv.optimizations = [tf.lite.Optimize.DEFAULT]
+    if quant == "int8":
+        samples = [np.random.default_rng(SEED + 1 + i).standard_normal(shape).astype(np.float32) for i in range(20)]
+
+        def rep():
+            for s in samples:
+                yield [s]
+
+        conv.representative_dataset = rep
+        conv.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+        conv.inference_input_type = tf.int8
+        conv.inference_output_type = tf.int8
+    elif quant != "float" and quant != "dynamic":
+        raise ValueError(quant)
+    data = conv.convert()
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}_{quant}.tflite"
+    path.write_bytes(data)
+    x = np.random.default_rng(SEED + 100).standard_normal(shape).astype(np.float32)
+    if quant == "int8":
+        det = tf.lite.Interpreter(model_content=data).get_input_details()[0]
+        scale, zp = det["quantization"]
+        x = np.clip(np.round(x / scale) + zp, -128, 127).astype(np.int8)
+    return path, x
+
+
+def tflite_reference(model_path, inputs) -> dict[str, np.ndarray]:
+    """Every tensor's value after one run of TFLite's reference kernels.
+
+    ``inputs``: one array (single-input model), a list in input order, or a dict by
+    input tensor name. Tensors that cannot be read are skipped.
+    """
+    tf = _tf()
+    it = tf.lite.Interpreter(
+        model_path=str(model_path),
+        experimental_op_resolver_type=tf.lite.experimental.OpResolverType.BUILTIN_REF,
+        experimental_preserve_all_tensors=True,
+    )
+    it.allocate_tensors()
+    details = it.get_input_details()
+    if isinstance(inputs, np.ndarray):
+        inputs = [inputs]
+    if isinstance(inputs, dict):
+        for d in details:
+            it.set_tensor(d["index"], inputs[d["name"]])
+    else:
+        for d, arr in zip(details, inputs):
+            it.set_tensor(d["index"], arr)
+    it.invoke()
+    out: dict[str, np.ndarray] = {}
+    for d in it.get_tensor_details():
+        try:
+            out[d["name"]] = np.array(it.get_tensor(d["index"]))
+        except (ValueError, RuntimeError):
+            continue
+    return out
+
+
+def output_names(model_path) -> list[str]:
+    tf = _tf()
+    it = tf.lite.Interpreter(model_path=str(model_path))
+    return [d["name"] for d in it.get_output_details()]
