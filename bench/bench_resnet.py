@@ -1,20 +1,24 @@
-"""irgen vs ONNX Runtime on a ResNet-18-sized CNN, side by side in one run.
+"""irgen vs the source runtimes on ResNet-18-sized models, side by side in one run.
 
-Builds a ResNet-18-shaped network in torch (BasicBlocks [2, 2, 2, 2], 64..512
-channels, BatchNorm, input 1x3x224x224, random weights, eval mode), exports it
-to ONNX in a temporary folder, then times two subprocesses, alternating:
+Cases (``--case``, default all), each timing two subprocesses, alternating:
 
-* irgen:  ``irgen run model.onnx -o OUT --input x.npy --force``
-* ort:    ONNX Runtime with every intermediate tensor marked as a graph output,
-          each saved as ``.npy`` (the golden-data equivalent of irgen's run)
+* ``float``: a ResNet-18-shaped torch network (BasicBlocks [2, 2, 2, 2],
+  64..512 channels, BatchNorm, 1x3x224x224, random weights) exported to ONNX;
+  irgen vs ONNX Runtime with every intermediate tensor marked as a graph
+  output, each saved as ``.npy`` (the golden-data equivalent of irgen's run);
+* ``qdq``: the same network quantized by ``onnxruntime.quantization`` (QDQ,
+  per-channel int8), irgen vs ONNX Runtime the same way;
+* ``tflite-int8``: a ResNet-18-shaped Keras network as a full-integer TFLite
+  model, irgen vs the TFLite interpreter (reference kernels, all tensors
+  preserved, each saved as ``.npy``).
 
 Each run's wall time and peak RSS come from ``os.wait4`` (the kernel's own
 accounting of the finished child; the model is exported in a separate child so
 this process stays small, as a child's peak includes its parent's RSS at fork).
 Prints min/median per tool and the
-irgen/ORT ratio of medians; ``--json PATH`` saves every figure.
+irgen/reference ratio of medians; ``--json PATH`` saves every figure.
 
-    python bench/bench_resnet.py [--repeat 3] [--opt-level 3] [--json results.json]
+    python bench/bench_resnet.py [--case float|qdq|tflite-int8] [--repeat 3] [--opt-level 3] [--json results.json]
 """
 
 from __future__ import annotations
@@ -58,6 +62,73 @@ for i, (name, value) in enumerate(zip(names, values)):
     np.save(out / f"{i:04d}_{safe}.npy", value)
 print(len(names), "tensors")
 '''
+
+
+TFLITE_SCRIPT = r'''
+import os, sys
+from pathlib import Path
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+import numpy as np
+import tensorflow as tf
+
+model_path, x_path, out = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+it = tf.lite.Interpreter(model_path=model_path,
+                         experimental_op_resolver_type=tf.lite.experimental.OpResolverType.BUILTIN_REF,
+                         experimental_preserve_all_tensors=True)
+it.allocate_tensors()
+it.set_tensor(it.get_input_details()[0]["index"], np.load(x_path))
+it.invoke()
+out.mkdir(parents=True, exist_ok=True)
+n = 0
+for d in it.get_tensor_details():
+    try:
+        value = it.get_tensor(d["index"])
+    except ValueError:
+        continue
+    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in d["name"])
+    np.save(out / f"{n:04d}_{safe}.npy", value)
+    n += 1
+print(n, "tensors")
+'''
+
+
+def make_tflite_model(folder: Path) -> tuple[Path, Path]:
+    """A ResNet-18-shaped Keras CNN at 1x224x224x3, full-integer int8 TFLite."""
+    import os
+
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import numpy as np
+    import tensorflow as tf
+
+    L = tf.keras.layers
+    tf.keras.utils.set_random_seed(0)
+
+    def block(x, c, stride):
+        y = L.Conv2D(c, 3, stride, padding="same", activation="relu")(x)
+        y = L.Conv2D(c, 3, 1, padding="same")(y)
+        if stride != 1 or x.shape[-1] != c:
+            x = L.Conv2D(c, 1, stride)(x)
+        return L.ReLU()(L.Add()([x, y]))
+
+    inp = L.Input((224, 224, 3), batch_size=1)
+    x = L.Conv2D(64, 7, 2, padding="same", activation="relu")(inp)
+    x = L.MaxPooling2D(3, 2, padding="same")(x)
+    for c, s in [(64, 1), (128, 2), (256, 2), (512, 2)]:
+        x = block(block(x, c, s), c, 1)
+    x = L.GlobalAveragePooling2D()(x)
+    net = tf.keras.Model(inp, L.Dense(1000)(x))
+    rng = np.random.default_rng(0)
+    conv = tf.lite.TFLiteConverter.from_keras_model(net)
+    conv.optimizations = [tf.lite.Optimize.DEFAULT]
+    conv.representative_dataset = lambda: ([rng.random((1, 224, 224, 3), dtype=np.float32)] for _ in range(4))
+    conv.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+    conv.inference_input_type = tf.int8
+    conv.inference_output_type = tf.int8
+    model = folder / "resnet18_int8.tflite"
+    model.write_bytes(conv.convert())
+    x_path = folder / "x_int8.npy"
+    np.save(x_path, rng.integers(-128, 128, (1, 224, 224, 3)).astype(np.int8))
+    return model, x_path
 
 
 def make_model(folder: Path) -> tuple[Path, Path]:
@@ -127,8 +198,88 @@ def timed(argv: list[str], log: Path) -> dict:
     return {"wall_s": wall, "peak_rss_mib": usage.ru_maxrss / 1024, "cpu_s": usage.ru_utime + usage.ru_stime}
 
 
+def make_qdq_model(folder: Path) -> tuple[Path, Path]:
+    """The float ResNet-18 quantized by onnxruntime.quantization (QDQ, per-channel int8)."""
+    import numpy as np
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    model, x = make_model(folder)
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            rng = np.random.default_rng(1)
+            self.items = iter([{"x": rng.random((1, 3, 224, 224), dtype=np.float32)} for _ in range(4)])
+
+        def get_next(self):
+            return next(self.items, None)
+
+    qmodel = folder / "resnet18_qdq.onnx"
+    quantize_static(str(model), str(qmodel), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                    activation_type=QuantType.QInt8, weight_type=QuantType.QInt8)
+    return qmodel, x
+
+
+#: case -> (what, model maker, reference tool name, reference script)
+CASES = {
+    "float": ("ResNet-18-sized float CNN, ONNX, 1x3x224x224", make_model, "onnxruntime", ORT_SCRIPT),
+    "qdq": ("the same CNN quantized by onnxruntime (QDQ, per-channel int8)", make_qdq_model, "onnxruntime", ORT_SCRIPT),
+    "tflite-int8": ("ResNet-18-shaped Keras CNN, full-integer TFLite, 1x224x224x3", make_tflite_model,
+                    "tflite-ref", TFLITE_SCRIPT),
+}
+
+
+def bench_case(case: str, work: Path, repeat: int, opt_level: int) -> dict:
+    what, _, ref_name, script = CASES[case]
+    print(f"[{case}] {what}: building in {work} ...", flush=True)
+    # in a child: the kernel counts a child's RSS before exec (our own) in its peak,
+    # so this process must stay small: no torch, tensorflow or numpy here
+    subprocess.run([sys.executable, __file__, "--make-model", str(work), "--case", case], check=True)
+    model, x = (Path(p) for p in (work / "model.txt").read_text().split("\n")[:2])
+    ref_script = work / "ref_dump.py"
+    ref_script.write_text(script)
+    irgen = [sys.executable, "-m", "irgen", "run", str(model), "-o", str(work / "out_irgen"),
+             "--input", str(x), "--force", "--no-progress", "--opt-level", str(opt_level)]
+    ref = [sys.executable, str(ref_script), str(model), str(x), str(work / "out_ref")]
+    runs: dict[str, list[dict]] = {"irgen": [], ref_name: []}
+    for i in range(repeat):
+        for name, argv in (("irgen", irgen), (ref_name, ref)):
+            subprocess.run(["rm", "-rf", str(work / "out_ref")], check=True)
+            r = timed(argv, work / f"{name}.log")
+            runs[name].append(r)
+            print(f"  run {i + 1}/{repeat} {name:11s} {r['wall_s']:7.2f} s  {r['peak_rss_mib']:7.0f} MiB", flush=True)
+    subprocess.run(argv, check=True, capture_output=True)  # leave the reference output for the sizes
+
+    def size(p: Path) -> tuple[int, int]:
+        files = [f for f in p.rglob("*") if f.is_file()]
+        return sum(f.stat().st_size for f in files), len(files)
+
+    sizes = {"irgen": size(work / "out_irgen"), ref_name: size(work / "out_ref")}
+    summary = {}
+    for name, rs in runs.items():
+        summary[name] = {
+            k: {"min": min(r[k] for r in rs), "median": statistics.median(r[k] for r in rs)}
+            for k in ("wall_s", "peak_rss_mib", "cpu_s")
+        }
+        summary[name]["output_mib"] = sizes[name][0] / 2**20
+        summary[name]["output_files"] = sizes[name][1]
+    ratio = {k: summary["irgen"][k]["median"] / summary[ref_name][k]["median"] for k in ("wall_s", "peak_rss_mib", "cpu_s")}
+
+    print()
+    print(f"[{case}] {'':6s}{'irgen':>22s}{ref_name:>22s}{'ratio':>12s}")
+    print(f"{'':14s}{'min':>11s}{'median':>11s}{'min':>11s}{'median':>11s}{'(median)':>12s}")
+    for k, label in (("wall_s", "wall [s]"), ("cpu_s", "cpu [s]"), ("peak_rss_mib", "peak RSS [MiB]")):
+        i, o = summary["irgen"][k], summary[ref_name][k]
+        print(f"{label:14s}{i['min']:11.2f}{i['median']:11.2f}{o['min']:11.2f}{o['median']:11.2f}{ratio[k]:12.2f}")
+    print(f"{'output':14s}{summary['irgen']['output_mib']:18.1f} MiB{summary[ref_name]['output_mib']:18.1f} MiB"
+          f"   ({sizes['irgen'][1]} vs {sizes[ref_name][1]} files)\n", flush=True)
+    return {"model": what, "reference": ref_name, "runs": runs, "summary": summary,
+            "ratio_irgen_over_reference_median": ratio}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--case", action="append", choices=sorted(CASES),
+                    help="what to compare (repeatable; default: all)")
     ap.add_argument("--repeat", type=int, default=3, help="runs of each tool (default 3)")
     ap.add_argument("--opt-level", type=int, default=3, help="irgen --opt-level (default 3)")
     ap.add_argument("--json", type=Path, help="save the results here")
@@ -138,68 +289,23 @@ def main() -> int:
     if args.make_model:
         import warnings
 
-        warnings.simplefilter("ignore", DeprecationWarning)
-        make_model(args.make_model)
+        warnings.simplefilter("ignore")
+        model, x = CASES[args.case[0]][1](args.make_model)
+        (args.make_model / "model.txt").write_text(f"{model}\n{x}\n")
         return 0
 
+    results = {}
     with tempfile.TemporaryDirectory(prefix="irgen-bench-") as tmp:
-        work = args.keep or Path(tmp)
-        work.mkdir(parents=True, exist_ok=True)
-        print(f"exporting ResNet-18-sized model to {work} ...", flush=True)
-        # in a child: the kernel counts a child's RSS before exec (our own) in its peak,
-        # so this process must stay small: no torch, no numpy here
-        subprocess.run([sys.executable, __file__, "--make-model", str(work)], check=True)
-        model, x = work / "resnet18.onnx", work / "x.npy"
-        ort_script = work / "ort_dump.py"
-        ort_script.write_text(ORT_SCRIPT)
-        irgen = [sys.executable, "-m", "irgen", "run", str(model), "-o", str(work / "out_irgen"),
-                 "--input", str(x), "--force", "--no-progress", "--opt-level", str(args.opt_level)]
-        ort = [sys.executable, str(ort_script), str(model), str(x), str(work / "out_ort")]
-        runs: dict[str, list[dict]] = {"irgen": [], "ort": []}
-        for i in range(args.repeat):
-            for name, argv in (("irgen", irgen), ("ort", ort)):
-                if name == "ort":
-                    subprocess.run(["rm", "-rf", str(work / "out_ort")], check=True)
-                r = timed(argv, work / f"{name}.log")
-                runs[name].append(r)
-                print(f"  run {i + 1}/{args.repeat} {name:5s} {r['wall_s']:7.2f} s  {r['peak_rss_mib']:7.0f} MiB",
-                      flush=True)
-
-        def size(p: Path) -> int:
-            return sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
-
-        sizes = {"irgen": size(work / "out_irgen"), "ort": size(work / "out_ort")}
-        files = {"irgen": sum(1 for f in (work / "out_irgen").rglob("*") if f.is_file()),
-                 "ort": sum(1 for f in (work / "out_ort").rglob("*") if f.is_file())}
-
-    summary = {}
-    for name, rs in runs.items():
-        summary[name] = {
-            k: {"min": min(r[k] for r in rs), "median": statistics.median(r[k] for r in rs)}
-            for k in ("wall_s", "peak_rss_mib", "cpu_s")
-        }
-        summary[name]["output_mib"] = sizes[name] / 2**20
-        summary[name]["output_files"] = files[name]
-    ratio = {k: summary["irgen"][k]["median"] / summary["ort"][k]["median"]
-             for k in ("wall_s", "peak_rss_mib", "cpu_s")}
-
-    print()
-    print(f"{'':14s}{'irgen':>22s}{'onnxruntime':>22s}{'irgen/ORT':>12s}")
-    print(f"{'':14s}{'min':>11s}{'median':>11s}{'min':>11s}{'median':>11s}{'(median)':>12s}")
-    for k, label in (("wall_s", "wall [s]"), ("cpu_s", "cpu [s]"), ("peak_rss_mib", "peak RSS [MiB]")):
-        i, o = summary["irgen"][k], summary["ort"][k]
-        print(f"{label:14s}{i['min']:11.2f}{i['median']:11.2f}{o['min']:11.2f}{o['median']:11.2f}{ratio[k]:12.2f}")
-    print(f"{'output':14s}{summary['irgen']['output_mib']:18.1f} MiB{summary['ort']['output_mib']:18.1f} MiB"
-          f"   ({files['irgen']} vs {files['ort']} files)")
-
+        for case in args.case or list(CASES):
+            work = (args.keep or Path(tmp)) / case
+            work.mkdir(parents=True, exist_ok=True)
+            results[case] = bench_case(case, work, args.repeat, args.opt_level)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({
-            "model": "resnet18-like, 1x3x224x224, float32, opset 13",
             "repeat": args.repeat, "opt_level": args.opt_level,
-            "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
-                        "platform": platform.platform()},
-            "runs": runs, "summary": summary, "ratio_irgen_over_ort_median": ratio,
+            "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()},
+            "cases": results,
         }, indent=2) + "\n")
         print(f"saved {args.json}")
     return 0

@@ -89,12 +89,56 @@ def per_axis(values, axis: int, ndim: int) -> np.ndarray:
     return v.reshape(shape)
 
 
+def check_qparams(scheme: str, tensor: str, scale, zero_point, dtype: str, axis: int | None = None,
+                  channels: int | None = None) -> "QTensor":
+    """Validated quantization parameters of ``tensor``: a :class:`QTensor`.
+
+    Raises :class:`irgen.api.IrgenError` naming the tensor for a zero,
+    negative or NaN scale, a zero point outside ``dtype``'s range, or (when
+    ``channels`` is given) a per-channel scale count that does not match.
+    """
+    from irgen.api import IrgenError
+
+    s = np.asarray(scale, dtype=np.float32).reshape(-1)
+    z = np.asarray(zero_point).astype(np.int64).reshape(-1)
+    if s.size == 0 or not np.all(np.isfinite(s)) or np.any(s <= 0):
+        raise IrgenError(f"{scheme}: tensor {tensor!r} has a zero, negative or NaN scale ({s.tolist()[:4]})")
+    if dtype in ("int8", "uint8", "int16", "uint16", "int32"):
+        info = np.iinfo(dtype)
+        if np.any(z < info.min) or np.any(z > info.max):
+            raise IrgenError(f"{scheme}: tensor {tensor!r} has a zero point outside {dtype} ({z.tolist()[:4]})")
+    if z.size not in (1, s.size):
+        raise IrgenError(f"{scheme}: tensor {tensor!r} has {s.size} scales but {z.size} zero points")
+    if channels is not None and s.size > 1 and s.size != channels:
+        raise IrgenError(f"{scheme}: tensor {tensor!r} has {s.size} per-channel scales for {channels} channels")
+    return QTensor(s, z, dtype, axis if s.size > 1 else None)
+
+
+def requantize_float(acc, scale, zero_point: int, lo: int, hi: int, dtype: str) -> np.ndarray:
+    """ONNX Runtime's (MLAS) requantization: ``float32(acc) * float32 scale``,
+    clamped to ``[lo - zp, hi - zp]``, rounded half to even, plus ``zp``."""
+    f = np.asarray(acc).astype(np.float32) * np.asarray(scale, np.float32)
+    f = np.clip(f, np.float32(lo - zero_point), np.float32(hi - zero_point))
+    return (np.rint(f).astype(np.int64) + zero_point).astype(dtype)
+
+
+def quantize_linear(x, scale, zero_point: int, dtype: str) -> np.ndarray:
+    """ONNX QuantizeLinear as ONNX Runtime computes it: ``x / scale`` in float32,
+    rounded half to even, plus the zero point, saturated."""
+    info = np.iinfo(dtype)
+    f = np.asarray(x, np.float32) / np.asarray(scale, np.float32)
+    f = np.clip(f, np.float32(info.min - zero_point), np.float32(info.max - zero_point))
+    return (np.rint(f).astype(np.int64) + zero_point).astype(dtype)
+
+
 def recompute(layer: dict[str, Any], inputs: list[np.ndarray], params: dict[str, np.ndarray]) -> np.ndarray:
     """A realized integer layer from its ``quant`` record and parameters alone.
 
     This is the arithmetic a hardware engineer reproduces; it does not read
     ``fused_ops``. Kinds: conv2d, depthwise_conv2d, dense, add, mean,
-    avg_pool2d, concatenate.
+    avg_pool2d, concatenate, integer; for scheme ``qdq`` (ONNX Runtime's
+    rounding) conv2d, depthwise_conv2d, dense, add, avg_pool2d,
+    global_avg_pool, lut, concatenate, quantize, dequantize.
     """
     from irgen.reference import conv2d
 
@@ -104,6 +148,8 @@ def recompute(layer: dict[str, Any], inputs: list[np.ndarray], params: dict[str,
     lo, hi = qr.get("clamp") or (np.iinfo(out["dtype"]).min, np.iinfo(out["dtype"]).max)
     zp_in = [int(np.asarray(i["zero_point"]).reshape(-1)[0]) for i in qr["inputs"]]
     rq = qr.get("requant") or {}
+    if qr["scheme"] == "qdq" and kind != "integer":
+        return _recompute_qdq(layer, inputs, params)
     if kind in ("conv2d", "depthwise_conv2d", "dense"):
         x = inputs[0].astype(np.int64) - zp_in[0]
         w = params["weight"].astype(np.int64)
@@ -147,6 +193,69 @@ def recompute(layer: dict[str, Any], inputs: list[np.ndarray], params: dict[str,
     else:
         raise NotImplementedError(f"quant kind {kind!r}")
     return np.clip(y + int(out["zero_point"]), lo, hi).astype(out["dtype"])
+
+
+def _recompute_qdq(layer: dict[str, Any], inputs: list[np.ndarray], params: dict[str, np.ndarray]) -> np.ndarray:
+    """The ``qdq`` scheme's layers (ONNX Runtime's CPU kernels) from ``quant`` and parameters."""
+    from irgen.reference import conv2d
+
+    qr = layer["quant"]
+    kind = qr["kind"]
+    out = qr["output"]
+    zp_in = [int(np.asarray(i["zero_point"]).reshape(-1)[0]) for i in qr["inputs"]]
+    rq = qr.get("requant") or {}
+    if kind in ("conv2d", "depthwise_conv2d", "dense"):
+        x = inputs[0].astype(np.int64) - zp_in[0]
+        w = params["weight"].astype(np.int64)
+        if kind == "dense":
+            acc = x @ w
+        else:
+            acc = conv2d(x, w, {**layer["attrs"], "out_dtype": "int64"})
+        axis = rq["axis"]
+        if "bias" in params:
+            acc = acc + per_axis(params["bias"].reshape(-1).astype(np.int64), axis, acc.ndim)
+        lo, hi = qr["clamp"]
+        return requantize_float(acc.astype(np.int32), per_axis(np.asarray(rq["scale"], np.float32), axis, acc.ndim),
+                                int(out["zero_point"]), lo, hi, out["dtype"])
+    elif kind == "add":
+        ra, rb = (np.float32(v) for v in rq["scale"])
+        const = np.float32(rq["constant"])
+        f = inputs[0].astype(np.float32) * ra + inputs[1].astype(np.float32) * rb + const
+        lo, hi = qr["clamp"]
+        return np.clip(np.rint(f), lo, hi).astype(out["dtype"])
+    elif kind == "global_avg_pool":
+        acc = np.sum(inputs[0].astype(np.int64), axis=tuple(qr["axes"]), keepdims=True) - zp_in[0] * rq["count"]
+        lo, hi = qr["clamp"]
+        return requantize_float(acc.astype(np.int32), np.float32(rq["scale"]), int(out["zero_point"]), lo, hi, out["dtype"])
+    elif kind == "avg_pool2d":
+        p = qr["pool"]
+        x = inputs[0].astype(np.float32)
+        xin = qr["inputs"][0]
+        deq = (inputs[0].astype(np.int32) - zp_in[0]).astype(np.float32) * np.float32(xin["scale"])
+        c = x.shape[1]
+        kh, kw = p["size"]
+        attrs = {"strides": p["strides"], "padding": p["padding"], "groups": c, "data_layout": "NCHW",
+                 "kernel_layout": "OIHW", "out_dtype": "float32"}
+        ones = np.ones((c, 1, kh, kw), np.float32)
+        total = conv2d(deq, ones, attrs).astype(np.float32)
+        count = kh * kw if p["count_include_pad"] else conv2d(np.ones_like(x), ones, attrs).astype(np.float32)
+        return quantize_linear(total / np.float32(count), np.float32(out["scale"]), int(out["zero_point"]), out["dtype"])
+    elif kind == "lut":
+        table = np.asarray(qr["table"], qr["output"]["dtype"])
+        lo = np.iinfo(qr["inputs"][0]["dtype"]).min
+        return table[inputs[0].astype(np.int64) - lo]
+    elif kind == "concatenate":
+        parts = []
+        for k, inp in enumerate(inputs):
+            t = qr["tables"][k]
+            parts.append(inp if t is None else np.asarray(t, out["dtype"])[inp.astype(np.int64) - np.iinfo(inp.dtype).min])
+        return np.concatenate(parts, axis=qr["axis"])
+    elif kind == "quantize":
+        return quantize_linear(inputs[0], np.float32(out["scale"]), int(out["zero_point"]), out["dtype"])
+    elif kind == "dequantize":
+        i = qr["inputs"][0]
+        return (inputs[0].astype(np.int32) - int(i["zero_point"])).astype(np.float32) * np.float32(i["scale"])
+    raise NotImplementedError(f"qdq quant kind {kind!r}")
 
 
 # ------------------------------------------------------------------ Relax
@@ -197,6 +306,24 @@ def rx_divide_round_half_away(emit, acc, count):
     neg = emit(op.less(acc, rx_const(0, "int32")))
     q = emit(op.floor_divide(emit(op.add(emit(op.abs(acc)), half)), n))
     return emit(op.where(neg, emit(op.negative(q)), q))
+
+
+def rx_requantize_float(emit, acc, scale, zero_point: int, lo: int, hi: int, dtype: str, axis: int = -1, ndim: int = 0):
+    """:func:`requantize_float` as Relax ops on an int32 (or float32) tensor."""
+    from tvm.relax import op
+
+    f = acc if str(acc.ty.dtype) == "float32" else emit(op.astype(acc, "float32"))
+    f = emit(op.multiply(f, rx_const(per_axis(np.asarray(scale, np.float32), axis, ndim), "float32")))
+    return rx_round_to_int(emit, f, zero_point, lo, hi, dtype)
+
+
+def rx_round_to_int(emit, f, zero_point: int, lo: int, hi: int, dtype: str):
+    """float32 ``f`` clamped to ``[lo - zp, hi - zp]``, rounded half to even, ``+ zp``, cast."""
+    from tvm.relax import op
+
+    f = emit(op.clip(f, float(lo - zero_point), float(hi - zero_point)))
+    r = emit(op.astype(emit(op.round(f)), "int32"))
+    return op.astype(emit(op.add(r, rx_const(int(zero_point), "int32"))), dtype)
 
 
 def rx_clamp_cast(emit, x, lo: int, hi: int, dtype: str):

@@ -140,10 +140,24 @@ def _multipliers(real: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.array([p[0] for p in pairs], np.int64), np.array([p[1] for p in pairs], np.int64)
 
 
-def _clamp(qg, qname: str, dtype: str) -> tuple[int, int, str]:
-    """Clamp range from a clip that follows the quantize (TFLite's fused activation)."""
+def _clamp(qg, qname: str, dtype: str, act=None, out=None) -> tuple[int, int, str]:
+    """Clamp range of a layer: a float activation before the quantize (relu,
+    clip, computed as TFLite's CalculateActivationRangeQuantized does) and a
+    clip on the quantized result after it. Returns (lo, hi, last binding name)."""
     info = np.iinfo(dtype)
     lo, hi, last = int(info.min), int(info.max), qname
+    if act is not None:
+        s, z = np.float32(out.scale[0]), int(out.zero_point[0])
+
+        def q(v: float) -> int:  # zero_point + TfLiteRound(v / scale), float32 division
+            r = float(np.float32(v) / s)
+            return z + int(np.sign(r) * np.floor(abs(r) + 0.5))
+
+        if act.op == "relax.nn.relu":
+            lo = max(lo, q(0.0))
+        else:
+            lo = max(lo, q(float(act.value.args[1].value)))
+            hi = min(hi, q(float(act.value.args[2].value)))
     users = qg.users.get(qname, [])
     if len(users) == 1 and qg.n_users(qname) == 1:
         c = qg.bindings[users[0]]
@@ -152,6 +166,11 @@ def _clamp(qg, qname: str, dtype: str) -> tuple[int, int, str]:
             hi = min(hi, int(round(float(c.value.args[2].value))))
             last = c.name
     return lo, hi, last
+
+
+def _tail(qb, act, last) -> list[str]:
+    """Names a realized span ends with: the activation, the quantize, a clip after it."""
+    return ([act.name] if act is not None else []) + [qb.name] + ([last] if last != qb.name else [])
 
 
 def _finish(qg, acc, out, lo, hi):
@@ -166,7 +185,7 @@ def _offset(qg, x, zp: int):
     return qg.emit(op.subtract(qg.emit(op.astype(x, "int32")), q.rx_const(zp, "int32")))
 
 
-def _realize_conv(qg, qb, comp, bias_b, out):
+def _realize_conv(qg, qb, comp, bias_b, out, act=None):
     relax, op, q, Constant = _ops()
     tensor = qb.name
     xin = _dequantized(qg, comp.value.args[0])
@@ -211,7 +230,7 @@ def _realize_conv(qg, qb, comp, bias_b, out):
     # TF 2.21's reference kernels: conv and depthwise round twice, fully connected once
     rounding = q.SINGLE if kind == "dense" else q.DOUBLE
     y = q.rx_multiply_by_quantized_multiplier(qg.emit, acc, mult, shift, ch_axis, ndim, rounding)
-    lo, hi, last = _clamp(qg, qb.name, out.dtype)
+    lo, hi, last = _clamp(qg, qb.name, out.dtype, act, out)
     expr = _finish(qg, y, out, lo, hi)
     rec = {
         "scheme": SCHEME,
@@ -229,10 +248,10 @@ def _realize_conv(qg, qb, comp, bias_b, out):
         },
         "clamp": [lo, hi],
     }
-    return drop + [qb.name] + ([last] if last != qb.name else []), expr, rec
+    return drop + _tail(qb, act, last), expr, rec
 
 
-def _realize_add(qg, qb, comp, out):
+def _realize_add(qg, qb, comp, out, act=None):
     relax, op, q, _ = _ops()
     tensor = qb.name
     ins = [_dequantized(qg, a) for a in comp.value.args]
@@ -251,7 +270,7 @@ def _realize_add(qg, qb, comp, out):
     a1 = q.rx_multiply_by_quantized_multiplier(e, e(op.left_shift(_offset(qg, x1, int(q1.zero_point[0])), ls)), m1, sh1, -1, ndim)
     a2 = q.rx_multiply_by_quantized_multiplier(e, e(op.left_shift(_offset(qg, x2, int(q2.zero_point[0])), ls)), m2, sh2, -1, ndim)
     y = q.rx_multiply_by_quantized_multiplier(e, e(op.add(a1, a2)), mo, sho, -1, ndim)
-    lo, hi, last = _clamp(qg, qb.name, out.dtype)
+    lo, hi, last = _clamp(qg, qb.name, out.dtype, act, out)
     rec = {
         "scheme": SCHEME,
         "kind": "add",
@@ -268,10 +287,10 @@ def _realize_add(qg, qb, comp, out):
         },
         "clamp": [lo, hi],
     }
-    return [d1, d2, comp.name, qb.name] + ([last] if last != qb.name else []), _finish(qg, y, out, lo, hi), rec
+    return [d1, d2, comp.name] + _tail(qb, act, last), _finish(qg, y, out, lo, hi), rec
 
 
-def _realize_mean(qg, qb, comp, out):
+def _realize_mean(qg, qb, comp, out, act=None):
     _, op, q, _ = _ops()
     tensor = qb.name
     xin = _dequantized(qg, comp.value.args[0])
@@ -290,7 +309,7 @@ def _realize_mean(qg, qb, comp, out):
     acc = qg.emit(op.sum(_offset(qg, x, int(qx.zero_point[0])), axis=axes, keepdims=keep))
     ndim = len(comp.var.ty.shape.values)
     acc = q.rx_multiply_by_quantized_multiplier(qg.emit, acc, mult, shift, -1, ndim)
-    lo, hi, last = _clamp(qg, qb.name, out.dtype)
+    lo, hi, last = _clamp(qg, qb.name, out.dtype, act, out)
     rec = {
         "scheme": SCHEME,
         "kind": "mean",
@@ -304,7 +323,7 @@ def _realize_mean(qg, qb, comp, out):
                     "note": "multiplier = (QuantizeMultiplier(s_in/s_out) << reduction_shift) // count"},
         "clamp": [lo, hi],
     }
-    return [dqx, comp.name, qb.name] + ([last] if last != qb.name else []), _finish(qg, acc, out, lo, hi), rec
+    return [dqx, comp.name] + _tail(qb, act, last), _finish(qg, acc, out, lo, hi), rec
 
 
 def _realize_concat(qg, qb, comp, out):
@@ -404,6 +423,11 @@ def realize(qg) -> None:
         f = qg.producer(b.value.args[0])
         if f is None:
             raise IrgenError(f"{SCHEME}: model input {b.value.args[0].name!r} is float; give the model int8 inputs")
+        act = None
+        if f.op in ("relax.nn.relu", "relax.clip") and qg.n_users(f.name) == 1:
+            act, f = f, qg.producer(f.value.args[0])  # a fused activation computed in float
+            if f is None:
+                raise IrgenError(f"{SCHEME}: activation {act.name!r} reads a model input directly")
         comp, bias_b = f, None
         if f.op == "relax.add":
             p0, p1 = (qg.producer(a) for a in f.value.args)
@@ -413,12 +437,12 @@ def realize(qg) -> None:
                     comp, bias_b = cand, f
                     break
         if comp.op in ("relax.nn.conv2d", "relax.matmul"):
-            names, expr, rec = _realize_conv(qg, b, comp, bias_b, out)
+            names, expr, rec = _realize_conv(qg, b, comp, bias_b, out, act)
         elif comp.op == "relax.add":
-            names, expr, rec = _realize_add(qg, b, comp, out)
+            names, expr, rec = _realize_add(qg, b, comp, out, act)
         elif comp.op == "relax.mean":
-            names, expr, rec = _realize_mean(qg, b, comp, out)
-        elif comp.op == "relax.concat":
+            names, expr, rec = _realize_mean(qg, b, comp, out, act)
+        elif comp.op == "relax.concat" and act is None:
             names, expr, rec = _realize_concat(qg, b, comp, out)
         else:
             raise IrgenError(f"{SCHEME}: cannot realize {comp.op or comp.kind} at tensor {b.name!r} in integer arithmetic")

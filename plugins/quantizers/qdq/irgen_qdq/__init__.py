@@ -1,0 +1,449 @@
+"""The ``qdq`` quantization-fusion scheme: ONNX QuantizeLinear/DequantizeLinear.
+
+``onnxruntime.quantization.quantize_static(..., quant_format=QuantFormat.QDQ)``
+writes DequantizeLinear -> float op -> QuantizeLinear spans; ONNX Runtime's CPU
+provider fuses them into integer kernels (QLinearConv, QGemm, QLinearAdd,
+QLinearAveragePool, QLinearGlobalAveragePool, QLinearConcat, lookup tables).
+This scheme rewrites each span into the same integer arithmetic:
+
+* Conv, Gemm, MatMul: int32 accumulation of ``(x - zp_x) * w`` plus the int32
+  bias; MLAS requantization: ``float32(acc) * (s_x * s_w[c] / s_y)`` (float32),
+  clamped to ``[lo - zp_y, hi - zp_y]``, rounded half to even, ``+ zp_y``;
+  a Relu/Clip inside the span narrows the clamp;
+* Add: ``x_a * (s_a/s_y) + x_b * (s_b/s_y) + (zp_y - zp_a*s_a/s_y - zp_b*s_b/s_y)``
+  in float32, rounded half to even, saturated (MLAS QLinearAdd);
+* GlobalAveragePool: int32 sum minus ``zp_x * N`` requantized by ``s_x / (s_y * N)``;
+* AveragePool: dequantized float average, quantized;
+* elementwise unary ops (Sigmoid, Relu, ...): a 256-entry lookup table;
+* Concat: identity, or a lookup table per input whose parameters differ;
+* MaxPool, Reshape, Flatten, Transpose with equal in/out parameters: as is.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from irgen import hookimpl
+from irgen.api import IrgenError, Quantizer
+
+__version__ = "0.1.0"
+
+SCHEME = "qdq"
+_MOVE = ("relax.nn.max_pool2d", "relax.reshape", "relax.permute_dims", "relax.flatten", "relax.squeeze",
+         "relax.expand_dims")
+_UNARY = {"relax.sigmoid": lambda v: np.float32(1) / (np.float32(1) + np.exp(-v)), "relax.tanh": np.tanh,
+          "relax.nn.relu": lambda v: np.maximum(v, np.float32(0))}
+
+
+def _ops():
+    from tvm import relax
+    from tvm.relax import op
+
+    from irgen import quant as q
+    from irgen.graph import Constant
+
+    return relax, op, q, Constant
+
+
+def _qparams(qg, call, tensor: str, channels: int | None = None):
+    """Scale and zero point of a quantize/dequantize call, checked (irgen.quant.check_qparams)."""
+    relax, _, q, Constant = _ops()
+    scale, zp = call.args[1], call.args[2]
+    if not isinstance(scale, Constant) or not isinstance(zp, Constant):
+        raise IrgenError(f"{SCHEME}: tensor {tensor!r} has a scale or zero point that is not a constant")
+    dtype = str(call.attrs.out_dtype) if str(call.op.name) == "relax.quantize" else str(call.args[0].ty.dtype)
+    return q.check_qparams(SCHEME, tensor, scale.value.numpy(), zp.value.numpy(), dtype, int(call.attrs.axis), channels)
+
+
+def _dequantized(qg, expr):
+    """(int var, QTensor, dq binding name) when ``expr`` is dequantize(var)."""
+    relax, _, _, _ = _ops()
+    b = qg.producer(expr)
+    if b is None or b.op != "relax.dequantize" or not isinstance(b.value.args[0], relax.Var):
+        return None
+    src = b.value.args[0]
+    qt = _qparams(qg, b.value, src.name)
+    if qt.scale.size != 1:
+        raise IrgenError(f"{SCHEME}: activation {src.name!r} is quantized per channel; not supported")
+    return src, qt, b.name
+
+
+def _need(qg, expr, what: str, tensor: str):
+    r = _dequantized(qg, expr)
+    if r is None:
+        raise IrgenError(f"{SCHEME}: {what} of {tensor!r} is not a dequantized integer tensor")
+    return r
+
+
+def _const_chain(qg, expr, tensor: str, what: str):
+    """Follow dequantize/reshape/permute_dims back to a constant; (array, QTensor, chain, axis map)."""
+    relax, _, q, Constant = _ops()
+    chain, e = [], expr
+    while not isinstance(e, Constant):
+        b = qg.producer(e)
+        if b is None or b.op not in ("relax.dequantize", "relax.reshape", "relax.permute_dims"):
+            raise IrgenError(f"{SCHEME}: {what} of {tensor!r} is not a dequantized integer constant")
+        chain.append(b)
+        e = b.value.args[0]
+    arr = e.value.numpy()
+    qt, chan = None, None
+    for b in reversed(chain):
+        v = b.value
+        if b.op == "relax.dequantize":
+            ax = int(v.attrs.axis) % max(arr.ndim, 1)
+            qt = _qparams(qg, v, f"{tensor} {what}", arr.shape[ax] if arr.ndim else 1)
+            if qt.scale.size > 1:
+                idx = np.arange(arr.shape[ax]).reshape([-1 if i == ax else 1 for i in range(arr.ndim)])
+                chan = np.broadcast_to(idx, arr.shape)
+        elif b.op == "relax.reshape":
+            shape = [int(d) for d in v.args[1].values]
+            arr = arr.reshape(shape)
+            chan = chan.reshape(shape) if chan is not None else None
+        else:
+            axes = [int(a) for a in v.attrs.axes] if v.attrs.axes is not None else None
+            arr = np.transpose(arr, axes)
+            chan = np.transpose(chan, axes) if chan is not None else None
+    if qt is None:
+        raise IrgenError(f"{SCHEME}: {what} of {tensor!r} is never dequantized")
+    if chan is not None:
+        axes = [a for a in range(arr.ndim) if np.any(np.diff(chan, axis=a) != 0)]
+        if len(axes) != 1:
+            raise IrgenError(f"{SCHEME}: cannot tell the channel axis of the {what} of {tensor!r}")
+        qt.axis = axes[0]
+    return arr, qt, chain
+
+
+def _drop(qg, chain):
+    return [b.name for b in chain if qg.n_users(b.name) == 1]
+
+
+def _clamp_of(acts, dtype: str, out) -> tuple[int, int]:
+    """Integer clamp range of the output dtype narrowed by Relu/Clip inside the span."""
+    info = np.iinfo(dtype)
+    lo, hi = int(info.min), int(info.max)
+    s, z = np.float32(out.scale[0]), int(out.zero_point[0])
+    from irgen.quant import quantize_linear
+
+    for b in acts:
+        if b.op == "relax.nn.relu":
+            lo = max(lo, z)
+        else:
+            lo = max(lo, int(quantize_linear(float(b.value.args[1].value), s, z, dtype)))
+            hi = min(hi, int(quantize_linear(float(b.value.args[2].value), s, z, dtype)))
+    return lo, hi
+
+
+def _offset(qg, x, zp: int):
+    _, op, q, _ = _ops()
+    return qg.emit(op.subtract(qg.emit(op.astype(x, "int32")), q.rx_const(zp, "int32")))
+
+
+def _lut(qg, x, table: np.ndarray, in_dtype: str):
+    relax, op, q, _ = _ops()
+    idx = qg.emit(op.subtract(qg.emit(op.astype(x, "int32")), q.rx_const(int(np.iinfo(in_dtype).min), "int32")))
+    return op.take(relax.const(table), idx, axis=0)
+
+
+def _table(qin, qout, fn=lambda v: v) -> np.ndarray:
+    """QlinearBuildLookupTable: quantize(fn(dequantize(i))) for every input value."""
+    from irgen.quant import quantize_linear
+
+    info = np.iinfo(qin.dtype)
+    i = np.arange(info.min, info.max + 1, dtype=np.int32)
+    v = (i - np.int32(qin.zero_point[0])).astype(np.float32) * np.float32(qin.scale[0])
+    return quantize_linear(fn(v).astype(np.float32), np.float32(qout.scale[0]), int(qout.zero_point[0]), qout.dtype)
+
+
+def _realize_conv(qg, qb, comp, bias_b, acts, out):
+    relax, op, q, Constant = _ops()
+    tensor = qb.name
+    x, qx, dqx = _need(qg, comp.value.args[0], "the input", tensor)
+    w, qw, wchain = _const_chain(qg, comp.value.args[1], tensor, "weights")
+    if w.dtype != np.int8:
+        raise IrgenError(f"{SCHEME}: weights of {tensor!r} are {w.dtype}, not int8")
+    if np.any(qw.zero_point != 0):
+        raise IrgenError(f"{SCHEME}: weights of {tensor!r} have non-zero zero points; not supported")
+    a = comp.value.attrs
+    xs = _offset(qg, x, int(qx.zero_point[0]))
+    if comp.op == "relax.matmul":
+        kind, ch_axis = "dense", -1
+        acc = qg.emit(op.matmul(xs, relax.const(w), out_dtype="int32"))
+    else:
+        kind = "depthwise_conv2d" if int(a.groups) > 1 and int(a.groups) == w.shape[0] else "conv2d"
+        acc = qg.emit(op.nn.conv2d(
+            xs, relax.const(w), strides=list(a.strides), padding=list(a.padding), dilation=list(a.dilation),
+            groups=int(a.groups), data_layout=str(a.data_layout), kernel_layout=str(a.kernel_layout),
+            out_layout=str(a.out_layout), out_dtype="int32"))
+        ch_axis = str(a.out_layout).index("C")
+    ndim = len(comp.var.ty.shape.values)
+    n_out = int(comp.var.ty.shape.values[ch_axis])
+    if qw.scale.size > 1:
+        w_axis = 1 if kind == "dense" else 0
+        if qw.axis != w_axis or qw.scale.size != n_out:
+            raise IrgenError(f"{SCHEME}: weights of {tensor!r} have {qw.scale.size} scales on axis {qw.axis} "
+                             f"for {n_out} output channels")
+    drop = [dqx] + _drop(qg, wchain) + [comp.name]
+    bias_rec = None
+    if bias_b is not None:
+        other = bias_b.value.args[1] if bias_b.value.args[0].same_as(comp.var) else bias_b.value.args[0]
+        bias, bq, bchain = _const_chain(qg, other, tensor, "bias")
+        if bias.dtype != np.int32:
+            raise IrgenError(f"{SCHEME}: bias of {tensor!r} is {bias.dtype}, not int32")
+        if np.any(bq.zero_point != 0):
+            raise IrgenError(f"{SCHEME}: bias of {tensor!r} has a non-zero zero point")
+        acc = qg.emit(op.add(acc, relax.const(q.per_axis(bias.reshape(-1), ch_axis, ndim).astype(np.int32))))
+        drop += _drop(qg, bchain) + [bias_b.name]
+        bias_rec = bq.record()
+    w_scale = np.broadcast_to(qw.scale, (n_out,)).astype(np.float32)
+    # ORT: output_scale[c] = (x_scale * w_scale[c]) / y_scale, in float32
+    scale = (np.float32(qx.scale[0]) * w_scale) / np.float32(out.scale[0])
+    lo, hi = _clamp_of(acts, out.dtype, out)
+    expr = q.rx_requantize_float(qg.emit, acc, scale, int(out.zero_point[0]), lo, hi, out.dtype, ch_axis, ndim)
+    rec = {
+        "scheme": SCHEME, "kind": kind, "inputs": [qx.record()], "weight": qw.record(), "bias": bias_rec,
+        "output": out.record(),
+        "requant": {"scale": [float(s) for s in scale], "axis": ch_axis % ndim, "rounding": "half_to_even",
+                    "rounding_rule": "y = clamp(round_half_even(float32(acc) * scale[c]) + zp_y, clamp); "
+                                     "scale[c] = float32(s_x * s_w[c]) / s_y (MLAS requantize)"},
+        "clamp": [lo, hi],
+    }
+    return drop + [b.name for b in acts] + [qb.name], expr, rec
+
+
+def _realize_add(qg, qb, comp, acts, out):
+    _, op, q, _ = _ops()
+    tensor = qb.name
+    (x1, q1, d1), (x2, q2, d2) = (_need(qg, a, "an input", tensor) for a in comp.value.args)
+    sy = np.float32(out.scale[0])
+    ra, rb = np.float32(q1.scale[0]) / sy, np.float32(q2.scale[0]) / sy
+    const = np.float32(np.float32(out.zero_point[0]) - ra * np.float32(q1.zero_point[0]) - rb * np.float32(q2.zero_point[0]))
+    e = qg.emit
+    fa = e(op.multiply(e(op.astype(x1, "float32")), q.rx_const(ra, "float32")))
+    fb = e(op.multiply(e(op.astype(x2, "float32")), q.rx_const(rb, "float32")))
+    f = e(op.add(e(op.add(fa, fb)), q.rx_const(const, "float32")))
+    lo, hi = _clamp_of(acts, out.dtype, out)
+    expr = q.rx_round_to_int(e, f, 0, lo, hi, out.dtype)
+    rec = {"scheme": SCHEME, "kind": "add", "inputs": [q1.record(), q2.record()], "output": out.record(),
+           "requant": {"scale": [float(ra), float(rb)], "constant": float(const), "rounding": "half_to_even",
+                       "rounding_rule": "y = clamp(round_half_even(x_a*scale[0] + x_b*scale[1] + constant)) in float32; "
+                                        "constant = zp_y - zp_a*scale[0] - zp_b*scale[1] (MLAS QLinearAdd)"},
+           "clamp": [lo, hi]}
+    return [d1, d2, comp.name] + [b.name for b in acts] + [qb.name], expr, rec
+
+
+def _realize_global_avg(qg, qb, comp, out):
+    _, op, q, _ = _ops()
+    tensor = qb.name
+    x, qx, dqx = _need(qg, comp.value.args[0], "the input", tensor)
+    shape = [int(d) for d in x.ty.shape.values]
+    if comp.op == "relax.mean":
+        axes = [int(a) % len(shape) for a in comp.value.attrs.axis]
+        if not bool(comp.value.attrs.keepdims):
+            raise IrgenError(f"{SCHEME}: mean at {tensor!r} without keepdims is not supported")
+    else:
+        if [int(v) for v in comp.value.attrs.output_size] != [1, 1] or str(comp.value.attrs.layout) != "NCHW":
+            raise IrgenError(f"{SCHEME}: adaptive average pool at {tensor!r} is not global; not supported")
+        axes = [2, 3]
+    count = int(np.prod([shape[a] for a in axes]))
+    scale = np.float32(qx.scale[0]) / (np.float32(out.scale[0]) * np.float32(count))
+    s = qg.emit(op.sum(qg.emit(op.astype(x, "int32")), axis=axes, keepdims=True))
+    acc = qg.emit(op.subtract(s, q.rx_const(int(qx.zero_point[0]) * count, "int32")))
+    info = np.iinfo(out.dtype)
+    expr = q.rx_requantize_float(qg.emit, acc, scale, int(out.zero_point[0]), int(info.min), int(info.max), out.dtype)
+    rec = {"scheme": SCHEME, "kind": "global_avg_pool", "inputs": [qx.record()], "output": out.record(),
+           "axes": axes, "requant": {"scale": float(scale), "count": count, "rounding": "half_to_even",
+                                     "rounding_rule": "round_half_even(float32(sum(x) - zp_x*count) * s_x/(s_y*count)) + zp_y"},
+           "clamp": [int(info.min), int(info.max)]}
+    return [dqx, comp.name, qb.name], expr, rec
+
+
+def _realize_avg_pool(qg, qb, comp, out):
+    relax, op, q, _ = _ops()
+    tensor = qb.name
+    x, qx, dqx = _need(qg, comp.value.args[0], "the input", tensor)
+    a = comp.value.attrs
+    if str(a.layout) != "NCHW" or bool(a.ceil_mode) or any(int(d) != 1 for d in a.dilation):
+        raise IrgenError(f"{SCHEME}: average pool at {tensor!r} with layout {a.layout}, ceil mode or dilation; not supported")
+    e = qg.emit
+    deq = e(op.multiply(e(op.astype(_offset(qg, x, int(qx.zero_point[0])), "float32")), q.rx_const(qx.scale[0], "float32")))
+    avg = e(op.nn.avg_pool2d(deq, pool_size=list(a.pool_size), strides=list(a.strides), padding=list(a.padding),
+                             dilation=list(a.dilation), ceil_mode=False, count_include_pad=bool(a.count_include_pad),
+                             layout="NCHW"))
+    info = np.iinfo(out.dtype)
+    f = e(op.divide(avg, q.rx_const(out.scale[0], "float32")))
+    expr = q.rx_round_to_int(e, f, int(out.zero_point[0]), int(info.min), int(info.max), out.dtype)
+    rec = {"scheme": SCHEME, "kind": "avg_pool2d", "inputs": [qx.record()], "output": out.record(),
+           "pool": {"size": [int(v) for v in a.pool_size], "strides": [int(v) for v in a.strides],
+                    "padding": [int(v) for v in a.padding], "count_include_pad": bool(a.count_include_pad),
+                    "layout": "NCHW"},
+           "requant": {"rounding": "half_to_even",
+                       "rounding_rule": "y = quantize(mean of float32 (x - zp_x) * s_x over the window)"},
+           "clamp": [int(info.min), int(info.max)]}
+    return [dqx, comp.name, qb.name], expr, rec
+
+
+def _realize_unary(qg, qb, comp, out):
+    tensor = qb.name
+    x, qx, dqx = _need(qg, comp.value.args[0], "the input", tensor)
+    if comp.op == "relax.clip":
+        lo_v, hi_v = np.float32(comp.value.args[1].value), np.float32(comp.value.args[2].value)
+        fn = lambda v: np.clip(v, lo_v, hi_v)  # noqa: E731
+    else:
+        fn = _UNARY[comp.op]
+    table = _table(qx, out, fn)
+    rec = {"scheme": SCHEME, "kind": "lut", "op": comp.op.removeprefix("relax."), "inputs": [qx.record()],
+           "output": out.record(), "table": [int(v) for v in table],
+           "requant": {"rounding": "half_to_even",
+                       "rounding_rule": "table[i - min] = quantize(f(dequantize(i))) in float32 (QlinearBuildLookupTable)"}}
+    return [dqx, comp.name, qb.name], _lut(qg, x, table, qx.dtype), rec
+
+
+def _realize_concat(qg, qb, comp, out):
+    _, op, _, _ = _ops()
+    tensor = qb.name
+    ins = [_need(qg, f, "an input", tensor) for f in comp.value.args[0].fields]
+    parts, tables = [], []
+    for x, qx, _ in ins:
+        if qx.dtype != out.dtype:
+            raise IrgenError(f"{SCHEME}: concatenation {tensor!r} mixes {qx.dtype} and {out.dtype}")
+        if qx.scale[0] == out.scale[0] and qx.zero_point[0] == out.zero_point[0]:
+            parts.append(x)
+            tables.append(None)
+        else:
+            t = _table(qx, out)
+            parts.append(qg.emit(_lut(qg, x, t, qx.dtype)))
+            tables.append([int(v) for v in t])
+    axis = int(comp.value.attrs.axis)
+    rec = {"scheme": SCHEME, "kind": "concatenate", "axis": axis, "inputs": [qx.record() for _, qx, _ in ins],
+           "output": out.record(), "tables": tables,
+           "requant": {"rounding": "half_to_even", "rounding_rule": "inputs with other parameters: table[i - min] = "
+                       "quantize(dequantize(i)) (QLinearConcat)"}}
+    return [d for _, _, d in ins] + [comp.name, qb.name], op.concat(parts, axis=axis), rec
+
+
+def _realize_move(qg, qb, comp, out):
+    relax, _, _, _ = _ops()
+    tensor = qb.name
+    x, qx, dqx = _need(qg, comp.value.args[0], "the input", tensor)
+    if qx.scale[0] != out.scale[0] or qx.zero_point[0] != out.zero_point[0] or qx.dtype != out.dtype:
+        raise IrgenError(f"{SCHEME}: {comp.op.removeprefix('relax.')} at {tensor!r} changes quantization parameters "
+                         f"({qx.scale[0]}/{qx.zero_point[0]} -> {out.scale[0]}/{out.zero_point[0]}); not supported")
+    v = comp.value
+    expr = relax.Call(v.op, [x] + list(v.args[1:]), v.attrs, v.sinfo_args if hasattr(v, "sinfo_args") else None)
+    rec = {"scheme": SCHEME, "kind": "integer", "inputs": [qx.record()], "output": out.record()}
+    return [dqx, comp.name, qb.name], expr, rec
+
+
+def _realize_quantize(qg, qb, out):
+    _, op, q, _ = _ops()
+    x = qb.value.args[0]
+    info = np.iinfo(out.dtype)
+    f = qg.emit(op.divide(x, q.rx_const(out.scale[0], "float32")))
+    expr = q.rx_round_to_int(qg.emit, f, int(out.zero_point[0]), int(info.min), int(info.max), out.dtype)
+    rec = {"scheme": SCHEME, "kind": "quantize", "inputs": [], "output": out.record(),
+           "requant": {"rounding": "half_to_even", "rounding_rule": "y = saturate(round_half_even(x / scale) + zp)"}}
+    return [qb.name], expr, rec
+
+
+def _is_quantized(qg) -> bool:
+    return any(b.op in ("relax.quantize", "relax.dequantize") for b in qg.bindings)
+
+
+def detect(qg) -> bool:
+    return getattr(qg, "frontend", None) == "onnx" and _is_quantized(qg)
+
+
+def realize(qg) -> None:
+    relax, op, q, Constant = _ops()
+    i = 0
+    while i < len(qg.bindings):
+        b = qg.bindings[i]
+        i += 1
+        if b.op != "relax.quantize":
+            continue
+        f = qg.producer(b.value.args[0])
+        chans = None
+        out = _qparams(qg, b.value, b.name, chans)
+        if out.scale.size != 1:
+            raise IrgenError(f"{SCHEME}: activation {b.name!r} is quantized per channel; not supported")
+        if f is None:
+            names, expr, rec = _realize_quantize(qg, b, out)
+            qg.replace(names, expr, rec)
+            i = 0
+            continue
+        acts, comp = [], f
+        while comp is not None and comp.op in ("relax.nn.relu", "relax.clip") and qg.n_users(comp.name) == 1:
+            p = qg.producer(comp.value.args[0])
+            if p is None or p.op not in ("relax.add", "relax.nn.conv2d", "relax.matmul", "relax.nn.relu", "relax.clip"):
+                break
+            acts.insert(0, comp)
+            comp = p
+        bias_b = None
+        if comp.op == "relax.add":
+            p0, p1 = (qg.producer(a) for a in comp.value.args)
+            for cand, other in ((p0, p1), (p1, p0)):
+                if cand is not None and cand.op in ("relax.nn.conv2d", "relax.matmul") and other is not None \
+                        and other.op in ("relax.dequantize", "relax.reshape") and qg.n_users(cand.name) == 1:
+                    comp, bias_b = cand, comp
+                    break
+        if comp.op in ("relax.nn.conv2d", "relax.matmul"):
+            names, expr, rec = _realize_conv(qg, b, comp, bias_b, acts, out)
+        elif acts:
+            comp = acts[0]
+            names, expr, rec = _realize_unary(qg, b, comp, out)
+            if len(acts) > 1:
+                raise IrgenError(f"{SCHEME}: chained activations at {b.name!r}; not supported")
+        elif comp.op == "relax.add":
+            names, expr, rec = _realize_add(qg, b, comp, acts, out)
+        elif comp.op in ("relax.mean", "relax.nn.adaptive_avg_pool2d"):
+            names, expr, rec = _realize_global_avg(qg, b, comp, out)
+        elif comp.op == "relax.nn.avg_pool2d":
+            names, expr, rec = _realize_avg_pool(qg, b, comp, out)
+        elif comp.op == "relax.concat":
+            names, expr, rec = _realize_concat(qg, b, comp, out)
+        elif comp.op in _MOVE:
+            names, expr, rec = _realize_move(qg, b, comp, out)
+        elif comp.op in _UNARY or comp.op == "relax.clip":
+            names, expr, rec = _realize_unary(qg, b, comp, out)
+        else:
+            raise IrgenError(f"{SCHEME}: cannot realize {comp.op or comp.kind} at tensor {b.name!r} in integer arithmetic")
+        keep_last = names[-1]
+        names = [n for n in dict.fromkeys(names[:-1]) if qg.n_users(n) <= 1 or qg.by_name[n].op != "relax.dequantize"]
+        qg.replace(names + [keep_last], expr, rec)
+        i = 0
+    # what is left: dequantize of activations feeding float ops or the model output
+    for b in list(qg.bindings):
+        if b.op == "relax.quantize":
+            raise IrgenError(f"{SCHEME}: quantize at tensor {b.name!r} is left after folding")
+        if b.op != "relax.dequantize":
+            continue
+        src = b.value.args[0]
+        if not isinstance(src, relax.Var):
+            if qg.n_users(b.name) == 0:
+                continue
+            raise IrgenError(f"{SCHEME}: constant {b.name!r} is dequantized for a float op that is not quantized")
+        qx = _qparams(qg, b.value, src.name)
+        xs = _offset(qg, src, int(qx.zero_point[0]))
+        expr = op.multiply(qg.emit(op.astype(xs, "float32")), q.rx_const(qx.scale[0], "float32"))
+        rec = {"scheme": SCHEME, "kind": "dequantize", "inputs": [qx.record()],
+               "output": {"dtype": "float32", "scale": None, "zero_point": None, "axis": None},
+               "requant": {"rounding_rule": "y = float32(x - zp) * scale"}}
+        qg.replace([b.name], expr, rec)
+    left = [b for b in qg.bindings if b.op == "relax.dequantize" and qg.n_users(b.name) > 0]
+    if left:
+        raise IrgenError(f"{SCHEME}: dequantize at tensor {left[0].name!r} is left after folding")
+
+
+@hookimpl
+def irgen_register_quantizers(register):
+    register(
+        Quantizer(
+            name=SCHEME,
+            detect=detect,
+            realize=realize,
+            priority=10,
+            description="ONNX QuantizeLinear/DequantizeLinear models, bit-exact with ONNX Runtime's CPU kernels",
+        )
+    )
