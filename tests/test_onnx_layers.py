@@ -100,8 +100,10 @@ def test_model_output_matches_onnxruntime(run):
     out, ir, ref = run["out"], run["ir"], run["ort"]
     m = onnx.load(str(run["model"]))
     assert [o["name"] for o in ir["outputs"]] == [o.name for o in m.graph.output]
+    layers = {layer["name"]: layer for layer in ir["layers"]}
     for rec in ir["outputs"]:
         _cmp(np.load(out / rec["file"]), ref[rec["name"]], f"model output {rec['name']}")
+        assert rec["name"] in [o["name"] for o in layers[rec["producer"]]["outputs"]], rec
     # the input file is the input we gave
     np.testing.assert_array_equal(np.load(out / ir["inputs"][0]["file"]), run["x"])
 

@@ -337,7 +337,8 @@ def run(
             "model": {"path": str(model), "sha256": sha256_path(model)},
             "inputs": [_tensor_record(s.name, shapes, tensor_files, layouts, "input") for s in imported.inputs],
             "outputs": [
-                _tensor_record(tensor_name.get(v, v), shapes, tensor_files, layouts, None) for v in out_vars
+                _tensor_record(tensor_name.get(v, v), shapes, tensor_files, layouts,
+                               _producer(tensor_name.get(v, v), layers, records, tensor_name)) for v in out_vars
             ],
             "layers": [rec.record for rec in records],
         }
