@@ -144,12 +144,12 @@ def recompute(layer: dict[str, Any], inputs: list[np.ndarray], params: dict[str,
 
     qr = layer["quant"]
     kind = qr["kind"]
+    if qr["scheme"] == "qdq" and kind != "integer":
+        return _recompute_qdq(layer, inputs, params)
     out = qr["output"]
     lo, hi = qr.get("clamp") or (np.iinfo(out["dtype"]).min, np.iinfo(out["dtype"]).max)
     zp_in = [int(np.asarray(i["zero_point"]).reshape(-1)[0]) for i in qr["inputs"]]
     rq = qr.get("requant") or {}
-    if qr["scheme"] == "qdq" and kind != "integer":
-        return _recompute_qdq(layer, inputs, params)
     if kind in ("conv2d", "depthwise_conv2d", "dense"):
         x = inputs[0].astype(np.int64) - zp_in[0]
         w = params["weight"].astype(np.int64)
@@ -220,7 +220,9 @@ def _recompute_qdq(layer: dict[str, Any], inputs: list[np.ndarray], params: dict
     elif kind == "add":
         ra, rb = (np.float32(v) for v in rq["scale"])
         const = np.float32(rq["constant"])
-        f = inputs[0].astype(np.float32) * ra + inputs[1].astype(np.float32) * rb + const
+        # fma(x_b, rb, fma(x_a, ra, const)), each rounded once to float32 (float64 holds them exactly)
+        t = (inputs[0].astype(np.float64) * np.float64(ra) + np.float64(const)).astype(np.float32)
+        f = (inputs[1].astype(np.float64) * np.float64(rb) + t.astype(np.float64)).astype(np.float32)
         lo, hi = qr["clamp"]
         return np.clip(np.rint(f), lo, hi).astype(out["dtype"])
     elif kind == "global_avg_pool":
@@ -313,7 +315,11 @@ def rx_requantize_float(emit, acc, scale, zero_point: int, lo: int, hi: int, dty
     from tvm.relax import op
 
     f = acc if str(acc.ty.dtype) == "float32" else emit(op.astype(acc, "float32"))
-    f = emit(op.multiply(f, rx_const(per_axis(np.asarray(scale, np.float32), axis, ndim), "float32")))
+    # float32 * float32 rounded once to float32, written as an exact float64 product then a cast: the
+    # IR's fused_ops keeps a per-channel literal without its dtype (numpy reads it back as float64)
+    f = emit(op.astype(f, "float64"))
+    f = emit(op.multiply(f, rx_const(per_axis(np.asarray(scale, np.float32).astype(np.float64), axis, ndim), "float64")))
+    f = emit(op.astype(f, "float32"))
     return rx_round_to_int(emit, f, zero_point, lo, hi, dtype)
 
 

@@ -414,6 +414,9 @@ OPS: dict[str, Callable[[list[Any], dict], Any]] = {
     "relax.nn.local_response_norm": _lrn,
     "relax.nn.avg_pool3d": _avg_pool3d,
     "relax.nn.dropout": _dropout,
+    "relax.round": lambda args, attrs: np.rint(args[0]),  # half to even, as TVM's round on CPU
+    "relax.take": lambda args, attrs: np.take(np.asarray(args[0]), np.asarray(args[1]).astype(np.int64),
+                                              axis=int(attrs.get("axis") or 0)),
     "tgi": lambda args, attrs: args[0][int(attrs["index"])],
 }
 

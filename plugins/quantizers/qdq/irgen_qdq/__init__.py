@@ -10,8 +10,9 @@ This scheme rewrites each span into the same integer arithmetic:
   bias; MLAS requantization: ``float32(acc) * (s_x * s_w[c] / s_y)`` (float32),
   clamped to ``[lo - zp_y, hi - zp_y]``, rounded half to even, ``+ zp_y``;
   a Relu/Clip inside the span narrows the clamp;
-* Add: ``x_a * (s_a/s_y) + x_b * (s_b/s_y) + (zp_y - zp_a*s_a/s_y - zp_b*s_b/s_y)``
-  in float32, rounded half to even, saturated (MLAS QLinearAdd);
+* Add: ``fma(x_b, s_b/s_y, fma(x_a, s_a/s_y, zp_y - zp_a*s_a/s_y - zp_b*s_b/s_y))``
+  in float32, rounded half to even, saturated (MLAS QLinearAdd; the fused
+  multiply-adds were found empirically against onnxruntime 1.32);
 * GlobalAveragePool: int32 sum minus ``zp_x * N`` requantized by ``s_x / (s_y * N)``;
 * AveragePool: dequantized float average, quantized;
 * elementwise unary ops (Sigmoid, Relu, ...): a 256-entry lookup table;
@@ -93,7 +94,7 @@ def _const_chain(qg, expr, tensor: str, what: str):
         v = b.value
         if b.op == "relax.dequantize":
             ax = int(v.attrs.axis) % max(arr.ndim, 1)
-            qt = _qparams(qg, v, f"{tensor} {what}", arr.shape[ax] if arr.ndim else 1)
+            qt = _qparams(qg, v, b.name, arr.shape[ax] if arr.ndim else 1)
             if qt.scale.size > 1:
                 idx = np.arange(arr.shape[ax]).reshape([-1 if i == ax else 1 for i in range(arr.ndim)])
                 chan = np.broadcast_to(idx, arr.shape)
@@ -143,7 +144,8 @@ def _offset(qg, x, zp: int):
 def _lut(qg, x, table: np.ndarray, in_dtype: str):
     relax, op, q, _ = _ops()
     idx = qg.emit(op.subtract(qg.emit(op.astype(x, "int32")), q.rx_const(int(np.iinfo(in_dtype).min), "int32")))
-    return op.take(relax.const(table), idx, axis=0)
+    # the table as int32 then a cast: the IR's fused_ops keeps the literal without its dtype
+    return op.astype(qg.emit(op.take(relax.const(table.astype(np.int32)), idx, axis=0)), str(table.dtype))
 
 
 def _table(qin, qout, fn=lambda v: v) -> np.ndarray:
@@ -220,14 +222,17 @@ def _realize_add(qg, qb, comp, acts, out):
     ra, rb = np.float32(q1.scale[0]) / sy, np.float32(q2.scale[0]) / sy
     const = np.float32(np.float32(out.zero_point[0]) - ra * np.float32(q1.zero_point[0]) - rb * np.float32(q2.zero_point[0]))
     e = qg.emit
-    fa = e(op.multiply(e(op.astype(x1, "float32")), q.rx_const(ra, "float32")))
-    fb = e(op.multiply(e(op.astype(x2, "float32")), q.rx_const(rb, "float32")))
-    f = e(op.add(e(op.add(fa, fb)), q.rx_const(const, "float32")))
+    # MLAS: fma(x_b, ratio_b, fma(x_a, ratio_a, constant)) in float32; float64 holds each fma exactly
+    t = e(op.add(e(op.multiply(e(op.astype(x1, "float64")), q.rx_const(ra, "float64"))), q.rx_const(const, "float64")))
+    t = e(op.astype(e(op.astype(t, "float32")), "float64"))
+    f = e(op.add(e(op.multiply(e(op.astype(x2, "float64")), q.rx_const(rb, "float64"))), t))
+    f = e(op.astype(f, "float32"))
     lo, hi = _clamp_of(acts, out.dtype, out)
     expr = q.rx_round_to_int(e, f, 0, lo, hi, out.dtype)
     rec = {"scheme": SCHEME, "kind": "add", "inputs": [q1.record(), q2.record()], "output": out.record(),
            "requant": {"scale": [float(ra), float(rb)], "constant": float(const), "rounding": "half_to_even",
-                       "rounding_rule": "y = clamp(round_half_even(x_a*scale[0] + x_b*scale[1] + constant)) in float32; "
+                       "rounding_rule": "y = clamp(round_half_even(fma(x_b, scale[1], fma(x_a, scale[0], constant)))), "
+                                        "each fma rounded once to float32; "
                                         "constant = zp_y - zp_a*scale[0] - zp_b*scale[1] (MLAS QLinearAdd)"},
            "clamp": [lo, hi]}
     return [d1, d2, comp.name] + [b.name for b in acts] + [qb.name], expr, rec

@@ -54,16 +54,8 @@ def _qparams(qg, call, what: str, tensor: str):
     scale, zp = call.args[1], call.args[2]
     if not isinstance(scale, Constant) or not isinstance(zp, Constant):
         raise IrgenError(f"{SCHEME}: {what} of tensor {tensor!r} has a scale or zero point that is not a constant")
-    s = scale.value.numpy().astype(np.float32).reshape(-1)
-    z = zp.value.numpy().astype(np.int64).reshape(-1)
-    if not np.all(np.isfinite(s)) or np.any(s <= 0):
-        raise IrgenError(f"{SCHEME}: tensor {tensor!r} has a zero, negative or NaN scale ({s.tolist()[:4]})")
     dtype = str(call.attrs.out_dtype) if str(call.op.name) == "relax.quantize" else str(call.args[0].ty.dtype)
-    info = np.iinfo(dtype) if dtype in ("int8", "uint8", "int16", "int32") else None
-    if info is not None and (np.any(z < info.min) or np.any(z > info.max)):
-        raise IrgenError(f"{SCHEME}: tensor {tensor!r} has a zero point outside {dtype} ({z.tolist()[:4]})")
-    axis = int(call.attrs.axis)
-    return q.QTensor(s, z, dtype, axis if s.size > 1 else None)
+    return q.check_qparams(SCHEME, tensor, scale.value.numpy(), zp.value.numpy(), dtype, int(call.attrs.axis))
 
 
 def _dequantized(qg, expr):

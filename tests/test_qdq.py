@@ -1,0 +1,284 @@
+"""qdq: golden data equals ONNX Runtime on QuantizeLinear/DequantizeLinear models.
+
+Float torch models (tests/models.py) are exported to ONNX, pre-processed with
+``onnxruntime.quantization.quant_pre_process`` (folds BatchNormalization into
+Conv, as ORT recommends before quantizing; a BatchNormalization left between
+Q/DQ would run in float in ORT too) and quantized with ``quantize_static`` in
+QDQ format: per-channel int8 weights + int8 activations, and per-tensor int8
+weights + uint8 activations. irgen's activation files are compared with ORT's
+value of each layer's source tensor (made an extra graph output).
+
+Two figures per model:
+
+* end to end: irgen's files against ORT's tensors for the same float input;
+* layer local: each layer recomputed (``quant.recompute``) from ORT's own input
+  tensors against ORT's output, which isolates the kernel arithmetic from
+  rounding differences carried over from earlier layers.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+from onnx import numpy_helper  # noqa: E402
+
+import models  # noqa: E402
+from irgen import quant, reference  # noqa: E402
+from irgen.cli import main  # noqa: E402
+from irgen.pipeline import run  # noqa: E402
+from irgen.plugins import PluginHost  # noqa: E402
+
+FIGURES: dict[str, dict] = {}
+CASES = [
+    ("small_cnn", "pc", "s8"), ("small_cnn", "pt", "u8"), ("mlp", "pc", "s8"), ("mlp", "pt", "u8"),
+    pytest.param(("resnet18", "pc", "s8"), marks=pytest.mark.slow, id="resnet18-pc-s8"),
+    pytest.param(("resnet18", "pt", "u8"), marks=pytest.mark.slow, id="resnet18-pt-u8"),
+]
+
+
+def quantized(name: str, per_channel: bool, act: str, folder: Path) -> Path:
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    path, _ = models.export(name, folder)
+    pre = folder / f"{name}_pre.onnx"
+    quant_pre_process(str(path), str(pre), skip_symbolic_shape=True)
+    shape = models.BUILDERS[name][1]
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.it = iter([{"x": np.random.default_rng(k).standard_normal(shape).astype(np.float32)} for k in range(8)])
+
+        def get_next(self):
+            return next(self.it, None)
+
+    out = folder / f"{name}_{'pc' if per_channel else 'pt'}_{act}.onnx"
+    quantize_static(
+        str(pre), str(out), Reader(), quant_format=QuantFormat.QDQ, per_channel=per_channel,
+        activation_type=QuantType.QInt8 if act == "s8" else QuantType.QUInt8, weight_type=QuantType.QInt8,
+        op_types_to_quantize=["Conv", "Gemm", "MatMul", "Add", "MaxPool", "AveragePool", "GlobalAveragePool",
+                              "Concat", "Reshape", "Flatten", "Transpose", "Relu", "Clip", "Sigmoid"],
+    )
+    return out
+
+
+def ort_tensors(path: Path, x: np.ndarray, names: list[str]) -> dict[str, np.ndarray]:
+    m = onnx.load(str(path))
+    have = {o.name for o in m.graph.output}
+    for n in names:
+        if n not in have:
+            m.graph.output.append(onnx.ValueInfoProto(name=n))
+            have.add(n)
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, {"x": x})))
+
+
+@pytest.fixture(scope="module")
+def host():
+    return PluginHost().load()
+
+
+@pytest.fixture(scope="module", params=CASES, ids=lambda c: "-".join(c) if isinstance(c, tuple) else None)
+def case(request, tmp_path_factory, host):
+    name, pc, act = request.param
+    folder = tmp_path_factory.mktemp(f"qdq_{name}_{pc}_{act}")
+    path = quantized(name, pc == "pc", act, folder)
+    x = np.random.default_rng(7).standard_normal(models.BUILDERS[name][1]).astype(np.float32)
+    np.save(folder / "x.npy", x)
+    out = folder / "out"
+    ir = run(host, path, out, inputs=[str(folder / "x.npy")], opt_level=3)
+    names = [s for layer in ir["layers"] for s in layer["source"]["outputs"]]
+    ref = ort_tensors(path, x, names)
+    ref["x"] = x
+    plain = ort_tensors(path, x, [])
+    return {"id": f"{name}-{pc}-{act}", "path": path, "x": x, "out": out, "ir": ir, "ref": ref, "plain": plain}
+
+
+def _count(got: np.ndarray, exp: np.ndarray, acc: list[int]) -> None:
+    assert got.shape == exp.shape and got.dtype == exp.dtype, (got.shape, exp.shape, got.dtype, exp.dtype)
+    d = np.abs(got.astype(np.int64) - exp.astype(np.int64))
+    acc[0] += d.size
+    acc[1] += int((d == 0).sum())
+    acc[2] = max(acc[2], int(d.max(initial=0)))
+
+
+def _report(capsys, key: str, what: str, acc: list[int]) -> None:
+    share = acc[1] / acc[0]
+    FIGURES.setdefault(key, {})[what] = (share, acc[2], acc[0])
+    with capsys.disabled():
+        print(f"\n[qdq figures] {key} {what}: {acc[1]}/{acc[0]} elements exact ({share:.6%}), max {acc[2]} LSB")
+
+
+def test_extra_outputs_do_not_change_ort(case, capsys):
+    """Making every layer tensor a graph output leaves ORT's model output as is.
+
+    Except with int8 activations on ResNet-18: there ORT's optimizer fuses
+    differently once the intermediate tensors are graph outputs (plain: 9
+    QLinearConv, 11 float Conv, 8 float Add; with the outputs: 20 float Conv,
+    8 QLinearAdd), and its output moves by one LSB in some elements.
+    """
+    for name, value in case["plain"].items():
+        changed = int((case["ref"][name] != value).sum())
+        with capsys.disabled():
+            print(f"\n[qdq figures] {case['id']} extra outputs change ORT's {name!r} in {changed}/{value.size} elements")
+        if case["id"] == "resnet18-pc-s8":
+            scale = case["ir"]["layers"][-1]["quant"]["inputs"][0]["scale"]
+            assert np.abs(case["ref"][name] - value).max() <= 1.01 * scale
+        else:
+            np.testing.assert_array_equal(case["ref"][name], value, err_msg=name)
+
+
+def test_every_activation_matches_onnxruntime(case, capsys):
+    ir, out, ref = case["ir"], case["out"], case["ref"]
+    assert ir["producer"]["quantizer"] == "qdq"
+    acc = [0, 0, 0]
+    for layer in ir["layers"]:
+        for rec, src in zip(layer["outputs"], layer["source"]["outputs"], strict=True):
+            got, exp = np.load(out / rec["file"]), ref[src]
+            if layer["quant"] is not None and layer["quant"]["kind"] == "dequantize":
+                scale = np.float32(layer["quant"]["inputs"][0]["scale"])  # in LSB of the dequantized integer
+                _count(np.rint(got / scale).astype(np.int64), np.rint(exp / scale).astype(np.int64), acc)
+                continue
+            if got.dtype.kind == "f":  # the float tail after the last dequantize (softmax)
+                if acc[2] == 0:
+                    np.testing.assert_allclose(got, exp, rtol=1e-5, atol=1e-6, err_msg=layer["name"])
+                continue
+            _count(got, exp, acc)
+    out_rec = ir["outputs"][0]
+    got = np.load(out / out_rec["file"])
+    for which in ("with extra outputs", "plain model"):
+        yexp = (case["ref"] if which.startswith("with") else case["plain"])[out_rec["name"]]
+        fy = np.abs(got.astype(np.float64) - yexp)
+        with capsys.disabled():
+            print(f"\n[qdq figures] {case['id']} model output vs ORT {which}: "
+                  f"{int((fy == 0).sum())}/{fy.size} equal, max |diff| {fy.max():.3g}")
+    _report(capsys, case["id"], "end to end", acc)
+    if case["id"] == "resnet18-pc-s8":
+        # ORT runs the int8-activation Adds and the convs on shared inputs in float
+        # (not fused) and its s8 QLinearConv flips a few near ties; one flipped
+        # element spreads through the following 3x3 convs. The layer-local test
+        # holds this model to the bar.
+        assert acc[2] <= 8
+        return
+    assert acc[1] / acc[0] >= 0.999 and acc[2] <= 1
+
+
+def test_every_layer_matches_onnxruntime_locally(case, capsys):
+    """Each layer from ORT's own inputs: the kernel arithmetic alone."""
+    ir, out, ref = case["ir"], case["out"], case["ref"]
+    src = {rec["name"]: s for layer in ir["layers"] for rec, s in zip(layer["outputs"], layer["source"]["outputs"])}
+    src.update({i["name"]: i["name"] for i in ir["inputs"]})
+    acc = [0, 0, 0]
+    for layer in ir["layers"]:
+        if layer["quant"] is None:
+            continue
+        ins = [ref[src[r["name"]]] for r in layer["inputs"]]
+        got = quant.recompute(layer, ins, reference.load_layer_params(out, layer))
+        exp = ref[layer["source"]["outputs"][-1]]
+        if got.dtype.kind == "f":
+            np.testing.assert_array_equal(got, exp, err_msg=layer["name"])
+            continue
+        _count(got, exp, acc)
+    _report(capsys, case["id"], "layer local", acc)
+    assert acc[1] / acc[0] >= 0.999 and acc[2] <= 1
+
+
+def test_layers_recompute_from_quant_and_fused_ops(case):
+    out, ir = case["out"], case["ir"]
+    kinds = set()
+    for layer in ir["layers"]:
+        q = layer["quant"]
+        if q is None:
+            assert layer["op"] == "softmax", layer["name"]  # the float tail after the last dequantize
+            continue
+        assert q["scheme"] == "qdq"
+        kinds.add(q["kind"])
+        inputs = reference.load_layer_inputs(out, layer)
+        params = reference.load_layer_params(out, layer)
+        exp = np.load(out / layer["outputs"][-1]["file"])
+        got = quant.recompute(layer, inputs, params)
+        assert got.dtype == exp.dtype and np.array_equal(got, exp), ("quant", layer["name"])
+        got = reference.run_layer(layer, inputs, params)[-1]
+        assert got.dtype == exp.dtype and np.array_equal(got, exp), ("fused_ops", layer["name"])
+    if case["id"].startswith("small_cnn"):
+        assert {"quantize", "conv2d", "add", "integer", "avg_pool2d", "concatenate", "dense", "dequantize"} <= kinds
+    if case["id"].startswith("mlp"):
+        assert {"quantize", "dense", "lut", "dequantize"} <= kinds
+    if case["id"].startswith("resnet18"):
+        assert {"conv2d", "add", "global_avg_pool", "dense"} <= kinds
+
+
+def test_quant_record_has_what_hardware_needs(case):
+    ir, out = case["ir"], case["out"]
+    pc = "-pc-" in case["id"]
+    convs = [l for l in ir["layers"] if l["quant"] and l["quant"]["kind"] in ("conv2d", "depthwise_conv2d", "dense")]
+    assert convs
+    for layer in convs:
+        q = layer["quant"]
+        n = layer["outputs"][-1]["shape"][q["requant"]["axis"]]
+        act = "int8" if case["id"].endswith("s8") else "uint8"
+        assert q["inputs"][0]["dtype"] == act and q["output"]["dtype"] == act and q["weight"]["dtype"] == "int8"
+        assert len(q["requant"]["scale"]) == n and "half" in q["requant"]["rounding_rule"]
+        assert isinstance(q["weight"]["scale"], list) == pc
+        w = np.load(out / layer["params"]["weight"]["file"])
+        assert w.dtype == np.int8
+        if pc:
+            assert len(q["weight"]["scale"]) == w.shape[q["weight"]["axis"]] == n
+        if q["bias"] is not None:
+            b = np.load(out / layer["params"]["bias"]["file"])
+            assert b.dtype == np.int32 and b.size == n
+        lo, hi = q["clamp"]
+        info = np.iinfo(act)
+        assert info.min <= lo < hi <= info.max
+
+
+# ---------------------------------------------------------------- bad parameters
+
+
+@pytest.fixture(scope="module")
+def small_qdq(tmp_path_factory) -> Path:
+    return quantized("small_cnn", True, "s8", tmp_path_factory.mktemp("qdq_bad"))
+
+
+def _edit(src: Path, dst: Path, name: str, fn) -> Path:
+    m = onnx.load(str(src))
+    for k, init in enumerate(m.graph.initializer):
+        if init.name == name:
+            new = numpy_helper.from_array(fn(numpy_helper.to_array(init)), name)
+            m.graph.initializer[k].CopyFrom(new)
+            break
+    else:
+        raise AssertionError(name)
+    onnx.save(m, str(dst))
+    return dst
+
+
+BAD = {
+    "zero_scale": ("/Relu_output_0_scale", lambda a: np.zeros_like(a), "Relu_output_0", "scale"),
+    "nan_scale": ("c3.weight_scale", lambda a: np.full_like(a, np.nan), "c3_weight", "NaN"),
+    "zero_point_range": ("c3.weight_zero_point", lambda a: np.full(a.shape, 200, np.uint8), "c3_weight", "zero point outside int8"),
+    # TVM's ONNX importer already rejects this one (relax.dequantize checks the scale size)
+    "channel_count": ("c3.weight_scale", lambda a: a[:-1].copy(), "c3.weight", "size of scale param is 'T.int64(7)'"),
+}
+
+
+@pytest.mark.parametrize("how", sorted(BAD))
+def test_bad_quantization_parameters(small_qdq, tmp_path, capsys, how):
+    init, fn, tensor, words = BAD[how]
+    bad = _edit(small_qdq, tmp_path / "bad.onnx", init, fn)
+    out = tmp_path / "out"
+    capsys.readouterr()
+    code = main(["run", str(bad), "-o", str(out), "--no-progress"])
+    err = capsys.readouterr().err
+    lines = [l for l in err.splitlines() if l.strip()]
+    assert code == 2, err
+    assert len(lines) == 1 and lines[0].startswith("irgen: error: "), err
+    assert tensor in lines[0] and words in lines[0], lines[0]
+    assert not out.exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.irgen-")]
