@@ -144,7 +144,9 @@ def recompute(layer: dict[str, Any], inputs: list[np.ndarray], params: dict[str,
 
     qr = layer["quant"]
     kind = qr["kind"]
-    if qr["scheme"] == "qdq" and kind != "integer":
+    if qr["scheme"] == "pow2" and kind in ("conv2d", "depthwise_conv2d", "dense"):
+        return _recompute_pow2(layer, inputs, params)
+    if qr["scheme"] in ("qdq", "pow2") and kind != "integer":
         return _recompute_qdq(layer, inputs, params)
     out = qr["output"]
     lo, hi = qr.get("clamp") or (np.iinfo(out["dtype"]).min, np.iinfo(out["dtype"]).max)
@@ -193,6 +195,33 @@ def recompute(layer: dict[str, Any], inputs: list[np.ndarray], params: dict[str,
     else:
         raise NotImplementedError(f"quant kind {kind!r}")
     return np.clip(y + int(out["zero_point"]), lo, hi).astype(out["dtype"])
+
+
+def round_shift_half_even(acc, shift) -> np.ndarray:
+    """``round_half_even(acc / 2**shift)`` in integers (``shift`` may be negative)."""
+    acc, shift = _as64(acc), _as64(shift)
+    s = shift + 1
+    a = acc << (1 + np.maximum(-shift, 0))
+    s = np.maximum(s, 1)
+    quo, rem, half = a >> s, a & ((np.int64(1) << s) - 1), np.int64(1) << (s - 1)
+    return quo + (rem > half) + (rem == half) * (quo & 1)
+
+
+def _recompute_pow2(layer: dict[str, Any], inputs: list[np.ndarray], params: dict[str, np.ndarray]) -> np.ndarray:
+    """A ``pow2`` convolution or dense layer: int32 accumulation, then a rounding shift per channel."""
+    from irgen.reference import conv2d
+
+    qr = layer["quant"]
+    rq, out = qr["requant"], qr["output"]
+    x = inputs[0].astype(np.int64) - int(np.asarray(qr["inputs"][0]["zero_point"]).reshape(-1)[0])
+    w = params["weight"].astype(np.int64)
+    acc = x @ w if qr["kind"] == "dense" else conv2d(x, w, {**layer["attrs"], "out_dtype": "int64"})
+    axis = rq["axis"]
+    if "bias" in params:
+        acc = acc + per_axis(params["bias"].reshape(-1).astype(np.int64), axis, acc.ndim)
+    y = round_shift_half_even(acc, per_axis(rq["shift"], axis, acc.ndim)) + int(out["zero_point"])
+    lo, hi = qr["clamp"]
+    return np.clip(y, lo, hi).astype(out["dtype"])
 
 
 def _recompute_qdq(layer: dict[str, Any], inputs: list[np.ndarray], params: dict[str, np.ndarray]) -> np.ndarray:

@@ -399,6 +399,7 @@ OPS: dict[str, Callable[[list[Any], dict], Any]] = {
     "relax.greater": lambda args, attrs: np.greater(args[0], args[1]),
     "relax.greater_equal": lambda args, attrs: np.greater_equal(args[0], args[1]),
     "relax.less_equal": lambda args, attrs: np.less_equal(args[0], args[1]),
+    "relax.equal": lambda args, attrs: np.equal(args[0], args[1]),
     "relax.where": _where,
     "relax.astype": lambda args, attrs: np.asarray(args[0]).astype(str(attrs["dtype"])),
     "relax.concat": _concat,

@@ -158,7 +158,7 @@ def _table(qin, qout, fn=lambda v: v) -> np.ndarray:
     return quantize_linear(fn(v).astype(np.float32), np.float32(qout.scale[0]), int(qout.zero_point[0]), qout.dtype)
 
 
-def _realize_conv(qg, qb, comp, bias_b, acts, out):
+def _realize_conv(qg, qb, comp, bias_b, acts, out, requant=None):
     relax, op, q, Constant = _ops()
     tensor = qb.name
     x, qx, dqx = _need(qg, comp.value.args[0], "the input", tensor)
@@ -202,14 +202,16 @@ def _realize_conv(qg, qb, comp, bias_b, acts, out):
     # ORT: output_scale[c] = (x_scale * w_scale[c]) / y_scale, in float32
     scale = (np.float32(qx.scale[0]) * w_scale) / np.float32(out.scale[0])
     lo, hi = _clamp_of(acts, out.dtype, out)
-    expr = q.rx_requantize_float(qg.emit, acc, scale, int(out.zero_point[0]), lo, hi, out.dtype, ch_axis, ndim)
+    if requant is None:
+        expr = q.rx_requantize_float(qg.emit, acc, scale, int(out.zero_point[0]), lo, hi, out.dtype, ch_axis, ndim)
+        rq = {"scale": [float(s) for s in scale], "axis": ch_axis % ndim, "rounding": "half_to_even",
+              "rounding_rule": "y = clamp(round_half_even(float32(acc) * scale[c]) + zp_y, clamp); "
+                               "scale[c] = float32(s_x * s_w[c]) / s_y (MLAS requantize)"}
+    else:  # another scheme's requantization of the same accumulator
+        expr, rq = requant(qg, acc, scale, out, lo, hi, ch_axis % ndim, ndim, tensor)
     rec = {
         "scheme": SCHEME, "kind": kind, "inputs": [qx.record()], "weight": qw.record(), "bias": bias_rec,
-        "output": out.record(),
-        "requant": {"scale": [float(s) for s in scale], "axis": ch_axis % ndim, "rounding": "half_to_even",
-                    "rounding_rule": "y = clamp(round_half_even(float32(acc) * scale[c]) + zp_y, clamp); "
-                                     "scale[c] = float32(s_x * s_w[c]) / s_y (MLAS requantize)"},
-        "clamp": [lo, hi],
+        "output": out.record(), "requant": rq, "clamp": [lo, hi],
     }
     return drop + [b.name for b in acts] + [qb.name], expr, rec
 
@@ -360,7 +362,17 @@ def detect(qg) -> bool:
     return getattr(qg, "frontend", None) == "onnx" and _is_quantized(qg)
 
 
-def realize(qg) -> None:
+def realize(qg, scheme: str = SCHEME, conv_requant=None) -> None:
+    """Realize every DQ -> op -> Q span; ``conv_requant(qg, acc, scale, out, lo, hi, axis, ndim, tensor)``
+    replaces ONNX Runtime's float requantization of conv/dense accumulators
+    (returning the expression and the record's ``requant``), and ``scheme``
+    names the records (both for schemes built on this one, such as ``pow2``)."""
+    _realize(qg, conv_requant)
+    for rec in qg.quant.values():
+        rec["scheme"] = scheme
+
+
+def _realize(qg, conv_requant) -> None:
     relax, op, q, Constant = _ops()
     i = 0
     while i < len(qg.bindings):
@@ -394,7 +406,7 @@ def realize(qg) -> None:
                     comp, bias_b = cand, comp
                     break
         if comp.op in ("relax.nn.conv2d", "relax.matmul"):
-            names, expr, rec = _realize_conv(qg, b, comp, bias_b, acts, out)
+            names, expr, rec = _realize_conv(qg, b, comp, bias_b, acts, out, conv_requant)
         elif acts:
             comp = acts[0]
             names, expr, rec = _realize_unary(qg, b, comp, out)
