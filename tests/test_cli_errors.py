@@ -226,6 +226,6 @@ def test_backend_layout_and_supported_ops_are_checked(model, tmp_path, plugin_fi
     plugin = plugin_file("strict_backends", BACKEND_PLUGIN)
     out = tmp_path / "out"
     proc = irgen("run", str(model), "-o", str(out), "--plugin", str(plugin), "--backend", "nhwc-only", "--no-progress")
-    line = assert_user_error(proc, out, "nhwc-only", "NHWC", "NCHW")
+    assert_user_error(proc, out, "nhwc-only", "NHWC", "NCHW")
     proc = irgen("run", str(model), "-o", str(out), "--plugin", str(plugin), "--backend", "pool-only", "--no-progress")
     assert_user_error(proc, out, "pool-only", "unsupported ops: conv2d")

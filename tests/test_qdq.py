@@ -18,7 +18,6 @@ Two figures per model:
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np

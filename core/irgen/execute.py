@@ -15,7 +15,7 @@ import tvm_ffi
 from tvm import relax
 
 from irgen.api import IrgenError
-from irgen.graph import Constant, main_bindings, var_names
+from irgen.graph import Constant, main_bindings
 
 #: what each opt level adds, cumulatively (README documents the same table)
 OPT_LEVELS = {

@@ -131,6 +131,19 @@ def quantize_linear(x, scale, zero_point: int, dtype: str) -> np.ndarray:
     return (np.rint(f).astype(np.int64) + zero_point).astype(dtype)
 
 
+def accumulate(layer: dict[str, Any], inputs: list[np.ndarray], params: dict[str, np.ndarray]) -> np.ndarray:
+    """The int64 accumulator of a quantized conv/dense layer: ``sum((x - zp_x) * w) + bias``."""
+    from irgen.reference import conv2d
+
+    qr = layer["quant"]
+    x = inputs[0].astype(np.int64) - int(np.asarray(qr["inputs"][0]["zero_point"]).reshape(-1)[0])
+    w = params["weight"].astype(np.int64)
+    acc = x @ w if qr["kind"] == "dense" else conv2d(x, w, {**layer["attrs"], "out_dtype": "int64"})
+    if "bias" in params:
+        acc = acc + per_axis(params["bias"].reshape(-1).astype(np.int64), qr["requant"]["axis"], acc.ndim)
+    return acc
+
+
 def recompute(layer: dict[str, Any], inputs: list[np.ndarray], params: dict[str, np.ndarray]) -> np.ndarray:
     """A realized integer layer from its ``quant`` record and parameters alone.
 
@@ -153,15 +166,8 @@ def recompute(layer: dict[str, Any], inputs: list[np.ndarray], params: dict[str,
     zp_in = [int(np.asarray(i["zero_point"]).reshape(-1)[0]) for i in qr["inputs"]]
     rq = qr.get("requant") or {}
     if kind in ("conv2d", "depthwise_conv2d", "dense"):
-        x = inputs[0].astype(np.int64) - zp_in[0]
-        w = params["weight"].astype(np.int64)
-        if kind == "dense":
-            acc = x @ w
-        else:
-            acc = conv2d(x, w, {**layer["attrs"], "out_dtype": "int64"})
+        acc = accumulate(layer, inputs, params)
         axis = rq["axis"]
-        if "bias" in params:
-            acc = acc + per_axis(params["bias"].reshape(-1).astype(np.int64), axis, acc.ndim)
         y = multiply_by_quantized_multiplier(
             acc, per_axis(rq["multiplier"], axis, acc.ndim), per_axis(rq["shift"], axis, acc.ndim), rq["rounding"]
         )
@@ -209,17 +215,10 @@ def round_shift_half_even(acc, shift) -> np.ndarray:
 
 def _recompute_pow2(layer: dict[str, Any], inputs: list[np.ndarray], params: dict[str, np.ndarray]) -> np.ndarray:
     """A ``pow2`` convolution or dense layer: int32 accumulation, then a rounding shift per channel."""
-    from irgen.reference import conv2d
-
     qr = layer["quant"]
     rq, out = qr["requant"], qr["output"]
-    x = inputs[0].astype(np.int64) - int(np.asarray(qr["inputs"][0]["zero_point"]).reshape(-1)[0])
-    w = params["weight"].astype(np.int64)
-    acc = x @ w if qr["kind"] == "dense" else conv2d(x, w, {**layer["attrs"], "out_dtype": "int64"})
-    axis = rq["axis"]
-    if "bias" in params:
-        acc = acc + per_axis(params["bias"].reshape(-1).astype(np.int64), axis, acc.ndim)
-    y = round_shift_half_even(acc, per_axis(rq["shift"], axis, acc.ndim)) + int(out["zero_point"])
+    acc = accumulate(layer, inputs, params)
+    y = round_shift_half_even(acc, per_axis(rq["shift"], rq["axis"], acc.ndim)) + int(out["zero_point"])
     lo, hi = qr["clamp"]
     return np.clip(y, lo, hi).astype(out["dtype"])
 
@@ -234,15 +233,8 @@ def _recompute_qdq(layer: dict[str, Any], inputs: list[np.ndarray], params: dict
     zp_in = [int(np.asarray(i["zero_point"]).reshape(-1)[0]) for i in qr["inputs"]]
     rq = qr.get("requant") or {}
     if kind in ("conv2d", "depthwise_conv2d", "dense"):
-        x = inputs[0].astype(np.int64) - zp_in[0]
-        w = params["weight"].astype(np.int64)
-        if kind == "dense":
-            acc = x @ w
-        else:
-            acc = conv2d(x, w, {**layer["attrs"], "out_dtype": "int64"})
+        acc = accumulate(layer, inputs, params)
         axis = rq["axis"]
-        if "bias" in params:
-            acc = acc + per_axis(params["bias"].reshape(-1).astype(np.int64), axis, acc.ndim)
         lo, hi = qr["clamp"]
         return requantize_float(acc.astype(np.int32), per_axis(np.asarray(rq["scale"], np.float32), axis, acc.ndim),
                                 int(out["zero_point"]), lo, hi, out["dtype"])
@@ -368,6 +360,52 @@ def rx_clamp_cast(emit, x, lo: int, hi: int, dtype: str):
 
 
 # ------------------------------------------------------------------ graph
+
+
+def follow_constant(qg, expr, qparams, scheme: str, what: str, tensor: str):
+    """Follow dequantize/reshape/permute_dims bindings back to an integer constant.
+
+    ``qparams(binding, array)`` reads and checks a dequantize's parameters
+    (each scheme its own way). Returns the integer array in the layout its
+    consumer sees, its :class:`QTensor` with the per-channel axis mapped into
+    that layout, and the chain of bindings followed.
+    """
+    from irgen.api import IrgenError
+    from irgen.graph import Constant
+
+    chain, e = [], expr
+    while not isinstance(e, Constant):
+        b = qg.producer(e)
+        if b is None or b.op not in ("relax.dequantize", "relax.reshape", "relax.permute_dims"):
+            raise IrgenError(f"{scheme}: {what} of {tensor!r} is not a dequantized integer constant")
+        chain.append(b)
+        e = b.value.args[0]
+    arr = e.value.numpy()
+    qt, chan = None, None  # chan: each element's channel index, moved like the data
+    for b in reversed(chain):
+        v = b.value
+        if b.op == "relax.dequantize":
+            qt = qparams(b, arr)
+            if qt.scale.size > 1:
+                ax = int(v.attrs.axis) % max(arr.ndim, 1)
+                idx = np.arange(arr.shape[ax]).reshape([-1 if i == ax else 1 for i in range(arr.ndim)])
+                chan = np.broadcast_to(idx, arr.shape)
+        elif b.op == "relax.reshape":
+            shape = [int(d) for d in v.args[1].values]
+            arr = arr.reshape(shape)
+            chan = chan.reshape(shape) if chan is not None else None
+        else:
+            axes = [int(a) for a in v.attrs.axes] if v.attrs.axes is not None else None
+            arr = np.transpose(arr, axes)
+            chan = np.transpose(chan, axes) if chan is not None else None
+    if qt is None:
+        raise IrgenError(f"{scheme}: {what} of {tensor!r} is never dequantized")
+    if chan is not None:
+        axes = [a for a in range(arr.ndim) if np.any(np.diff(chan, axis=a) != 0)]
+        if len(axes) != 1:
+            raise IrgenError(f"{scheme}: cannot tell the channel axis of the {what} of {tensor!r}")
+        qt.axis = axes[0]
+    return arr, qt, chain
 
 
 @dataclass

@@ -8,7 +8,6 @@ back to ONNX node and tensor names.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 

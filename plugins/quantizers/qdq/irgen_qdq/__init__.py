@@ -22,7 +22,6 @@ This scheme rewrites each span into the same integer arithmetic:
 
 from __future__ import annotations
 
-from typing import Any
 
 import numpy as np
 
@@ -79,41 +78,14 @@ def _need(qg, expr, what: str, tensor: str):
 
 
 def _const_chain(qg, expr, tensor: str, what: str):
-    """Follow dequantize/reshape/permute_dims back to a constant; (array, QTensor, chain, axis map)."""
-    relax, _, q, Constant = _ops()
-    chain, e = [], expr
-    while not isinstance(e, Constant):
-        b = qg.producer(e)
-        if b is None or b.op not in ("relax.dequantize", "relax.reshape", "relax.permute_dims"):
-            raise IrgenError(f"{SCHEME}: {what} of {tensor!r} is not a dequantized integer constant")
-        chain.append(b)
-        e = b.value.args[0]
-    arr = e.value.numpy()
-    qt, chan = None, None
-    for b in reversed(chain):
-        v = b.value
-        if b.op == "relax.dequantize":
-            ax = int(v.attrs.axis) % max(arr.ndim, 1)
-            qt = _qparams(qg, v, b.name, arr.shape[ax] if arr.ndim else 1)
-            if qt.scale.size > 1:
-                idx = np.arange(arr.shape[ax]).reshape([-1 if i == ax else 1 for i in range(arr.ndim)])
-                chan = np.broadcast_to(idx, arr.shape)
-        elif b.op == "relax.reshape":
-            shape = [int(d) for d in v.args[1].values]
-            arr = arr.reshape(shape)
-            chan = chan.reshape(shape) if chan is not None else None
-        else:
-            axes = [int(a) for a in v.attrs.axes] if v.attrs.axes is not None else None
-            arr = np.transpose(arr, axes)
-            chan = np.transpose(chan, axes) if chan is not None else None
-    if qt is None:
-        raise IrgenError(f"{SCHEME}: {what} of {tensor!r} is never dequantized")
-    if chan is not None:
-        axes = [a for a in range(arr.ndim) if np.any(np.diff(chan, axis=a) != 0)]
-        if len(axes) != 1:
-            raise IrgenError(f"{SCHEME}: cannot tell the channel axis of the {what} of {tensor!r}")
-        qt.axis = axes[0]
-    return arr, qt, chain
+    """Follow dequantize/reshape/permute_dims back to a constant: (array, QTensor, chain)."""
+    _, _, q, _ = _ops()
+
+    def qparams(b, arr):
+        ax = int(b.value.attrs.axis) % max(arr.ndim, 1)
+        return _qparams(qg, b.value, b.name, arr.shape[ax] if arr.ndim else 1)
+
+    return q.follow_constant(qg, expr, qparams, SCHEME, what, tensor)
 
 
 def _drop(qg, chain):

@@ -76,52 +76,16 @@ def _const_weight(qg, expr, tensor: str):
     Returns (int array in the layout the op consumes, QTensor with the
     per-channel axis mapped into that layout, binding names to drop).
     """
-    relax, _, q, Constant = _ops()
-    chain = []
-    e = expr
-    while True:
-        if isinstance(e, Constant):
-            break
-        b = qg.producer(e)
-        if b is None or b.op not in ("relax.dequantize", "relax.reshape", "relax.permute_dims"):
-            raise IrgenError(f"{SCHEME}: weights of {tensor!r} are not a constant int8 tensor")
-        chain.append(b)
-        e = b.value.args[0]
-    arr = e.value.numpy()
+    _, _, q, _ = _ops()
+    arr, qt, chain = q.follow_constant(qg, expr, lambda b, a: _qparams(qg, b.value, "dequantize", tensor),
+                                       SCHEME, "weights", tensor)
     if arr.dtype != np.int8:
         raise IrgenError(f"{SCHEME}: weights of {tensor!r} are {arr.dtype}, not int8 "
                          "(a dynamic-range or float model is not full-integer)")
-    # channel index map follows the same reshapes/permutes as the data
-    qt = None
-    chan = None
-    for b in reversed(chain):
-        v = b.value
-        if b.op == "relax.dequantize":
-            qt = _qparams(qg, v, "dequantize", tensor)
-            if qt.axis is not None:
-                idx = np.arange(arr.shape[qt.axis]).reshape([-1 if i == qt.axis % arr.ndim else 1 for i in range(arr.ndim)])
-                chan = np.broadcast_to(idx, arr.shape)
-        elif b.op == "relax.reshape":
-            shape = [int(d) for d in v.args[1].values]
-            arr = arr.reshape(shape)
-            chan = chan.reshape(shape) if chan is not None else None
-        else:
-            axes = [int(a) for a in v.attrs.axes] if v.attrs.axes is not None else None
-            arr = np.transpose(arr, axes)
-            chan = np.transpose(chan, axes) if chan is not None else None
-    if qt is None:
-        raise IrgenError(f"{SCHEME}: weights of {tensor!r} are never dequantized")
     if np.any(qt.zero_point != 0):
         raise IrgenError(f"{SCHEME}: weights of {tensor!r} have non-zero zero points (TFLite int8 weights are symmetric)")
-    if chan is not None:
-        axes = [a for a in range(arr.ndim) if np.any(np.diff(chan, axis=a) != 0)] if arr.ndim else []
-        if len(axes) != 1:
-            raise IrgenError(f"{SCHEME}: cannot tell the channel axis of the weights of {tensor!r}")
-        qt.axis = axes[0]
-        if arr.shape[qt.axis] != qt.scale.size:
-            raise IrgenError(
-                f"{SCHEME}: weights of {tensor!r} have {qt.scale.size} scales for {arr.shape[qt.axis]} channels"
-            )
+    if qt.axis is not None and qt.scale.size > 1 and arr.shape[qt.axis] != qt.scale.size:
+        raise IrgenError(f"{SCHEME}: weights of {tensor!r} have {qt.scale.size} scales for {arr.shape[qt.axis]} channels")
     return arr, qt, [b.name for b in chain if qg.n_users(b.name) == 1]
 
 
