@@ -229,3 +229,23 @@ def test_backend_layout_and_supported_ops_are_checked(model, tmp_path, plugin_fi
     assert_user_error(proc, out, "nhwc-only", "NHWC", "NCHW")
     proc = irgen("run", str(model), "-o", str(out), "--plugin", str(plugin), "--backend", "pool-only", "--no-progress")
     assert_user_error(proc, out, "pool-only", "unsupported ops: conv2d")
+
+
+def test_external_data_outside_the_model_folder_is_refused(tmp_path) -> None:
+    """Model files are untrusted: an initializer pointing outside the model's folder is an error."""
+    from onnx import external_data_helper
+
+    src = tiny_model(tmp_path / "src.onnx")
+    m = onnx.load(str(src))
+    w = next(t for t in m.graph.initializer if t.name == "w")
+    external_data_helper.set_external_data(w, location="../../../etc/passwd")
+    w.data_location = onnx.TensorProto.EXTERNAL
+    w.ClearField("raw_data")
+    w.ClearField("float_data")
+    evil = tmp_path / "models" / "evil.onnx"
+    evil.parent.mkdir()
+    with open(evil, "wb") as f:
+        f.write(m.SerializeToString())
+    out = tmp_path / "out"
+    proc = irgen("run", str(evil), "-o", str(out), "--no-progress")
+    assert_user_error(proc, out, "evil.onnx", "'w'", "outside the model's folder")
