@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from irgen import __version__
-from irgen.api import Backend, ImportedModel, InputSpec, IrgenError
+from irgen.api import Backend, ImportedModel, InputSpec, IrgenError, UnsupportedOpsError
 from irgen.names import SafeNames
 from irgen.output import OutputFolder, ParamsStreamWriter, Progress, write_manifest
 
@@ -172,7 +172,7 @@ def run(
     imported: ImportedModel = fe.load(model, options or {})
     arrays = load_inputs(imported.inputs, list(inputs), seed)
 
-    import tvm  # noqa: F401  (heavy: after the cheap checks)
+    import tvm  # heavy: after the cheap checks
     from tvm import relax
 
     from irgen import execute
@@ -186,7 +186,7 @@ def run(
 
         progress.stage("form layers")
         mod = fold_batch_norm(mod, imported.provenance)
-        scheme, quant = None, {}
+        quant: dict[str, dict] = {}
         qg = QGraph(mod, frontend=imported.frontend)
         scheme = pick_quantizer(host, qg, quantizer)
         if scheme is not None:
@@ -201,15 +201,6 @@ def run(
         else:
             layers = form_layers(bindings, be.fusion_rules, imported.provenance, main_out)
         by_name = {b.name: b for b in bindings}
-
-        if be.supported_ops is not None:
-            from irgen.ir import short_op
-
-            bad = sorted({short_op(by_name[l.anchor]) for l in layers} - set(be.supported_ops))
-            if bad:
-                from irgen.api import UnsupportedOpsError
-
-                raise UnsupportedOpsError(f"backend {be.name!r}", bad)
 
         # names: layers after their anchor's source node, tensors after source tensors
         layer_namer, file_namer, param_namer = SafeNames(), SafeNames(), SafeNames()
@@ -236,6 +227,10 @@ def run(
             q = next((quant[m] for m in reversed(layer.members) if m in quant), None)
             rec = build_layer_record(layer, by_name, imported.provenance, tensor_name, layer_names[layer.index], q)
             records.append(rec)
+        if be.supported_ops is not None:  # every unsupported layer op at once, before compiling
+            bad = sorted({rec.record["op"] for rec in records} - set(be.supported_ops))
+            if bad:
+                raise UnsupportedOpsError(f"backend {be.name!r}", bad)
 
         progress.stage(f"compile (opt level {opt_level}: {execute.OPT_LEVELS[opt_level]})")
         assignment = {m: l.index for l in layers for m in l.members}
