@@ -121,7 +121,9 @@ def sha256_path(path: Path) -> str:
 
 
 def run_cli(args, host) -> int:
-    options = {"input_shapes": parse_input_shapes(getattr(args, "input_shape", []) or [])}
+    # frontends read their own options (e.g. model_class, calibration) from here
+    options = {k: v for k, v in vars(args).items() if k not in ("func", "command")}
+    options["input_shapes"] = parse_input_shapes(getattr(args, "input_shape", []) or [])
     run(
         host,
         model=Path(args.model),
