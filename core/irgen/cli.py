@@ -65,9 +65,21 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--serializer", default="json", help="IR serializer name (default: json)")
     run.add_argument("--quantizer", default=None, metavar="NAME",
                      help="quantization-fusion scheme (default: detected from the model)")
+    run.add_argument("--calibration", type=Path, default=None, metavar="DIR",
+                     help="keras frontend: quantize to full-integer int8, calibrating with DIR/*.npy (one sample each)")
     run.add_argument("--force", action="store_true", help="replace an existing OUT")
     run.add_argument("--seed", type=int, default=0, help="seed for generated inputs (default: 0)")
     run.add_argument("--no-progress", action="store_true", help="no progress output")
+    torch_opts = run.add_argument_group("torch .pth state dicts")
+    torch_opts.add_argument("--model-class", default=None, metavar="MODULE:CLASS",
+                            help="nn.Module class a .pth state dict belongs to, e.g. mypkg.nets:Net; "
+                                 "the module must be importable (installed, on PYTHONPATH or in the "
+                                 "current directory); needs --input-shape NAME=DIMS for the example input")
+    torch_opts.add_argument("--model-args", default=None, metavar="JSON",
+                            help="constructor keyword arguments for --model-class, a JSON object")
+    torch_opts.add_argument("--allow-pickle", action="store_true",
+                            help="allow a .pth holding a whole pickled module: unpickling RUNS ARBITRARY "
+                                 "CODE from the file; only for files you trust")
     run.set_defaults(func=cmd_run)
     return parser
 

@@ -1,0 +1,267 @@
+"""End to end on torch.export programs: every layer's golden data against torch itself.
+
+Models are built in the test (``tests/models.py``), exported with
+``torch.export`` and saved as ``.pt2``. For each model and opt level, irgen
+runs with a fixed input; every layer's output activation must match torch's
+value of the FX node named in ``layer["source"]["outputs"]`` (an FX
+Interpreter records every node's output), and the model output must match.
+Then ``.pth`` state dicts with ``--model-class`` and the error cases.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("irgen_torch")
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE))
+import models  # noqa: E402
+import torch_classes  # noqa: E402
+
+from irgen.cli import main as irgen_main  # noqa: E402
+
+RTOL, ATOL = 1e-4, 1e-5
+
+CASES = [
+    pytest.param(("small_cnn", 0), id="small_cnn-O0"),
+    pytest.param(("small_cnn", 3), id="small_cnn-O3"),
+    pytest.param(("mlp", 0), id="mlp-O0"),
+    pytest.param(("mlp", 3), id="mlp-O3"),
+    pytest.param(("resnet18", 0), id="resnet18-O0", marks=pytest.mark.slow),
+    pytest.param(("resnet18", 3), id="resnet18-O3", marks=pytest.mark.slow),
+]
+
+
+def build(name: str, seed: int = 0):
+    cls, shape = models.BUILDERS[name]
+    torch.manual_seed(seed)
+    model = cls()
+    models._randomize_bn(model)
+    model.eval()
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(seed + 1))
+    return model, x
+
+
+def record_nodes(ep, x: torch.Tensor) -> dict[str, np.ndarray]:
+    """Every FX node's output when the exported program runs on ``x``."""
+    gm = ep.graph_module
+    seen: dict[str, np.ndarray] = {}
+
+    class Recorder(torch.fx.Interpreter):
+        def run_node(self, n):
+            out = super().run_node(n)
+            if isinstance(out, torch.Tensor):
+                seen[n.name] = out.detach().numpy().copy()
+            return out
+
+    sig = ep.graph_signature
+    state = {**ep.state_dict, **dict(ep.named_buffers()), **ep.constants}
+    args = []
+    for spec in sig.input_specs:
+        args.append(x if spec.kind == torch.export.graph_signature.InputKind.USER_INPUT else state[spec.target])
+    with torch.no_grad():
+        Recorder(gm).run(*args)
+    return seen
+
+
+@pytest.fixture(scope="module", params=CASES)
+def run(request, tmp_path_factory):
+    name, opt = request.param
+    d = tmp_path_factory.mktemp(f"{name}_O{opt}")
+    model, x = build(name)
+    ep = torch.export.export(model, (x,))
+    path = d / f"{name}.pt2"
+    torch.export.save(ep, str(path))
+    np.save(d / "x.npy", x.numpy())
+    out = d / "out"
+    rc = irgen_main(["run", str(path), "-o", str(out), "--input", str(d / "x.npy"), "--opt-level", str(opt), "--no-progress"])
+    assert rc == 0, f"irgen run failed for {name} -O{opt}"
+    ir = json.loads((out / "ir.json").read_text())
+    loaded = torch.export.load(str(path))
+    ref = record_nodes(loaded, x)
+    with torch.no_grad():
+        y = model(x).numpy()
+    return {"name": name, "opt": opt, "out": out, "ir": ir, "ref": ref, "x": x.numpy(), "y": y, "ep": loaded}
+
+
+def _cmp(actual: np.ndarray, expected: np.ndarray, what: str) -> float:
+    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
+    err = float(np.max(np.abs(actual.astype(np.float64) - expected.astype(np.float64)))) if actual.size else 0.0
+    np.testing.assert_allclose(actual, expected, rtol=RTOL, atol=ATOL, err_msg=what)
+    return err
+
+
+def test_layers_match_torch(run):
+    out, ir, ref = run["out"], run["ir"], run["ref"]
+    assert ir["producer"]["frontend"] == "torch"
+    assert ir["producer"]["opt_level"] == run["opt"]
+    fx_names = {n.name for n in run["ep"].graph.nodes}
+    missing = [layer["name"] for layer in ir["layers"] if not layer["source"].get("outputs")]
+    assert not missing, f"layers without a source FX node: {missing}"
+    worst = 0.0
+    for layer in ir["layers"]:
+        srcs = layer["source"]["outputs"]
+        assert len(srcs) == len(layer["outputs"]), layer["name"]
+        assert all(op.startswith("aten.") for op in layer["source"]["op_types"]), layer["source"]
+        for rec, src in zip(layer["outputs"], srcs):
+            assert src in fx_names, src
+            got = np.load(out / rec["file"])
+            worst = max(worst, _cmp(got, ref[src], f"{run['name']} -O{run['opt']} layer {layer['name']} ({src})"))
+    print(f"\n{run['name']} -O{run['opt']}: {len(ir['layers'])} layers, max |irgen - torch| = {worst:.3g}")
+
+
+def test_model_output_matches_torch(run):
+    out, ir = run["out"], run["ir"]
+    assert [i["name"] for i in ir["inputs"]] == ["x"]
+    np.testing.assert_array_equal(np.load(out / ir["inputs"][0]["file"]), run["x"])
+    assert len(ir["outputs"]) == 1
+    err = _cmp(np.load(out / ir["outputs"][0]["file"]), run["y"], "model output")
+    print(f"\n{run['name']} -O{run['opt']}: max |output - torch| = {err:.3g}")
+
+
+# ---------------------------------------------------------------- .pth state dicts
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return env
+
+
+def _irgen(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "irgen", *args], cwd=cwd, env=_env(), capture_output=True, text=True, timeout=600)
+
+
+def _net(width: int = 4):
+    torch.manual_seed(3)
+    return torch_classes.Net(width=width).eval()
+
+
+def test_pth_state_dict_with_model_class(tmp_path):
+    net = _net(width=6)
+    torch.save(net.state_dict(), tmp_path / "net.pth")
+    x = torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(5))
+    np.save(tmp_path / "x.npy", x.numpy())
+    r = _irgen(["run", "net.pth", "-o", "out", "--model-class", "torch_classes:Net", "--model-args", '{"width": 6}',
+                "--input-shape", "x=1,3,8,8", "--input", "x.npy", "--no-progress"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    out = tmp_path / "out"
+    ir = json.loads((out / "ir.json").read_text())
+    ep = torch.export.export(net, (torch.zeros(1, 3, 8, 8),))
+    ref = record_nodes(ep, x)
+    for layer in ir["layers"]:
+        for rec, src in zip(layer["outputs"], layer["source"]["outputs"]):
+            _cmp(np.load(out / rec["file"]), ref[src], f"layer {layer['name']} ({src})")
+    with torch.no_grad():
+        _cmp(np.load(out / ir["outputs"][0]["file"]), net(x).numpy(), "model output")
+    assert {layer["op"] for layer in ir["layers"]} >= {"conv2d", "max_pool2d", "dense"}
+
+
+# ---------------------------------------------------------------- errors
+
+
+def _assert_error(r: subprocess.CompletedProcess, out: Path, *needles: str) -> str:
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    lines = [line for line in r.stderr.splitlines() if line.startswith("irgen: error:")]
+    assert len(lines) == 1, r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
+    for n in needles:
+        assert n in lines[0], lines[0]
+    assert not out.exists()
+    assert not list(out.parent.glob(f".{out.name}.irgen-partial-*"))
+    return lines[0]
+
+
+def test_pickled_module_refused(tmp_path):
+    torch.save(_net(), tmp_path / "whole.pth")
+    r = _irgen(["run", "whole.pth", "-o", "out", "--input-shape", "x=1,3,8,8", "--no-progress"], tmp_path)
+    _assert_error(r, tmp_path / "out", "whole.pth", "--allow-pickle")
+
+
+class _Payload:
+    def __init__(self, target: str) -> None:
+        self.target = target
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.target}",))
+
+
+def test_malicious_pickle_does_not_run(tmp_path):
+    marker = tmp_path / "PWNED"
+    with open(tmp_path / "evil.pth", "wb") as f:
+        torch.save({"w": _Payload(str(marker))}, f)
+    assert not marker.exists()
+    r = _irgen(["run", "evil.pth", "-o", "out", "--model-class", "torch_classes:Net",
+                "--input-shape", "x=1,3,8,8", "--no-progress"], tmp_path)
+    _assert_error(r, tmp_path / "out", "--allow-pickle")
+    assert not marker.exists(), "unpickling ran the payload"
+    # a raw pickle file (not a torch zip archive) too
+    with open(tmp_path / "raw.pth", "wb") as f:
+        pickle.dump(_Payload(str(marker)), f)
+    r = _irgen(["run", "raw.pth", "-o", "out", "--model-class", "torch_classes:Net",
+                "--input-shape", "x=1,3,8,8", "--no-progress"], tmp_path)
+    _assert_error(r, tmp_path / "out")
+    assert not marker.exists(), "unpickling ran the payload"
+
+
+def test_pickled_module_allowed_with_flag(tmp_path):
+    torch.save(_net(), tmp_path / "whole.pth")
+    r = _irgen(["run", "whole.pth", "-o", "out", "--allow-pickle", "--input-shape", "x=1,3,8,8", "--no-progress"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "out" / "ir.json").is_file()
+
+
+@pytest.mark.parametrize(
+    "extra,needles",
+    [
+        ([], ["--model-class"]),
+        (["--model-class", "torch_classes"], ["package.module:Class"]),
+        (["--model-class", "no_such_module_xyz:Net"], ["no_such_module_xyz", "importable"]),
+        (["--model-class", "torch_classes:Nope"], ["Nope"]),
+        (["--model-class", "torch_classes:NotAModule"], ["nn.Module"]),
+        (["--model-class", "torch_classes:Net", "--model-args", "{bad"], ["--model-args"]),
+        (["--model-class", "torch_classes:Net", "--model-args", '{"depth": 3}'], ["depth"]),
+    ],
+    ids=["missing", "no-colon", "no-module", "no-class", "not-a-module", "bad-json", "bad-kwarg"],
+)
+def test_model_class_errors(tmp_path, extra, needles):
+    torch.save(_net().state_dict(), tmp_path / "net.pth")
+    r = _irgen(["run", "net.pth", "-o", "out", "--input-shape", "x=1,3,8,8", "--no-progress", *extra], tmp_path)
+    _assert_error(r, tmp_path / "out", *needles)
+
+
+def test_state_dict_mismatch(tmp_path):
+    sd = _net().state_dict()
+    sd["extra.weight"] = torch.zeros(2)
+    del sd["fc.bias"]
+    torch.save(sd, tmp_path / "net.pth")
+    r = _irgen(["run", "net.pth", "-o", "out", "--model-class", "torch_classes:Net",
+                "--input-shape", "x=1,3,8,8", "--no-progress"], tmp_path)
+    line = _assert_error(r, tmp_path / "out", "missing", "fc.bias", "unexpected", "extra.weight")
+    # a shape mismatch (width 6 weights into a width 4 net)
+    torch.save(_net(width=6).state_dict(), tmp_path / "wide.pth")
+    r = _irgen(["run", "wide.pth", "-o", "out", "--model-class", "torch_classes:Net",
+                "--input-shape", "x=1,3,8,8", "--no-progress"], tmp_path)
+    _assert_error(r, tmp_path / "out", "size mismatch")
+    assert line
+
+
+def test_unsupported_ops_listed_at_once(tmp_path):
+    class Odd(torch.nn.Module):
+        def forward(self, x):
+            return torch.special.bessel_j0(x) + torch.special.erfcx(x)
+
+    ep = torch.export.export(Odd(), (torch.randn(2, 3),))
+    torch.export.save(ep, str(tmp_path / "odd.pt2"))
+    r = _irgen(["run", "odd.pt2", "-o", "out", "--no-progress"], tmp_path)
+    _assert_error(r, tmp_path / "out", "unsupported ops", "aten.special_bessel_j0.default", "aten.special_erfcx.default")
