@@ -1,5 +1,8 @@
 """irgen frontends for TensorFlow models: ``.tflite`` through TVM's Relax TFLite importer.
 
+Two frontends: ``tflite`` (this module) and ``keras`` (:mod:`irgen_tensorflow.keras_frontend`:
+Keras files and SavedModel folders converted to TFLite in-process, then imported here).
+
 TVM's importer keeps no source names, so this frontend subclasses its
 ``OperatorConverter`` and, as it walks the TFLite operators, binds each
 operator's result to a Relax variable named after the TFLite output tensor;
@@ -32,14 +35,19 @@ _WEIGHT_QUANT = {"int8", "uint8", "int4"}
 
 
 def _load_model(path: Path):
-    import tflite
-
     try:
         buf = path.read_bytes()
     except OSError as err:
         raise IrgenError(f"{path}: cannot read ({err.strerror or err})") from None
+    return _parse_model(buf, str(path))
+
+
+def _parse_model(buf: bytes, label: str):
+    """The ``tflite.Model`` in ``buf``; ``label`` names it in errors (a path)."""
+    import tflite
+
     if len(buf) < 8 or buf[4:8] != _IDENTIFIER:
-        raise IrgenError(f"{path}: not a TFLite model (no 'TFL3' flatbuffer identifier at bytes 4..8)")
+        raise IrgenError(f"{label}: not a TFLite model (no 'TFL3' flatbuffer identifier at bytes 4..8)")
     try:
         model = tflite.Model.GetRootAsModel(buf, 0)
         n = model.SubgraphsLength()
@@ -51,7 +59,7 @@ def _load_model(path: Path):
         for i in range(sg.TensorsLength()):  # touch every tensor: a truncated file fails here
             sg.Tensors(i).ShapeAsNumpy()
     except Exception as err:  # flatbuffers raises plain struct/index errors on garbage
-        raise IrgenError(f"{path}: not a readable TFLite model ({type(err).__name__}: {err})") from None
+        raise IrgenError(f"{label}: not a readable TFLite model ({type(err).__name__}: {err})") from None
     return model
 
 
@@ -76,12 +84,12 @@ def _op_names(converter, subgraph) -> list[tuple[str, str]]:
     return out
 
 
-def _check_ops(converter, subgraph, path: Path) -> None:
+def _check_ops(converter, subgraph, where: str) -> None:
     """All unsupported ops at once, then dynamic-range (hybrid) quantization."""
     names = _op_names(converter, subgraph)
     missing = sorted({code for _, code in names if code not in converter.convert_map})
     if missing:
-        raise UnsupportedOpsError(f"tflite frontend ({path.name})", missing)
+        raise UnsupportedOpsError(where, missing)
     for i, (op_name, code) in enumerate(names):
         op = subgraph.Operators(i)
         ins = [int(t) for t in op.InputsAsNumpy() if t >= 0] if op.InputsLength() else []
@@ -89,7 +97,7 @@ def _check_ops(converter, subgraph, path: Path) -> None:
         int_weights = [t for t in ins if _TYPES.get(subgraph.Tensors(t).Type()) in _WEIGHT_QUANT and _is_const(converter, subgraph, t)]
         if float_acts and int_weights:
             raise IrgenError(
-                f"tflite frontend ({path.name}): op {op_name}: dynamic-range quantized (float activations, int8 weights) "
+                f"{where}: op {op_name}: dynamic-range quantized (float activations, int8 weights) "
                 f"at tensor {_tensor_name(subgraph, int_weights[0])!r} is not supported; convert with full-integer quantization"
             )
 
@@ -121,16 +129,27 @@ def _input_specs(model, shapes: dict[str, tuple[int, ...]]) -> list[InputSpec]:
 
 
 def load_tflite(path: Path, options: dict[str, Any]) -> ImportedModel:
+    if options.get("calibration") is not None:
+        raise IrgenError(f"{path}: --calibration is for Keras files and SavedModel folders; a .tflite model is already converted")
+    return import_tflite(_load_model(path), f"tflite frontend ({path.name})", options, "tflite")
+
+
+def import_tflite(model, where: str, options: dict[str, Any], frontend: str) -> ImportedModel:
+    """Import a parsed ``tflite.Model`` (see :func:`_parse_model`) into Relax.
+
+    ``where`` prefixes errors (e.g. ``"tflite frontend (m.tflite)"``); ``frontend``
+    is the name recorded in the IR. The ``keras`` frontend converts to TFLite and
+    comes through here too.
+    """
     import tvm
     from tvm import relax
     from tvm.relax.frontend.tflite import tflite_frontend as tf_fe
 
     from irgen.names import SafeNames, identifier
 
-    model = _load_model(path)
     subgraph = model.Subgraphs(0)
     checker = tf_fe.OperatorConverter(model, subgraph, tf_fe.ExprTable(), relax.BlockBuilder())
-    _check_ops(checker, subgraph, path)
+    _check_ops(checker, subgraph, where)
     specs = _input_specs(model, options.get("input_shapes") or {})
 
     provenance = Provenance()
@@ -193,19 +212,19 @@ def load_tflite(path: Path, options: dict[str, Any]) -> ImportedModel:
     except IrgenError:
         raise
     except tvm.error.OpNotImplemented as err:
-        where = f" (op {current[0][0]})" if current[0] else ""
-        raise IrgenError(f"tflite frontend ({path.name}){where}: {' '.join(str(err).split())}") from None
+        at = f" (op {current[0][0]})" if current[0] else ""
+        raise IrgenError(f"{where}{at}: {' '.join(str(err).split())}") from None
     except Exception as err:  # noqa: BLE001  the importer's errors: name the op
-        where = f"op {current[0][0]} ({current[0][1]})" if current[0] else "the graph"
+        at = f"op {current[0][0]} ({current[0][1]})" if current[0] else "the graph"
         msg = " ".join(str(err).split()) or type(err).__name__
-        raise IrgenError(f"tflite frontend ({path.name}): cannot import {where}: {type(err).__name__}: {msg[:300]}") from None
+        raise IrgenError(f"{where}: cannot import {at}: {type(err).__name__}: {msg[:300]}") from None
 
     mod = _finish_main(mod, param_names)
     return ImportedModel(
         mod=mod,
         inputs=specs,
         provenance=provenance,
-        frontend="tflite",
+        frontend=frontend,
         output_names=[_tensor_name(subgraph, subgraph.Outputs(k)) for k in range(subgraph.OutputsLength())],
     )
 
@@ -244,5 +263,17 @@ def irgen_register_frontends(register):
             load=load_tflite,
             claims=_claims,
             description="TensorFlow Lite flatbuffers through TVM's Relax TFLite importer",
+        )
+    )
+    from irgen_tensorflow import keras_frontend  # light: TensorFlow is imported only by load
+
+    register(
+        Frontend(
+            name="keras",
+            suffixes=(*keras_frontend.KERAS_SUFFIXES, "SavedModel folder"),
+            load=keras_frontend.load_keras,
+            claims=keras_frontend.claims,
+            description="Keras .keras/.h5 files and SavedModel folders, converted with TFLiteConverter "
+            "(int8 with --calibration DIR), then imported as tflite",
         )
     )

@@ -344,8 +344,12 @@ def _is_quantized(qg) -> bool:
     return any(b.op in ("relax.quantize", "relax.dequantize") for b in qg.bindings)
 
 
+#: frontends whose graphs come from a TFLite flatbuffer (``keras`` converts to TFLite first)
+TFLITE_FRONTENDS = ("tflite", "keras")
+
+
 def detect(qg) -> bool:
-    return getattr(qg, "frontend", None) == "tflite" and _is_quantized(qg)
+    return getattr(qg, "frontend", None) in TFLITE_FRONTENDS and _is_quantized(qg)
 
 
 def realize(qg) -> None:
