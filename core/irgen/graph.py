@@ -431,15 +431,6 @@ def cut_layers(bindings: list[Binding], provenance: Provenance, main_output: rel
     return layers
 
 
-def resolve(name: str, bindings_by_name: dict[str, Binding]) -> str:
-    """Follow alias bindings to the binding that computes a value."""
-    seen = set()
-    while name in bindings_by_name and bindings_by_name[name].kind == "alias" and name not in seen:
-        seen.add(name)
-        name = bindings_by_name[name].value.name
-    return name
-
-
 # --------------------------------------------------------------------------
 # The executed module: each layer one function, fused into one kernel
 

@@ -18,7 +18,6 @@ from typing import Any
 
 import numpy as np
 
-INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
 # ------------------------------------------------------------------ numpy
 

@@ -44,10 +44,6 @@ def _ops():
     return relax, op, q, Constant
 
 
-def _tensor_name(qg, name: str) -> str:
-    return name
-
-
 def _qparams(qg, call, what: str, tensor: str):
     """Scale and zero point of a quantize/dequantize call, checked."""
     relax, _, q, Constant = _ops()
