@@ -445,13 +445,10 @@ def group_module(mod: tvm.IRModule, assignment: dict[str, int], layer_names: dic
     """
     func, bindings = main_bindings(mod)
     groups: dict[int, list[Binding]] = {}
-    order: list[int] = []
     pending: list[Binding] = []
-    stay: dict[str, Binding] = {}
     seq: list[tuple[str, Any]] = []  # ("layer", k) or ("bind", binding) in main order
     for b in bindings:
         if b.kind in ("tgi", "alias", "const"):
-            stay[b.name] = b
             seq.append(("bind", b))
             continue
         k = assignment.get(b.name)
@@ -460,7 +457,6 @@ def group_module(mod: tvm.IRModule, assignment: dict[str, int], layer_names: dic
             continue
         if k not in groups:
             groups[k] = []
-            order.append(k)
             seq.append(("layer", k))
         groups[k].extend(pending)
         pending = []
