@@ -53,11 +53,18 @@ class SafeNames:
     def __call__(self, name: str) -> str:
         if name in self._given:
             return self._given[name]
+        return self._new(name)
+
+    def fresh(self, name: str) -> str:
+        """A name never handed out before, even when ``name`` was seen already."""
+        return self._new(name) if name in self._given else self(name)
+
+    def _new(self, name: str) -> str:
         base = self._transform(name)
         candidate, k = base, 1
         while candidate.lower() in self._taken:
             candidate = f"{base}_{k}"
             k += 1
         self._taken.add(candidate.lower())
-        self._given[name] = candidate
+        self._given.setdefault(name, candidate)
         return candidate

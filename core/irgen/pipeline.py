@@ -207,10 +207,11 @@ def run(
         # names: layers after their anchor's source node, tensors after source tensors
         layer_namer, file_namer, param_namer = SafeNames(), SafeNames(), SafeNames()
         prov = imported.provenance.by_var
-        layer_names = {}
+        layer_names: dict[int, str] = {}
         for layer in layers:
             src = next((prov[m] for m in layer.members if m in prov), None)
-            layer_names[layer.index] = layer_namer(src[0] if src else layer.anchor)
+            # two layers from one source node (a fake-quant split in two) get distinct names
+            layer_names[layer.index] = layer_namer.fresh(src[0] if src else layer.anchor)
         tensor_name: dict[str, str] = {}
         for p, spec in zip(func.params, imported.inputs):
             tensor_name[p.name] = spec.name

@@ -231,6 +231,8 @@ def _recompute_qdq(layer: dict[str, Any], inputs: list[np.ndarray], params: dict
     out = qr["output"]
     zp_in = [int(np.asarray(i["zero_point"]).reshape(-1)[0]) for i in qr["inputs"]]
     rq = qr.get("requant") or {}
+    if qr.get("reference") == "torch":  # torch reference-quantized graphs (the torch frontend)
+        return _recompute_torch(layer, inputs, params)
     if kind in ("conv2d", "depthwise_conv2d", "dense"):
         acc = accumulate(layer, inputs, params)
         axis = rq["axis"]
@@ -278,6 +280,44 @@ def _recompute_qdq(layer: dict[str, Any], inputs: list[np.ndarray], params: dict
         i = qr["inputs"][0]
         return (inputs[0].astype(np.int32) - int(i["zero_point"])).astype(np.float32) * np.float32(i["scale"])
     raise NotImplementedError(f"qdq quant kind {kind!r}")
+
+
+def torch_quantize(x, scale, zero_point: int, lo: int, hi: int, dtype: str) -> np.ndarray:
+    """torch's quantized_decomposed.quantize_per_tensor: ``round_half_even(x * float32(1/scale)) + zp``, clamped."""
+    inv = np.float32(1.0 / float(np.float32(scale)))
+    f = np.asarray(x, np.float32) * inv
+    return np.clip(np.rint(f).astype(np.int64) + zero_point, lo, hi).astype(dtype)
+
+
+def _recompute_torch(layer: dict[str, Any], inputs: list[np.ndarray], params: dict[str, np.ndarray]) -> np.ndarray:
+    """``qdq`` layers of torch reference graphs: the float op on dequantized values, then torch's quantize."""
+    qr = layer["quant"]
+    kind, out, rq = qr["kind"], qr["output"], qr.get("requant") or {}
+    info = np.iinfo(out["dtype"])
+    lo, hi = qr.get("clamp") or (int(info.min), int(info.max))
+    if kind in ("conv2d", "depthwise_conv2d", "dense"):
+        acc = accumulate(layer, inputs, params)
+        axis = rq["axis"]
+        f = acc.astype(np.float32) * per_axis(np.asarray(rq["scale"], np.float32), axis, acc.ndim)
+        if rq.get("float_bias") is not None:
+            f = f + per_axis(np.asarray(rq["float_bias"], np.float32), axis, acc.ndim)
+        return torch_quantize(f, out["scale"], int(out["zero_point"]), lo, hi, out["dtype"])
+    if kind == "global_avg_pool_float":
+        i = qr["inputs"][0]
+        deq = (inputs[0].astype(np.int32) - int(i["zero_point"])).astype(np.float32) * np.float32(i["scale"])
+        m = np.mean(deq, axis=tuple(qr["axes"]), keepdims=True, dtype=np.float32)
+        return torch_quantize(m, out["scale"], int(out["zero_point"]), lo, hi, out["dtype"])
+    if kind == "quantize":
+        return torch_quantize(inputs[0], out["scale"], int(out["zero_point"]), lo, hi, out["dtype"])
+    if kind == "lut":  # a table, then (for reshape/flatten...) the data movement
+        lo_in = np.iinfo(qr["inputs"][0]["dtype"]).min
+        t = np.asarray(qr["table"], out["dtype"])[inputs[0].astype(np.int64) - lo_in]
+        if qr.get("op") in ("reshape", "flatten", "squeeze", "expand_dims"):
+            t = t.reshape(layer["outputs"][-1]["shape"])
+        elif qr.get("op") not in ("nn.relu", "sigmoid", "tanh", "clip"):
+            raise NotImplementedError(f"torch-reference table before {qr.get('op')!r}")
+        return t
+    raise NotImplementedError(f"torch-reference quant kind {kind!r}")
 
 
 # ------------------------------------------------------------------ Relax

@@ -46,6 +46,10 @@ def _load_pt2(path: Path):
     import torch
 
     try:
+        import torch.ao.quantization.fx._decomposed  # noqa: F401  registers quantized_decomposed ops
+    except Exception:  # noqa: BLE001
+        pass
+    try:
         return torch.export.load(str(path))
     except Exception as err:  # noqa: BLE001  torch raises many kinds on a bad archive
         msg = " ".join(str(err).split())[:300]
@@ -239,6 +243,7 @@ def _rename(mod, names: dict[str, str]):
 
 
 def translate(ep, where: str) -> ImportedModel:
+    import tvm
     from tvm import relax
     from tvm.relax.frontend.torch.exported_program_translator import ExportedProgramImporter
 
@@ -251,6 +256,12 @@ def translate(ep, where: str) -> ImportedModel:
     provenance = Provenance()
     renames: dict[str, str] = {}  # importer's var name -> irgen name
     current: list[Any] = [None]
+    # placeholder name -> the buffer/parameter/constant tensor it is bound to (quantization parameters, weights)
+    bound: dict[str, Any] = {}
+    _state = {**dict(ep.named_buffers()), **dict(ep.constants), **dict(ep.named_parameters())}
+    for spec in ep.graph_signature.input_specs:
+        if spec.target in _state:
+            bound[spec.arg.name] = _state[spec.target]
 
     class NamingImporter(ExportedProgramImporter):
         """Names the binding of each FX node's result after the node."""
@@ -260,7 +271,127 @@ def translate(ep, where: str) -> ImportedModel:
             # TVM 0.27 reads aten.batch_norm's (training, momentum) as (momentum, eps)
             # and always sets training=True: convert it here with the real signature.
             cmap["batch_norm.default"] = self._aten_batch_norm
+            # torch quantization: quantized_decomposed Q/DQ ops (FX reference flow) and fake quant (QAT)
+            for k in ("quantize_per_tensor.default", "quantize_per_tensor.tensor", "quantize_per_channel.default"):
+                cmap[k] = self._q_quantize
+            for k in ("dequantize_per_tensor.default", "dequantize_per_tensor.tensor", "dequantize_per_channel.default"):
+                cmap[k] = self._q_dequantize
+            for k in ("fused_moving_avg_obs_fake_quant.default", "fake_quantize_per_tensor_affine.default",
+                      "fake_quantize_per_channel_affine.default"):
+                cmap[k] = self._q_fake
             return {k: self._wrap(v) for k, v in cmap.items()}
+
+        # ---- quantization ops: relax.quantize / relax.dequantize
+        def _q_arr(self, node, a):
+            import numpy as np
+
+            if isinstance(a, (int, float)):
+                return np.asarray(a)
+            if hasattr(a, "op") and a.name in bound:
+                return bound[a.name].detach().cpu().numpy()
+            e = self.env.get(a) if hasattr(a, "op") else None
+            if isinstance(e, tvm.ir.Constant):
+                return e.value.numpy()
+            raise IrgenError(f"{where}: node {node.name!r} ({node.target}) has quantization parameters that are not constants")
+
+        def _q_dtype(self, node, qmin, qmax, dtype=None):
+            import numpy as np
+
+            name = str(dtype).replace("torch.", "") if dtype is not None else None
+            if name is None:
+                name = "uint8" if int(qmin) >= 0 else "int8"
+            if name not in ("int8", "uint8"):
+                raise IrgenError(f"{where}: node {node.name!r} ({node.target}) quantizes to {name}; int8/uint8 only")
+            info = np.iinfo(name)
+            return name, (int(qmin), int(qmax)) == (int(info.min), int(info.max))
+
+        def _q_params(self, node, scale, zp, dtype, per_channel):
+            import numpy as np
+
+            s = np.asarray(self._q_arr(node, scale), np.float32).reshape(-1)
+            z = np.asarray(self._q_arr(node, zp)).astype(np.int64).reshape(-1)
+            s_c = relax.const(s if per_channel and s.size > 1 else s.reshape(()), "float32")
+            z_c = relax.const((z if per_channel and z.size > 1 else z.reshape(())).astype(dtype), dtype)
+            return s_c, z_c
+
+        def _q_const(self, node, x, values):
+            """quantize of a constant (weights): torch computes the integers at import time."""
+            import torch
+
+            args = [bound[a.name] if hasattr(a, "op") else a for a in node.args]
+            with torch.no_grad():
+                out = node.target(*args, **node.kwargs)
+            return relax.const(out.numpy() if values is None else values(out))
+
+        def _q_quantize(self, node):
+            # quantized_decomposed.quantize_per_tensor(x, scale, zp, qmin, qmax, dtype)
+            # quantized_decomposed.quantize_per_channel(x, scales, zps, axis, qmin, qmax, dtype)
+            pc = "per_channel" in str(node.target)
+            a = node.args
+            x = self.env[a[0]]
+            qmin, qmax, dt = (a[4], a[5], a[6]) if pc else (a[3], a[4], a[5])
+            dtype, full = self._q_dtype(node, qmin, qmax, dt)
+            if getattr(a[0], "name", None) in bound:
+                return self._q_const(node, x, None)
+            if not full:
+                raise IrgenError(f"{where}: node {node.name!r} quantizes to [{qmin}, {qmax}], not the full {dtype} range; "
+                                 f"not supported (use observers without reduce_range)")
+            s, z = self._q_params(node, a[1], a[2], dtype, pc)
+            return self.block_builder.emit(relax.op.quantize(x, s, z, axis=int(a[3]) if pc else -1, out_dtype=dtype))
+
+        def _q_dequantize(self, node):
+            pc = "per_channel" in str(node.target)
+            a = node.args
+            x = self.env[a[0]]
+            dtype = str(x.ty.dtype)
+            s, z = self._q_params(node, a[1], a[2], dtype, pc)
+            return self.block_builder.emit(relax.op.dequantize(x, s, z, axis=int(a[3]) if pc else -1, out_dtype="float32"))
+
+        def _q_fake(self, node):
+            """fake quant (QAT) -> quantize + dequantize; weights are quantized at import time by torch."""
+            import numpy as np
+
+            import torch
+
+            a = node.args
+            t = str(node.target)
+            if "fused_moving_avg_obs_fake_quant" in t:
+                # (x, observer_on, fake_quant_on, running_min, running_max, scale, zp, avg, qmin, qmax, ch_axis, per_row, sym)
+                if int(self._q_arr(node, a[1]).reshape(-1)[0]) != 0:
+                    raise IrgenError(f"{where}: node {node.name!r} (fake quant) still has its observer enabled, so torch "
+                                     f"updates its scale while running; call model.apply(torch.ao.quantization.disable_observer) before export")
+                if int(self._q_arr(node, a[2]).reshape(-1)[0]) == 0:
+                    return self.env[a[0]]
+                scale, zp, qmin, qmax = a[5], a[6], a[8], a[9]
+                per_row = bool(a[11]) if len(a) > 11 else False
+                axis = int(a[10]) if per_row else -1
+            elif "per_channel" in t:  # (x, scale, zp, axis, qmin, qmax)
+                scale, zp, axis, qmin, qmax = a[1], a[2], int(a[3]), a[4], a[5]
+            else:  # (x, scale, zp, qmin, qmax)
+                scale, zp, axis, qmin, qmax = a[1], a[2], -1, a[3], a[4]
+            x = self.env[a[0]]
+            dtype, full = self._q_dtype(node, qmin, qmax)
+            s_np = np.asarray(self._q_arr(node, scale), np.float32).reshape(-1)
+            z_np = np.asarray(self._q_arr(node, zp)).astype(np.int64).reshape(-1)
+            if getattr(a[0], "name", None) in bound:
+                w = bound[a[0].name].detach()
+                ax = axis if axis >= 0 else 0
+                shp = [-1 if i == ax else 1 for i in range(w.ndim)]
+                inv = (1.0 / torch.from_numpy(s_np)).reshape(shp) if s_np.size > 1 else 1.0 / float(s_np[0])
+                zz = torch.from_numpy(z_np).reshape(shp) if z_np.size > 1 else int(z_np[0])
+                q = torch.clamp(torch.round(w * inv) + zz, int(qmin), int(qmax)).to(getattr(torch, dtype))
+                xq = relax.const(q.numpy())
+            else:
+                if not full:
+                    raise IrgenError(f"{where}: node {node.name!r} fake-quantizes to [{qmin}, {qmax}], not the full "
+                                     f"{dtype} range; not supported")
+                s, z = self._q_params(node, scale, zp, dtype, True)
+                # the integer tensor: source node = the fake-quant node (whose float value is dequantize(it)), tensor <node>_q
+                qname = namer(f"{node.name}_q")
+                provenance.by_var[qname] = (node.name, str(node.target), f"{node.name}_q")
+                xq = self.block_builder.emit(relax.op.quantize(x, s, z, axis=axis, out_dtype=dtype), name_hint=qname)
+            s, z = self._q_params(node, scale, zp, dtype, True)
+            return self.block_builder.emit(relax.op.dequantize(xq, s, z, axis=axis if s_np.size > 1 else -1, out_dtype="float32"))
 
         def _wrap(self, fn):
             def convert(node, *rest):

@@ -120,13 +120,56 @@ def _lut(qg, x, table: np.ndarray, in_dtype: str):
     return op.astype(qg.emit(op.take(relax.const(table.astype(np.int32)), idx, axis=0)), str(table.dtype))
 
 
-def _table(qin, qout, fn=lambda v: v) -> np.ndarray:
+def _is_torch(qg) -> bool:
+    return getattr(qg, "frontend", None) == "torch"
+
+
+def torch_quantize(x, scale, zero_point: int, dtype: str) -> np.ndarray:
+    """torch's quantized_decomposed.quantize_per_tensor: ``round_half_even(x * float32(1/scale)) + zp``, clamped."""
+    info = np.iinfo(dtype)
+    inv = np.float32(1.0 / float(np.float32(scale)))
+    f = np.asarray(x, np.float32) * inv
+    return np.clip(np.rint(f).astype(np.int64) + zero_point, info.min, info.max).astype(dtype)
+
+
+def _rx_torch_quantize(qg, f, out, lo=None, hi=None):
+    """Relax: float32 ``f`` quantized the way torch's reference ops do (multiply by the inverse scale)."""
+    _, op, q, _ = _ops()
+    info = np.iinfo(out.dtype)
+    lo = int(info.min) if lo is None else lo
+    hi = int(info.max) if hi is None else hi
+    inv = np.float32(1.0 / float(np.float32(out.scale[0])))
+    # float32 * float32 rounded once: an exact float64 product then a cast
+    g = qg.emit(op.multiply(qg.emit(op.astype(f, "float64")), q.rx_const(np.float64(inv), "float64")))
+    g = qg.emit(op.astype(g, "float32"))
+    return q.rx_round_to_int(qg.emit, g, int(out.zero_point[0]), lo, hi, out.dtype)
+
+
+def _float_bias(qg, expr):
+    """A float bias constant reached through reshape bindings (torch reference graphs keep float biases)."""
+    _, _, _, Constant = _ops()
+    e, chain = expr, []
+    while not isinstance(e, Constant):
+        b = qg.producer(e)
+        if b is None or b.op != "relax.reshape":
+            return None
+        chain.append(b)
+        e = b.value.args[0]
+    arr = e.value.numpy()
+    if arr.dtype != np.float32:
+        return None
+    return arr.reshape(-1), chain
+
+
+def _table(qin, qout, fn=lambda v: v, torch_rule: bool = False) -> np.ndarray:
     """QlinearBuildLookupTable: quantize(fn(dequantize(i))) for every input value."""
     from irgen.quant import quantize_linear
 
     info = np.iinfo(qin.dtype)
     i = np.arange(info.min, info.max + 1, dtype=np.int32)
     v = (i - np.int32(qin.zero_point[0])).astype(np.float32) * np.float32(qin.scale[0])
+    if torch_rule:
+        return torch_quantize(fn(v).astype(np.float32), np.float32(qout.scale[0]), int(qout.zero_point[0]), qout.dtype)
     return quantize_linear(fn(v).astype(np.float32), np.float32(qout.scale[0]), int(qout.zero_point[0]), qout.dtype)
 
 
@@ -160,6 +203,14 @@ def _realize_conv(qg, qb, comp, bias_b, acts, out, requant=None):
                              f"for {n_out} output channels")
     drop = [dqx] + _drop(qg, wchain) + [comp.name]
     bias_rec = None
+    fbias = None
+    if bias_b is not None and _is_torch(qg):
+        other = bias_b.value.args[1] if bias_b.value.args[0].same_as(comp.var) else bias_b.value.args[0]
+        fb = _float_bias(qg, other)
+        if fb is not None:
+            fbias, fchain = fb
+            drop += _drop(qg, fchain) + [bias_b.name]
+            bias_b = None
     if bias_b is not None:
         other = bias_b.value.args[1] if bias_b.value.args[0].same_as(comp.var) else bias_b.value.args[0]
         bias, bq, bchain = _const_chain(qg, other, tensor, "bias")
@@ -174,7 +225,25 @@ def _realize_conv(qg, qb, comp, bias_b, acts, out, requant=None):
     # ORT: output_scale[c] = (x_scale * w_scale[c]) / y_scale, in float32
     scale = (np.float32(qx.scale[0]) * w_scale) / np.float32(out.scale[0])
     lo, hi = _clamp_of(acts, out.dtype, out)
-    if requant is None:
+    if _is_torch(qg) and requant is None:
+        # torch reference: float op on dequantized values (+ float bias), then quantize_per_tensor
+        ws = (np.float32(qx.scale[0]) * w_scale).astype(np.float32)
+        e = qg.emit
+        f = e(op.multiply(e(op.astype(e(op.astype(acc, "float32")), "float64")),
+                          q.rx_const(q.per_axis(ws.astype(np.float64), ch_axis, ndim), "float64")))
+        f = e(op.astype(f, "float32"))
+        if fbias is not None:
+            f = e(op.astype(e(op.add(e(op.astype(f, "float64")),
+                                     q.rx_const(q.per_axis(fbias.astype(np.float64), ch_axis, ndim), "float64"))), "float32"))
+        expr = _rx_torch_quantize(qg, f, out, lo, hi)
+        inv = float(np.float32(1.0 / float(np.float32(out.scale[0]))))
+        rq = {"scale": [float(v) for v in ws], "axis": ch_axis % ndim, "inverse_output_scale": inv,
+              "float_bias": None if fbias is None else [float(v) for v in fbias], "rounding": "half_to_even",
+              "rounding_rule": "y = clamp(round_half_even(float32(float32(float32(acc) * scale[c]) + float_bias[c]) "
+                               "* inverse_output_scale) + zp_y, clamp); scale[c] = float32(s_x * s_w[c]) "
+                               "(torch reference: float op on dequantized values, then quantize_per_tensor)"}
+        bias_rec = None if fbias is None else {"dtype": "float32"}
+    elif requant is None:
         expr = q.rx_requantize_float(qg.emit, acc, scale, int(out.zero_point[0]), lo, hi, out.dtype, ch_axis, ndim)
         rq = {"scale": [float(s) for s in scale], "axis": ch_axis % ndim, "rounding": "half_to_even",
               "rounding_rule": "y = clamp(round_half_even(float32(acc) * scale[c]) + zp_y, clamp); "
@@ -183,6 +252,7 @@ def _realize_conv(qg, qb, comp, bias_b, acts, out, requant=None):
         expr, rq = requant(qg, acc, scale, out, lo, hi, ch_axis % ndim, ndim, tensor)
     rec = {
         "scheme": SCHEME, "kind": kind, "inputs": [qx.record()], "weight": qw.record(), "bias": bias_rec,
+        **({"reference": "torch"} if _is_torch(qg) and requant is None else {}),
         "output": out.record(), "requant": rq, "clamp": [lo, hi],
     }
     return drop + [b.name for b in acts] + [qb.name], expr, rec
@@ -216,6 +286,18 @@ def _realize_global_avg(qg, qb, comp, out):
     _, op, q, _ = _ops()
     tensor = qb.name
     x, qx, dqx = _need(qg, comp.value.args[0], "the input", tensor)
+    if _is_torch(qg):  # torch reference: float mean of the dequantized input, then quantize_per_tensor
+        e = qg.emit
+        deq = e(op.multiply(e(op.astype(_offset(qg, x, int(qx.zero_point[0])), "float32")), q.rx_const(qx.scale[0], "float32")))
+        if comp.op == "relax.mean":
+            m = e(op.mean(deq, axis=[int(a) for a in comp.value.attrs.axis], keepdims=bool(comp.value.attrs.keepdims)))
+        else:
+            m = e(op.nn.adaptive_avg_pool2d(deq, output_size=[int(v) for v in comp.value.attrs.output_size], layout="NCHW"))
+        rec = {"scheme": SCHEME, "kind": "global_avg_pool_float", "reference": "torch", "axes": [2, 3],
+               "op": comp.op.removeprefix("relax."), "inputs": [qx.record()],
+               "output": out.record(), "requant": {"rounding": "half_to_even", "rounding_rule":
+               "y = quantize_per_tensor(op(float32(x - zp_x) * s_x)): round_half_even(v * float32(1/s_y)) + zp_y"}}
+        return [dqx, comp.name, qb.name], _rx_torch_quantize(qg, m, out), rec
     shape = [int(d) for d in x.ty.shape.values]
     if comp.op == "relax.mean":
         axes = [int(a) % len(shape) for a in comp.value.attrs.axis]
@@ -271,7 +353,7 @@ def _realize_unary(qg, qb, comp, out):
         fn = lambda v: np.clip(v, lo_v, hi_v)  # noqa: E731
     else:
         fn = _UNARY[comp.op]
-    table = _table(qx, out, fn)
+    table = _table(qx, out, fn, _is_torch(qg))
     rec = {"scheme": SCHEME, "kind": "lut", "op": comp.op.removeprefix("relax."), "inputs": [qx.record()],
            "output": out.record(), "table": [int(v) for v in table],
            "requant": {"rounding": "half_to_even",
@@ -306,7 +388,19 @@ def _realize_move(qg, qb, comp, out):
     relax, _, _, _ = _ops()
     tensor = qb.name
     x, qx, dqx = _need(qg, comp.value.args[0], "the input", tensor)
-    if qx.scale[0] != out.scale[0] or qx.zero_point[0] != out.zero_point[0] or qx.dtype != out.dtype:
+    differ = qx.scale[0] != out.scale[0] or qx.zero_point[0] != out.zero_point[0] or qx.dtype != out.dtype
+    if differ and _is_torch(qg) and comp.op != "relax.nn.max_pool2d":
+        # torch reference: dequantize -> reshape/flatten... -> quantize with new parameters: a table, then the move
+        table = _table(qx, out, torch_rule=True)
+        xt = qg.emit(_lut(qg, x, table, qx.dtype))
+        v = comp.value
+        expr = relax.Call(v.op, [xt] + list(v.args[1:]), v.attrs, v.sinfo_args if hasattr(v, "sinfo_args") else None)
+        rec = {"scheme": SCHEME, "kind": "lut", "reference": "torch", "op": comp.op.removeprefix("relax."),
+               "inputs": [qx.record()], "output": out.record(), "table": [int(t) for t in table],
+               "requant": {"rounding": "half_to_even", "rounding_rule":
+                           "table[i - min] = quantize_per_tensor(dequantize(i)) (torch), then the data movement"}}
+        return [dqx, comp.name, qb.name], expr, rec
+    if differ:
         raise IrgenError(f"{SCHEME}: {comp.op.removeprefix('relax.')} at {tensor!r} changes quantization parameters "
                          f"({qx.scale[0]}/{qx.zero_point[0]} -> {out.scale[0]}/{out.zero_point[0]}); not supported")
     v = comp.value
@@ -318,6 +412,11 @@ def _realize_move(qg, qb, comp, out):
 def _realize_quantize(qg, qb, out):
     _, op, q, _ = _ops()
     x = qb.value.args[0]
+    if _is_torch(qg):
+        rec = {"scheme": SCHEME, "kind": "quantize", "reference": "torch", "inputs": [], "output": out.record(),
+               "requant": {"rounding": "half_to_even",
+                           "rounding_rule": "y = saturate(round_half_even(x * float32(1/scale)) + zp) (torch)"}}
+        return [qb.name], _rx_torch_quantize(qg, x, out), rec
     info = np.iinfo(out.dtype)
     f = qg.emit(op.divide(x, q.rx_const(out.scale[0], "float32")))
     expr = q.rx_round_to_int(qg.emit, f, int(out.zero_point[0]), int(info.min), int(info.max), out.dtype)
@@ -331,7 +430,7 @@ def _is_quantized(qg) -> bool:
 
 
 def detect(qg) -> bool:
-    return getattr(qg, "frontend", None) == "onnx" and _is_quantized(qg)
+    return getattr(qg, "frontend", None) in ("onnx", "torch") and _is_quantized(qg)
 
 
 def realize(qg, scheme: str = SCHEME, conv_requant=None) -> None:
@@ -373,8 +472,10 @@ def _realize(qg, conv_requant) -> None:
         if comp.op == "relax.add":
             p0, p1 = (qg.producer(a) for a in comp.value.args)
             for cand, other in ((p0, p1), (p1, p0)):
-                if cand is not None and cand.op in ("relax.nn.conv2d", "relax.matmul") and other is not None \
-                        and other.op in ("relax.dequantize", "relax.reshape") and qg.n_users(cand.name) == 1:
+                other_ok = (other is not None and other.op in ("relax.dequantize", "relax.reshape")) or (
+                    other is None and _is_torch(qg) and isinstance(comp.value.args[1 if cand is p0 else 0], Constant))
+                if cand is not None and cand.op in ("relax.nn.conv2d", "relax.matmul") and other_ok \
+                        and qg.n_users(cand.name) == 1:
                     comp, bias_b = cand, comp
                     break
         if comp.op in ("relax.nn.conv2d", "relax.matmul"):
