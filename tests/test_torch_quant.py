@@ -26,7 +26,6 @@ figures (exact-match share, max difference in LSB) are printed.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
