@@ -22,10 +22,10 @@ pytest.importorskip("tflite")
 pytest.importorskip("tensorflow")
 sys.path.insert(0, str(Path(__file__).parent))
 import tflite_models  # noqa: E402
+from layercheck import assert_layers_match, assert_user_error  # noqa: E402
 
 from irgen.cli import main as irgen_main  # noqa: E402
 
-RTOL, ATOL = 1e-4, 1e-5
 N_CALIB = 16
 
 
@@ -108,12 +108,7 @@ def test_float_output_matches_keras(float_run):
 def test_float_every_layer_matches_interpreter(float_run):
     ir, out, ref = float_run["ir"], float_run["out"], float_run["ref"]
     assert ir["layers"]
-    for layer in ir["layers"]:
-        srcs = layer["source"]["outputs"]
-        assert srcs and len(srcs) == len(layer["outputs"]), layer["name"]
-        for rec, src in zip(layer["outputs"], srcs):
-            assert src in ref, f"{src!r} is not a tensor of the converted model"
-            np.testing.assert_allclose(np.load(out / rec["file"]), ref[src], rtol=RTOL, atol=ATOL, err_msg=layer["name"])
+    assert_layers_match(out, ir, ref, float_run["kind"])
     if float_run["kind"] != "savedmodel":  # Keras layer names survive in the TFLite tensor names
         names = " ".join(s for layer in ir["layers"] for s in layer["source"]["outputs"])
         layer_names = {"small_cnn": ("conv1", "dw1", "residual", "concat"), "mlp": ("fc1", "fc2")}
@@ -158,18 +153,6 @@ def test_int8_with_calibration_is_bit_exact(saved, tmp_path, name, kind):
 # ---------------------------------------------------------------- errors
 
 
-def _assert_user_error(capsys, args, out, *needles):
-    rc = _irgen(args)
-    err = capsys.readouterr().err
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert rc == 2, err
-    assert len(lines) == 1 and lines[0].startswith("irgen: error:"), err
-    for n in needles:
-        assert n in lines[0], (n, lines[0])
-    assert not out.exists()
-    return lines[0]
-
-
 def test_op_tflite_cannot_convert(tmp_path, capsys):
     tf = tflite_models._tf()
     L = tf.keras.layers
@@ -177,7 +160,7 @@ def test_op_tflite_cannot_convert(tmp_path, capsys):
     model = tf.keras.Model(x, L.Hashing(8, name="hash")(x))  # AsString + StringToHashBucketFast: Flex only
     p = tmp_path / "hashing.keras"
     model.save(p)
-    line = _assert_user_error(capsys, [str(p), "-o", str(tmp_path / "out")], tmp_path / "out",
+    line = assert_user_error(_irgen, capsys, [str(p), "-o", str(tmp_path / "out")], tmp_path / "out",
                               "hashing.keras", "SELECT_TF_OPS")
     assert "AsString" in line and "StringToHashBucketFast" in line
 
@@ -190,18 +173,18 @@ def test_lambda_layer_is_refused(tmp_path, capsys):
     for suffix in (".keras", ".h5"):
         p = tmp_path / f"lam{suffix}"
         model.save(p)
-        _assert_user_error(capsys, [str(p), "-o", str(tmp_path / "out")], tmp_path / "out", p.name, "Lambda", "'double'")
+        assert_user_error(_irgen, capsys, [str(p), "-o", str(tmp_path / "out")], tmp_path / "out", p.name, "Lambda", "'double'")
 
 
 def test_corrupt_files(tmp_path, capsys):
     junk = np.random.default_rng(0).bytes(512)
     for name in ("bad.keras", "bad.h5"):
         (tmp_path / name).write_bytes(junk)
-        _assert_user_error(capsys, [str(tmp_path / name), "-o", str(tmp_path / "out")], tmp_path / "out", name)
+        assert_user_error(_irgen, capsys, [str(tmp_path / name), "-o", str(tmp_path / "out")], tmp_path / "out", name)
     sm = tmp_path / "bad_saved"
     sm.mkdir()
     (sm / "saved_model.pb").write_bytes(junk)
-    _assert_user_error(capsys, [str(sm), "-o", str(tmp_path / "out")], tmp_path / "out", "bad_saved", "SavedModel")
+    assert_user_error(_irgen, capsys, [str(sm), "-o", str(tmp_path / "out")], tmp_path / "out", "bad_saved", "SavedModel")
 
 
 def test_bad_calibration_folders(saved, tmp_path, capsys):
@@ -210,24 +193,24 @@ def test_bad_calibration_folders(saved, tmp_path, capsys):
     args = [str(path), "-o", str(out), "--calibration"]
     empty = tmp_path / "empty"
     empty.mkdir()
-    _assert_user_error(capsys, args + [str(empty)], out, "--calibration", "no .npy files")
-    _assert_user_error(capsys, args + [str(tmp_path / "missing")], out, "--calibration", "not a folder")
+    assert_user_error(_irgen, capsys, args + [str(empty)], out, "--calibration", "no .npy files")
+    assert_user_error(_irgen, capsys, args + [str(tmp_path / "missing")], out, "--calibration", "not a folder")
     wrong = tmp_path / "wrong"
     wrong.mkdir()
     np.save(wrong / "a.npy", np.zeros((1, 5), np.float32))
-    _assert_user_error(capsys, args + [str(wrong)], out, "a.npy", "shape (1, 5)")
+    assert_user_error(_irgen, capsys, args + [str(wrong)], out, "a.npy", "shape (1, 5)")
     pickled = tmp_path / "pickled"
     pickled.mkdir()
     np.save(pickled / "p.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
-    _assert_user_error(capsys, args + [str(pickled)], out, "p.npy", "not a plain .npy")
+    assert_user_error(_irgen, capsys, args + [str(pickled)], out, "p.npy", "not a plain .npy")
     garbage = tmp_path / "garbage"
     garbage.mkdir()
     (garbage / "g.npy").write_bytes(b"not an npy file at all")
-    _assert_user_error(capsys, args + [str(garbage)], out, "g.npy")
+    assert_user_error(_irgen, capsys, args + [str(garbage)], out, "g.npy")
 
 
 def test_calibration_with_tflite_file_is_refused(tmp_path, capsys):
     path, _ = tflite_models.export("mlp", tmp_path, "float")
     (tmp_path / "c").mkdir()
-    _assert_user_error(capsys, [str(path), "-o", str(tmp_path / "out"), "--calibration", str(tmp_path / "c")],
+    assert_user_error(_irgen, capsys, [str(path), "-o", str(tmp_path / "out"), "--calibration", str(tmp_path / "c")],
                        tmp_path / "out", "--calibration")

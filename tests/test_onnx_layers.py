@@ -21,6 +21,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 import models  # noqa: E402
+from layercheck import assert_close, assert_layers_match  # noqa: E402
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
@@ -28,7 +29,6 @@ ort = pytest.importorskip("onnxruntime")
 from irgen import reference  # noqa: E402
 from irgen.cli import main as irgen_main  # noqa: E402
 
-RTOL, ATOL = 1e-4, 1e-5
 
 CASES = [
     pytest.param(("small_cnn", 0), id="small_cnn-O0"),
@@ -73,26 +73,10 @@ def run(request, tmp_path_factory):
     return {"name": name, "opt": opt, "out": out, "ir": ir, "ort": ref, "x": x, "model": model_path}
 
 
-def _cmp(actual: np.ndarray, expected: np.ndarray, what: str, rtol=RTOL, atol=ATOL) -> float:
-    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
-    err = float(np.max(np.abs(actual.astype(np.float64) - expected.astype(np.float64)))) if actual.size else 0.0
-    np.testing.assert_allclose(actual, expected, rtol=rtol, atol=atol, err_msg=what)
-    return err
-
-
 def test_layers_match_onnxruntime(run):
     out, ir, ref = run["out"], run["ir"], run["ort"]
     assert ir["producer"]["opt_level"] == run["opt"]
-    missing = [layer["name"] for layer in ir["layers"] if not layer["source"].get("outputs")]
-    assert not missing, f"layers without a source output tensor: {missing}"
-    worst = 0.0
-    for layer in ir["layers"]:
-        srcs = layer["source"]["outputs"]
-        assert len(srcs) == len(layer["outputs"]), layer["name"]
-        for rec, src in zip(layer["outputs"], srcs):
-            got = np.load(out / rec["file"])
-            assert list(got.shape) == rec["shape"] and str(got.dtype) == rec["dtype"], rec
-            worst = max(worst, _cmp(got, ref[src], f"{run['name']} -O{run['opt']} layer {layer['name']} ({src})"))
+    worst = assert_layers_match(out, ir, ref, f"{run['name']} -O{run['opt']}")
     print(f"\n{run['name']} -O{run['opt']}: {len(ir['layers'])} layers, max |irgen - ORT| = {worst:.3g}")
 
 
@@ -102,7 +86,7 @@ def test_model_output_matches_onnxruntime(run):
     assert [o["name"] for o in ir["outputs"]] == [o.name for o in m.graph.output]
     layers = {layer["name"]: layer for layer in ir["layers"]}
     for rec in ir["outputs"]:
-        _cmp(np.load(out / rec["file"]), ref[rec["name"]], f"model output {rec['name']}")
+        assert_close(np.load(out / rec["file"]), ref[rec["name"]], f"model output {rec['name']}")
         assert rec["name"] in [o["name"] for o in layers[rec["producer"]]["outputs"]], rec
     # the input file is the input we gave
     np.testing.assert_array_equal(np.load(out / ir["inputs"][0]["file"]), run["x"])
@@ -119,7 +103,7 @@ def test_reference_recomputes_every_layer(run):
         for a, rec in zip(got, layer["outputs"]):
             exp = np.load(out / rec["file"])
             assert str(a.dtype) == rec["dtype"], (layer["name"], a.dtype)
-            worst = max(worst, _cmp(a, exp, f"reference vs irgen, layer {layer['name']}"))
+            worst = max(worst, assert_close(a, exp, f"reference vs irgen, layer {layer['name']}"))
     print(f"\n{run['name']} -O{run['opt']}: max |reference - irgen| = {worst:.3g}")
 
 

@@ -22,10 +22,10 @@ pytest.importorskip("tflite")
 pytest.importorskip("tensorflow")
 sys.path.insert(0, str(Path(__file__).parent))
 import tflite_models  # noqa: E402
+from layercheck import assert_close, assert_layers_match, assert_user_error  # noqa: E402
 
 from irgen.cli import main as irgen_main  # noqa: E402
 
-RTOL, ATOL = 1e-4, 1e-5
 
 
 def _irgen(args: list[str]) -> int:
@@ -61,19 +61,7 @@ def test_layers_match_interpreter(run):
     out, ir, ref = run["out"], run["ir"], run["ref"]
     assert ir["producer"]["frontend"] == "tflite"
     assert ir["producer"]["opt_level"] == run["opt"]
-    missing = [layer["name"] for layer in ir["layers"] if not layer["source"].get("outputs")]
-    assert not missing, f"layers without a source output tensor: {missing}"
-    worst = 0.0
-    for layer in ir["layers"]:
-        srcs = layer["source"]["outputs"]
-        assert len(srcs) == len(layer["outputs"]), layer["name"]
-        for rec, src in zip(layer["outputs"], srcs):
-            assert src in ref, f"layer {layer['name']}: {src!r} is not a TFLite tensor name"
-            got = np.load(out / rec["file"])
-            exp = ref[src]
-            assert got.shape == exp.shape and got.dtype == exp.dtype, (layer["name"], got.shape, exp.shape)
-            np.testing.assert_allclose(got, exp, rtol=RTOL, atol=ATOL, err_msg=f"layer {layer['name']} ({src})")
-            worst = max(worst, float(np.max(np.abs(got.astype(np.float64) - exp))))
+    worst = assert_layers_match(out, ir, ref, f"{run['name']} -O{run['opt']}")
     print(f"\n{run['name']} -O{run['opt']}: {len(ir['layers'])} layers, max |irgen - TFLite| = {worst:.3g}")
 
 
@@ -82,7 +70,7 @@ def test_model_output_matches_interpreter(run):
     names = tflite_models.output_names(run["model"])
     assert [o["name"] for o in ir["outputs"]] == names
     for rec in ir["outputs"]:
-        np.testing.assert_allclose(np.load(out / rec["file"]), ref[rec["name"]], rtol=RTOL, atol=ATOL)
+        assert_close(np.load(out / rec["file"]), ref[rec["name"]], f"model output {rec['name']}")
     assert [i["name"] for i in ir["inputs"]] == ["serving_default_x:0"]
     np.testing.assert_array_equal(np.load(out / ir["inputs"][0]["file"]), run["x"])
 
@@ -104,25 +92,13 @@ def test_provenance_names_tflite_ops_and_tensors(run):
         assert fused["CONV_2D"][-1] == "relu" and fused["DEPTHWISE_CONV_2D"][-1] == "clip"
 
 
-def _assert_user_error(capsys, args, out, *needles):
-    rc = _irgen(args)
-    err = capsys.readouterr().err
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert rc == 2, err
-    assert len(lines) == 1 and lines[0].startswith("irgen: error:"), err
-    for n in needles:
-        assert n in lines[0], (n, lines[0])
-    assert not out.exists()
-    return lines[0]
-
-
 def test_garbage_file(tmp_path, capsys):
     bad = tmp_path / "junk.tflite"
     bad.write_bytes(np.random.default_rng(0).bytes(256))
-    _assert_user_error(capsys, [str(bad), "-o", str(tmp_path / "out")], tmp_path / "out", "junk.tflite", "TFL3")
+    assert_user_error(_irgen, capsys, [str(bad), "-o", str(tmp_path / "out")], tmp_path / "out", "junk.tflite", "TFL3")
     short = tmp_path / "short.tflite"
     short.write_bytes(b"\x10\x00\x00\x00TFL3\x00")  # right identifier, truncated body
-    _assert_user_error(capsys, [str(short), "-o", str(tmp_path / "out")], tmp_path / "out", "short.tflite")
+    assert_user_error(_irgen, capsys, [str(short), "-o", str(tmp_path / "out")], tmp_path / "out", "short.tflite")
 
 
 def _with_unsupported_ops(src: Path, dst: Path) -> None:
@@ -147,13 +123,13 @@ def test_unsupported_ops_listed_at_once(models_dir, tmp_path, capsys):
     path, _ = models_dir[("mlp", "float")]
     bad = tmp_path / "odd_ops.tflite"
     _with_unsupported_ops(path, bad)
-    line = _assert_user_error(capsys, [str(bad), "-o", str(tmp_path / "out")], tmp_path / "out", "odd_ops.tflite", "unsupported ops")
+    line = assert_user_error(_irgen, capsys, [str(bad), "-o", str(tmp_path / "out")], tmp_path / "out", "odd_ops.tflite", "unsupported ops")
     assert "RNN" in line and "SKIP_GRAM" in line
 
 
 def test_dynamic_range_quantized_is_rejected(models_dir, tmp_path, capsys):
     path, _ = models_dir[("mlp", "dynamic")]
-    line = _assert_user_error(capsys, [str(path), "-o", str(tmp_path / "out")], tmp_path / "out",
+    line = assert_user_error(_irgen, capsys, [str(path), "-o", str(tmp_path / "out")], tmp_path / "out",
                               "dynamic-range quantized", "full-integer quantization", path.name)
     assert "at tensor '" in line
 

@@ -27,10 +27,10 @@ HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
 import models  # noqa: E402
 import torch_classes  # noqa: E402
+from layercheck import assert_close, assert_layers_match  # noqa: E402
 
 from irgen.cli import main as irgen_main  # noqa: E402
 
-RTOL, ATOL = 1e-4, 1e-5
 
 CASES = [
     pytest.param(("small_cnn", 0), id="small_cnn-O0"),
@@ -94,29 +94,17 @@ def run(request, tmp_path_factory):
     return {"name": name, "opt": opt, "out": out, "ir": ir, "ref": ref, "x": x.numpy(), "y": y, "ep": loaded}
 
 
-def _cmp(actual: np.ndarray, expected: np.ndarray, what: str) -> float:
-    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
-    err = float(np.max(np.abs(actual.astype(np.float64) - expected.astype(np.float64)))) if actual.size else 0.0
-    np.testing.assert_allclose(actual, expected, rtol=RTOL, atol=ATOL, err_msg=what)
-    return err
-
-
 def test_layers_match_torch(run):
     out, ir, ref = run["out"], run["ir"], run["ref"]
     assert ir["producer"]["frontend"] == "torch"
     assert ir["producer"]["opt_level"] == run["opt"]
     fx_names = {n.name for n in run["ep"].graph.nodes}
-    missing = [layer["name"] for layer in ir["layers"] if not layer["source"].get("outputs")]
-    assert not missing, f"layers without a source FX node: {missing}"
-    worst = 0.0
-    for layer in ir["layers"]:
-        srcs = layer["source"]["outputs"]
-        assert len(srcs) == len(layer["outputs"]), layer["name"]
+
+    def check(layer, src):
         assert all(op.startswith("aten.") for op in layer["source"]["op_types"]), layer["source"]
-        for rec, src in zip(layer["outputs"], srcs):
-            assert src in fx_names, src
-            got = np.load(out / rec["file"])
-            worst = max(worst, _cmp(got, ref[src], f"{run['name']} -O{run['opt']} layer {layer['name']} ({src})"))
+        assert src in fx_names, src
+
+    worst = assert_layers_match(out, ir, ref, f"{run['name']} -O{run['opt']}", check)
     print(f"\n{run['name']} -O{run['opt']}: {len(ir['layers'])} layers, max |irgen - torch| = {worst:.3g}")
 
 
@@ -125,7 +113,7 @@ def test_model_output_matches_torch(run):
     assert [i["name"] for i in ir["inputs"]] == ["x"]
     np.testing.assert_array_equal(np.load(out / ir["inputs"][0]["file"]), run["x"])
     assert len(ir["outputs"]) == 1
-    err = _cmp(np.load(out / ir["outputs"][0]["file"]), run["y"], "model output")
+    err = assert_close(np.load(out / ir["outputs"][0]["file"]), run["y"], "model output")
     print(f"\n{run['name']} -O{run['opt']}: max |output - torch| = {err:.3g}")
 
 
@@ -161,9 +149,9 @@ def test_pth_state_dict_with_model_class(tmp_path):
     ref = record_nodes(ep, x)
     for layer in ir["layers"]:
         for rec, src in zip(layer["outputs"], layer["source"]["outputs"]):
-            _cmp(np.load(out / rec["file"]), ref[src], f"layer {layer['name']} ({src})")
+            assert_close(np.load(out / rec["file"]), ref[src], f"layer {layer['name']} ({src})")
     with torch.no_grad():
-        _cmp(np.load(out / ir["outputs"][0]["file"]), net(x).numpy(), "model output")
+        assert_close(np.load(out / ir["outputs"][0]["file"]), net(x).numpy(), "model output")
     assert {layer["op"] for layer in ir["layers"]} >= {"conv2d", "max_pool2d", "dense"}
 
 

@@ -1,0 +1,55 @@
+"""Checks the frontend tests share: irgen's layer files against a reference
+runtime's tensors, and the one-line user error of an in-process run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+RTOL, ATOL = 1e-4, 1e-5
+
+
+def assert_close(actual: np.ndarray, expected: np.ndarray, what: str, rtol=RTOL, atol=ATOL) -> float:
+    """Same shape and within tolerance; returns max |actual - expected|."""
+    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
+    err = float(np.max(np.abs(actual.astype(np.float64) - expected.astype(np.float64)))) if actual.size else 0.0
+    np.testing.assert_allclose(actual, expected, rtol=rtol, atol=atol, err_msg=what)
+    return err
+
+
+def assert_layers_match(out: Path, ir: dict, ref: dict[str, np.ndarray], what: str,
+                        check: Callable[[dict, str], None] | None = None) -> float:
+    """Every layer names its source output tensors, and each output file holds
+    the shape and dtype its record says and the reference's value of that
+    tensor. ``check(layer, src)`` adds a framework's own assertions. Returns
+    the largest error."""
+    missing = [layer["name"] for layer in ir["layers"] if not layer["source"].get("outputs")]
+    assert not missing, f"layers without a source output tensor: {missing}"
+    worst = 0.0
+    for layer in ir["layers"]:
+        srcs = layer["source"]["outputs"]
+        assert len(srcs) == len(layer["outputs"]), layer["name"]
+        for rec, src in zip(layer["outputs"], srcs):
+            if check is not None:
+                check(layer, src)
+            assert src in ref, f"layer {layer['name']}: no reference value for {src!r}"
+            got = np.load(out / rec["file"])
+            assert list(got.shape) == rec["shape"] and str(got.dtype) == rec["dtype"], rec
+            assert got.dtype == ref[src].dtype, (layer["name"], got.dtype, ref[src].dtype)
+            worst = max(worst, assert_close(got, ref[src], f"{what} layer {layer['name']} ({src})"))
+    return worst
+
+
+def assert_user_error(run: Callable[[list[str]], int], capsys, args: list[str], out: Path, *needles: str) -> str:
+    """``run(args)`` exits 2 with exactly one ``irgen: error:`` line naming ``needles``; no OUT."""
+    rc = run(args)
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert rc == 2, err
+    assert len(lines) == 1 and lines[0].startswith("irgen: error:"), err
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+    assert not out.exists()
+    return lines[0]
