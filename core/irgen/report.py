@@ -1,0 +1,587 @@
+"""``report.html``: an ``irgen verify`` result as one self-contained HTML file.
+
+The page has a header (model, producer, verdict, thresholds, counts,
+problems), the layer graph, a per-layer error chart, a per-layer table (worst
+first) and histograms of golden vs reference values for the layers the result
+carries them for. Every chart is SVG generated here; CSS and the few lines of
+JavaScript (click a table heading to sort) are inline, and a
+Content-Security-Policy forbids loading anything else, so the file opens
+offline and anywhere it is copied to.
+
+Every string taken from the result is escaped: layer names come from model
+files, which may be hostile.
+
+Element ids the tests (and users' scripts) rely on: ``summary``, ``verdict``,
+``problems``, ``layer-graph``, ``error-chart``, ``layer-table``,
+``histograms``; chart plot areas are filled with :data:`COLORS` ``["plot"]``
+and pass/fail bars with ``["pass"]``/``["fail"]``.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import math
+import os
+import tempfile
+from html import escape
+from pathlib import Path
+from typing import Any, Iterable
+
+__all__ = ["write_report", "render_report", "COLORS"]
+
+CHECKS = ("single", "entire", "source")
+
+#: Fill colours. ``plot`` is used for nothing but the error chart's plot areas,
+#: ``pass``/``fail`` for nothing but its bars, so a screenshot can find both.
+COLORS = {
+    "pass": "#1b9e77",
+    "fail": "#d7263d",
+    "unsupported": "#9aa0a6",
+    "missing": "#c08a00",
+    "plot": "#eef3f8",
+    "golden": "#4c72b0",
+    "reference": "#e07b00",
+}
+
+# Layer-graph box fills and strokes, by layer status.
+_BOX = {
+    "pass": ("#e3f4ee", "#5aa58a"),
+    "fail": ("#fde2e4", "#c81d32"),
+    "unsupported": ("#eceff1", "#8a9299"),
+}
+_BOX_OTHER = ("#fff8e1", "#c08a00")
+
+_STATUS_RANK = {"fail": 0, "missing": 1, "unsupported": 2, "pass": 3}
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def _e(value: Any) -> str:
+    """Escape anything for HTML text and attribute values."""
+    return escape("" if value is None else str(value), quote=True)
+
+
+def _num(value: Any) -> float | None:
+    """A float, or None for None, bools and anything non-numeric."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _fmt(value: Any, digits: int = 3) -> str:
+    v = _num(value)
+    if v is None:
+        return "\u2014"
+    if math.isnan(v):
+        return "nan"
+    if math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    if v == int(v) and abs(v) < 1e6:
+        return str(int(v))
+    return f"{v:.{digits}g}"
+
+
+def _fmt_cos(value: Any) -> str:
+    """Cosine similarity readably near 1: ``1 - 5.7e-15`` rather than ``1``."""
+    v = _num(value)
+    if v is None or not math.isfinite(v) or v < 0.999995 or v >= 1.0:
+        return _fmt(v, 7)
+    return f"1 \u2212 {1.0 - v:.1e}"
+
+
+def _short(text: str, n: int) -> str:
+    return text if len(text) <= n else text[: n - 1] + "\u2026"
+
+
+def _status(value: Any) -> str:
+    return value if value in ("pass", "fail", "unsupported", "missing") else "missing"
+
+
+def _dict(value: Any) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value: Any) -> list:
+    return value if isinstance(value, list) else []
+
+
+def _layers(result: dict) -> list[dict]:
+    return [layer for layer in _list(result.get("layers")) if isinstance(layer, dict)]
+
+
+def _modes(result: dict, layers: list[dict]) -> list[str]:
+    """Checks to show: the result's modes, else whichever checks any layer has."""
+    modes = [m for m in _list(result.get("modes")) if isinstance(m, str)]
+    if not modes:
+        modes = [c for c in CHECKS if any(_dict(layer.get("checks")).get(c) for layer in layers)]
+    return modes
+
+
+def _error(layer: dict, m: dict) -> tuple[float | None, str]:
+    """The chart's error of one check: (value, unit). Integer layers in LSB, float ones as max |diff|."""
+    if layer.get("integer") and _num(m.get("max_lsb")) is not None:
+        return _num(m.get("max_lsb")), "LSB"
+    return _num(m.get("max_abs")), "abs"
+
+
+def _threshold(layer: dict, unit: str, thresholds: dict) -> float | None:
+    return _num(thresholds.get("max_lsb")) if unit == "LSB" else _num(thresholds.get("atol"))
+
+
+def _badness(layer: dict, modes: list[str], thresholds: dict) -> tuple:
+    """Sort key, worst first: status, then the largest error relative to its threshold, then cosine."""
+    worst_rel, worst_cos = 0.0, 1.0
+    for check in modes:
+        m = _dict(_dict(layer.get("checks")).get(check))
+        err, unit = _error(layer, m)
+        if err is not None:
+            thr = _threshold(layer, unit, thresholds) or 0.0
+            rel = err / thr if thr > 0 else err * 1e12 if unit == "abs" else err
+            worst_rel = max(worst_rel, rel if not math.isnan(rel) else math.inf)
+        cos = _num(m.get("cosine"))
+        if cos is not None and not math.isnan(cos):
+            worst_cos = min(worst_cos, cos)
+    return (_STATUS_RANK.get(_status(layer.get("status")), 1), -worst_rel, worst_cos)
+
+
+# ------------------------------------------------------------------ layer graph
+
+
+def _graph_svg(layers: list[dict]) -> str:
+    """Layers as boxes, layered top to bottom by longest path from the inputs, edges from ``inputs``."""
+    bw, bh, gx, gy, per_row, margin = 210, 36, 26, 34, 5, 16
+    index = {}
+    for i, layer in enumerate(layers):
+        index.setdefault(str(layer.get("name")), i)
+    level: list[int] = []
+    preds: list[list[int]] = []
+    uses_input = False
+    for i, layer in enumerate(layers):
+        ps = []
+        for src in _list(layer.get("inputs")):
+            j = index.get(str(src))
+            if j is not None and j < i:
+                ps.append(j)
+            else:
+                uses_input = True  # "input", or a producer the result does not list
+        preds.append(ps)
+        level.append(1 + max((level[j] for j in ps), default=0))
+    if not layers:
+        return '<svg id="layer-graph" role="img" width="300" height="40"><text x="8" y="24">no layers</text></svg>'
+    nodes: list[tuple[int, int]] = [(0, -1)] if uses_input else []  # (level, layer index or -1 for input)
+    nodes += [(lv, i) for i, lv in enumerate(level)]
+    by_level: dict[int, list[int]] = {}
+    for lv, i in nodes:
+        by_level.setdefault(lv, []).append(i)
+    # rows: a level wider than per_row wraps onto extra rows
+    rows: list[list[int]] = []
+    for lv in sorted(by_level):
+        members = by_level[lv]
+        rows += [members[k:k + per_row] for k in range(0, len(members), per_row)]
+    cols = max(len(r) for r in rows)
+    width = margin * 2 + cols * bw + (cols - 1) * gx
+    height = margin * 2 + len(rows) * bh + (len(rows) - 1) * gy
+    pos: dict[int, tuple[float, float]] = {}
+    row_of: dict[int, int] = {}
+    for r, members in enumerate(rows):
+        row_w = len(members) * bw + (len(members) - 1) * gx
+        x0 = (width - row_w) / 2
+        for k, i in enumerate(members):
+            pos[i] = (x0 + k * (bw + gx), margin + r * (bh + gy))
+            row_of[i] = r
+
+    edges = []
+    for i, ps in enumerate(preds):
+        srcs = list(ps) + ([-1] if uses_input and len(ps) < len(_list(layers[i].get("inputs"))) else [])
+        for k, j in enumerate(dict.fromkeys(srcs)):
+            (x1, y1), (x2, y2) = pos[j], pos[i]
+            sx, sy, ex, ey = x1 + bw / 2, y1 + bh, x2 + bw / 2, y2
+            span = row_of[i] - row_of[j]
+            if span <= 1:
+                d = f"M{sx:.1f},{sy:.1f} C{sx:.1f},{sy + gy / 2:.1f} {ex:.1f},{ey - gy / 2:.1f} {ex:.1f},{ey:.1f}"
+            else:  # skip connection: bow out to the side so it does not run through the boxes between
+                side = 1 if (ex >= width / 2) else -1
+                off = side * (bw / 2 + 12 + 6 * (k % 3))
+                d = (f"M{sx:.1f},{sy:.1f} C{sx + off:.1f},{sy + gy:.1f} "
+                     f"{ex + off:.1f},{ey - gy:.1f} {ex:.1f},{ey:.1f}")
+            cls = "edge skip" if span > 1 else "edge"
+            edges.append(f'<path class="{cls}" d="{d}" marker-end="url(#arrow)"/>')
+
+    boxes = []
+    for lv, i in nodes:
+        x, y = pos[i]
+        if i < 0:
+            boxes.append(
+                f'<g class="node input"><rect x="{x:.1f}" y="{y:.1f}" width="{bw}" height="{bh}" rx="18" '
+                f'fill="#ffffff" stroke="#607d8b"/><text x="{x + bw / 2:.1f}" y="{y + 23:.1f}" '
+                f'text-anchor="middle" class="nname">input</text></g>')
+            continue
+        layer = layers[i]
+        status = _status(layer.get("status"))
+        fill, stroke = _BOX.get(status, _BOX_OTHER)
+        name = str(layer.get("name"))
+        sub = " \u00b7 ".join(str(v) for v in (layer.get("op"), layer.get("dtype"), layer.get("scheme")) if v)
+        tip = f"#{i} {name}\nop: {layer.get('op')}  dtype: {layer.get('dtype')}\nstatus: {status}"
+        for check, m in _dict(layer.get("checks")).items():
+            if isinstance(m, dict):
+                tip += f"\n{check}: {_status(m.get('status'))}"
+                if m.get("message"):
+                    tip += f" ({m.get('message')})"
+        sw = 2.2 if status == "fail" else 1.2
+        boxes.append(
+            f'<a href="#layer-{i}"><g class="node {status}" id="node-{i}"><title>{_e(tip)}</title>'
+            f'<rect x="{x:.1f}" y="{y:.1f}" width="{bw}" height="{bh}" rx="4" fill="{fill}" '
+            f'stroke="{stroke}" stroke-width="{sw}"/>'
+            f'<text x="{x + 8:.1f}" y="{y + 15:.1f}" class="nname">{_e(_short(name, 30))}</text>'
+            f'<text x="{x + 8:.1f}" y="{y + 29:.1f}" class="nsub">{_e(_short(sub, 36))}</text></g></a>')
+    return (
+        f'<svg id="layer-graph" role="img" aria-label="layer graph" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}"><defs><marker id="arrow" viewBox="0 0 8 8" refX="8" refY="4" '
+        f'markerWidth="7" markerHeight="7" orient="auto-start-reverse"><path d="M0,0 L8,4 L0,8 z" '
+        f'fill="#78909c"/></marker></defs>' + "".join(edges) + "".join(boxes) + "</svg>")
+
+
+# ------------------------------------------------------------------ error chart
+
+
+class _LogAxis:
+    """Decades ``10**lo`` .. ``10**hi`` onto ``0 .. width`` pixels."""
+
+    def __init__(self, lo: int, hi: int, width: float):
+        self.lo, self.hi, self.width = lo, hi, width
+
+    def x(self, v: float) -> float:
+        if v <= 0:
+            return 0.0
+        if math.isinf(v) or math.isnan(v):
+            return self.width
+        t = (math.log10(v) - self.lo) / (self.hi - self.lo)
+        return max(2.0, min(self.width, t * self.width))
+
+    def ticks(self) -> Iterable[int]:
+        step = max(1, math.ceil((self.hi - self.lo) / 4))
+        return range(self.hi, self.lo - 1, -step)
+
+
+def _bar_panel(x0: float, top: float, pw: float, rows: list[tuple[float | None, str, str, float | None]],
+               axis: _LogAxis, row_h: float, title: str) -> list[str]:
+    """One panel of the chart: a plot area at ``x0`` with one bar per row.
+
+    ``rows`` holds (value, status, tooltip, threshold); value None draws "n/a".
+    """
+    out = [f'<text x="{x0:.1f}" y="{top - 22:.1f}" class="ptitle">{_e(title)}</text>']
+    plot_h = row_h * len(rows)
+    out.append(f'<rect class="plot" x="{x0:.1f}" y="{top:.1f}" width="{pw:.1f}" height="{plot_h:.1f}" '
+               f'fill="{COLORS["plot"]}"/>')
+    for t in axis.ticks():
+        tx = x0 + axis.x(10.0 ** t)
+        out.append(f'<line class="grid" x1="{tx:.1f}" y1="{top:.1f}" x2="{tx:.1f}" y2="{top + plot_h:.1f}"/>')
+        out.append(f'<text x="{tx:.1f}" y="{top - 6:.1f}" class="tick" text-anchor="middle">1e{t}</text>')
+    for r, (value, status, tip, thr) in enumerate(rows):
+        y = top + r * row_h
+        color = COLORS.get(status, COLORS["missing"])
+        if value is None:
+            label = "n/a" if status in ("unsupported", "missing") else "\u2014"
+            out.append(f'<text x="{x0 + 4:.1f}" y="{y + row_h - 4:.1f}" class="na">{label}<title>{_e(tip)}</title></text>')
+            continue
+        if value == 0:  # exact: a small diamond on the axis
+            cy = y + row_h / 2
+            out.append(f'<path class="bar exact" d="M{x0 + 1:.1f},{cy:.1f} l4,-4 l4,4 l-4,4 z" fill="{color}">'
+                       f'<title>{_e(tip)}</title></path>')
+        else:
+            w = axis.x(value)
+            out.append(f'<rect class="bar {status}" x="{x0:.1f}" y="{y + 2:.1f}" width="{w:.1f}" '
+                       f'height="{row_h - 4:.1f}" fill="{color}"><title>{_e(tip)}</title></rect>')
+        if thr is not None and thr > 0:
+            tx = x0 + axis.x(thr)
+            out.append(f'<line class="thr" x1="{tx:.1f}" y1="{y + 1:.1f}" x2="{tx:.1f}" y2="{y + row_h - 1:.1f}"/>')
+    return out
+
+
+def _chart_svg(ordered: list[tuple[int, dict]], modes: list[str], thresholds: dict) -> str:
+    """Per layer (rows, ir order) and per check: max error (log) and 1 - cosine (log)."""
+    row_h, label_w, err_w, cos_w, gap, top = 17, 250, 210, 130, 36, 62
+    values = []
+    for _, layer in ordered:
+        for check in modes:
+            m = _dict(_dict(layer.get("checks")).get(check))
+            v, _ = _error(layer, m)
+            if v is not None and v > 0 and math.isfinite(v):
+                values.append(v)
+    for key in ("max_lsb", "atol"):
+        t = _num(thresholds.get(key))
+        if t and t > 0:
+            values.append(t)
+    hi = max(1, math.ceil(math.log10(max(values)))) if values else 1
+    lo = min(-8, hi - 6)
+    if values:
+        lo = max(lo, math.floor(math.log10(min(values))) - 1) if min(values) < 10.0 ** lo else lo
+    err_axis = _LogAxis(lo, hi, err_w)
+    cos_axis = _LogAxis(-8, 0, cos_w)
+    min_cos = _num(thresholds.get("min_cosine"))
+    n = max(1, len(ordered))
+    width = label_w + len(modes) * (err_w + cos_w + 2 * gap) + 10
+    height = top + n * row_h + 30
+    out = []
+    for r, (i, layer) in enumerate(ordered):
+        y = top + r * row_h
+        status = _status(layer.get("status"))
+        name = str(layer.get("name"))
+        out.append(f'<a href="#layer-{i}"><text x="{label_w - 8}" y="{y + row_h - 5}" text-anchor="end" '
+                   f'class="rlabel {status}">{_e(_short(name, 34))}<title>{_e(name)}</title></text></a>')
+    x = label_w
+    for check in modes:
+        err_rows, cos_rows = [], []
+        for i, layer in ordered:
+            m = _dict(_dict(layer.get("checks")).get(check))
+            st = _status(m.get("status")) if m else "missing"
+            name = str(layer.get("name"))
+            v, unit = _error(layer, m)
+            thr = _threshold(layer, unit, thresholds)
+            msg = f"\n{m.get('message')}" if m.get("message") else ""
+            err_rows.append((v, st, f"{name} [{check}] {st}\nmax error {_fmt(v)} {unit}{msg}", thr))
+            cos = _num(m.get("cosine"))
+            dist = None if cos is None else (math.inf if math.isnan(cos) else max(0.0, min(2.0, 1.0 - cos)))
+            cos_rows.append((dist, st, f"{name} [{check}] cosine {_fmt(cos, 9)}", None if min_cos is None
+                             else 1.0 - min_cos))
+        out += _bar_panel(x, top, err_w, err_rows, err_axis, row_h, f"{check}: max error (log)")
+        x += err_w + gap
+        out += _bar_panel(x, top, cos_w, cos_rows, cos_axis, row_h, f"{check}: 1 \u2212 cosine")
+        x += cos_w + gap
+    if not modes:
+        out.append(f'<text x="{label_w}" y="{top}" class="na">no checks in this result</text>')
+    foot = top + n * row_h + 20
+    out.append(f'<text x="{label_w}" y="{foot}" class="tick">bars: integer layers max |diff| in LSB, '
+               f'float layers max |diff|; \u25c6 = exact; thin line = threshold; colour = check status</text>')
+    return (f'<svg id="error-chart" role="img" aria-label="per-layer error chart" width="{width}" '
+            f'height="{height}" viewBox="0 0 {width} {height}">' + "".join(out) + "</svg>")
+
+
+# ------------------------------------------------------------------ histograms
+
+
+def _histogram_svg(k: int, name: str, h: dict) -> str:
+    w, hgt, ml, mr, mt, mb = 470, 190, 50, 12, 26, 34
+    edges = [_num(v) for v in _list(h.get("edges"))]
+    golden = [_num(v) for v in _list(h.get("golden"))]
+    ref = [_num(v) for v in _list(h.get("reference"))]
+    nb = len(edges) - 1
+    title = f"{name} [{h.get('check') or '?'}]"
+    head = (f'<svg class="histogram" id="hist-{k}" role="img" width="{w}" height="{hgt}" '
+            f'viewBox="0 0 {w} {hgt}"><title>{_e(title)}</title>'
+            f'<text x="{ml}" y="16" class="ptitle">{_e(_short(title, 60))}</text>')
+    if (nb < 1 or len(golden) != nb or len(ref) != nb or any(v is None or not math.isfinite(v) for v in edges)
+            or any(v is None for v in golden + ref)):
+        return head + f'<text x="{ml}" y="60" class="na">histogram data malformed</text></svg>'
+    pw, ph = w - ml - mr, hgt - mt - mb
+    top = max(max(golden), max(ref), 1.0)
+    bw = pw / nb
+    out = [f'<rect x="{ml}" y="{mt}" width="{pw}" height="{ph}" fill="#fafafa" stroke="#cfd8dc"/>']
+    for b, c in enumerate(golden):
+        bh = ph * c / top
+        out.append(f'<rect class="golden" x="{ml + b * bw:.2f}" y="{mt + ph - bh:.2f}" width="{max(bw - 0.5, 0.5):.2f}" '
+                   f'height="{bh:.2f}" fill="{COLORS["golden"]}" fill-opacity="0.55"/>')
+    pts = []
+    for b, c in enumerate(ref):
+        y = mt + ph - ph * c / top
+        pts.append(f"{ml + b * bw:.2f},{y:.2f} {ml + (b + 1) * bw:.2f},{y:.2f}")
+    out.append(f'<polyline class="reference" points="{" ".join(pts)}" fill="none" '
+               f'stroke="{COLORS["reference"]}" stroke-width="1.6"/>')
+    out.append(f'<text x="{ml - 4}" y="{mt + 8}" class="tick" text-anchor="end">{_fmt(top)}</text>')
+    out.append(f'<text x="{ml - 4}" y="{mt + ph}" class="tick" text-anchor="end">0</text>')
+    for frac, anchor in ((0.0, "start"), (0.5, "middle"), (1.0, "end")):
+        v = edges[0] + frac * (edges[-1] - edges[0])
+        out.append(f'<text x="{ml + frac * pw:.1f}" y="{mt + ph + 14}" class="tick" '
+                   f'text-anchor="{anchor}">{_fmt(v, 4)}</text>')
+    ly = hgt - 6
+    out.append(f'<rect x="{ml}" y="{ly - 9}" width="12" height="9" fill="{COLORS["golden"]}" fill-opacity="0.55"/>'
+               f'<text x="{ml + 16}" y="{ly}" class="tick">golden (irgen/TVM)</text>'
+               f'<line x1="{ml + 150}" y1="{ly - 4}" x2="{ml + 164}" y2="{ly - 4}" '
+               f'stroke="{COLORS["reference"]}" stroke-width="1.6"/>'
+               f'<text x="{ml + 168}" y="{ly}" class="tick">reference</text>')
+    return head + "".join(out) + "</svg>"
+
+
+# ------------------------------------------------------------------ page
+
+_CSS = """
+body{font:14px/1.4 system-ui,-apple-system,"Segoe UI",Roboto,"DejaVu Sans",sans-serif;margin:20px 28px;color:#1f2933;background:#fff}
+h1{font-size:22px;margin:0 0 8px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #d9e2ec;padding-bottom:4px}
+code,.mono{font-family:"DejaVu Sans Mono",Menlo,Consolas,monospace;font-size:12px;word-break:break-all}
+.verdict{display:inline-block;padding:2px 12px;border-radius:4px;color:#fff;font-weight:700;margin-right:8px}
+.verdict.pass{background:#1b7f5f}.verdict.fail{background:#c81d32}
+table.kv td{padding:1px 10px 1px 0;vertical-align:top}table.kv td:first-child{color:#52606d;white-space:nowrap}
+.counts span{margin-right:16px}.problems li{margin:2px 0}.scroll{overflow:auto;max-height:85vh;border:1px solid #e4e7eb}
+svg text{font-size:11px;fill:#1f2933}svg .nname{font-size:12px;font-weight:600}svg .nsub{font-size:10.5px;fill:#52606d}
+svg .ptitle{font-size:12px;font-weight:600}svg .tick{font-size:10px;fill:#52606d}svg .na{font-size:10px;fill:#7b8794}
+svg .rlabel.fail{fill:#c81d32;font-weight:600}svg .edge{fill:none;stroke:#90a4ae;stroke-width:1.2}
+svg .edge.skip{stroke-dasharray:4 3}svg .grid{stroke:#d5dde6;stroke-width:1}svg .thr{stroke:#1f2933;stroke-width:1.5}
+svg rect.bar,svg rect.plot{shape-rendering:crispEdges}
+table.layers{border-collapse:collapse;font-size:12px}table.layers th,table.layers td{border:1px solid #e4e7eb;padding:2px 6px;text-align:right;white-space:nowrap}
+table.layers th{background:#f5f7fa;cursor:pointer;user-select:none}table.layers td.l{text-align:left}
+table.layers td.name{max-width:320px;overflow:hidden;text-overflow:ellipsis}
+.st{font-weight:600}.st.pass{color:#1b7f5f}.st.fail{color:#c81d32}.st.unsupported,.st.missing{color:#7b8794}
+tr.fail{background:#fff5f6}tr:target{outline:2px solid #4c72b0}
+.hists{display:flex;flex-wrap:wrap;gap:12px}.note{color:#52606d;font-size:12px}
+"""
+
+# Click a heading to sort by that column (numbers by data-v); the page works without it.
+_JS = """
+document.querySelectorAll("table.layers th").forEach(function (th, col) {
+  th.addEventListener("click", function () {
+    var body = th.closest("table").tBodies[0], rows = Array.prototype.slice.call(body.rows);
+    var dir = th.dataset.dir === "asc" ? -1 : 1; th.dataset.dir = dir === 1 ? "asc" : "desc";
+    rows.sort(function (a, b) {
+      var x = a.cells[col].dataset.v, y = b.cells[col].dataset.v;
+      var nx = parseFloat(x), ny = parseFloat(y);
+      if (!isNaN(nx) && !isNaN(ny)) return dir * (nx - ny);
+      return dir * String(x).localeCompare(String(y));
+    });
+    rows.forEach(function (r) { body.appendChild(r); });
+  });
+});
+document.body.classList.add("js-ready");
+"""
+
+
+def _csp() -> str:
+    digest = base64.b64encode(hashlib.sha256(_JS.encode()).digest()).decode()
+    return f"default-src 'none'; style-src 'unsafe-inline'; img-src data:; script-src 'sha256-{digest}'"
+
+
+def _cell(text: Any, v: Any = None, cls: str = "") -> str:
+    sort = _fmt(v, 17) if _num(v) is not None else (v if v is not None else "")
+    if sort == "\u2014":
+        sort = ""
+    c = f' class="{cls}"' if cls else ""
+    return f'<td{c} data-v="{_e(sort)}">{_e(text)}</td>'
+
+
+def _table(ordered: list[tuple[int, dict]], modes: list[str]) -> str:
+    head = ["#", "layer", "op", "dtype", "scheme", "status"]
+    for check in modes:
+        head += [f"{check}", f"{check} max err", f"{check} exact", f"{check} cosine", f"{check} SQNR dB"]
+    rows = []
+    for rank, (i, layer) in enumerate(ordered):
+        status = _status(layer.get("status"))
+        cells = [_cell(i, i), _cell(layer.get("name"), str(layer.get("name")), "l name"),
+                 _cell(layer.get("op"), None, "l"), _cell(layer.get("dtype"), None, "l"),
+                 _cell(layer.get("scheme") or "", None, "l"), _cell(status, _STATUS_RANK.get(status), f"st {status}")]
+        for check in modes:
+            m = _dict(_dict(layer.get("checks")).get(check))
+            st = _status(m.get("status")) if m else "missing"
+            v, unit = _error(layer, m)
+            share = _num(m.get("exact_share"))
+            cells += [
+                f'<td class="l st {st}" data-v="{_STATUS_RANK.get(st, 1)}" title="{_e(m.get("message") or "")}">'
+                f'{_e(st)}</td>',
+                _cell(f"{_fmt(v)} {unit}" if v else _fmt(v), v),
+                _cell("\u2014" if share is None else f"{share * 100:.2f}%", share),
+                _cell(_fmt_cos(m.get("cosine")), m.get("cosine")),
+                _cell(_fmt(m.get("sqnr_db"), 4), m.get("sqnr_db")),
+            ]
+        rows.append(f'<tr id="layer-{i}" class="{status}" data-rank="{rank}">' + "".join(cells) + "</tr>")
+    ths = "".join(f"<th>{_e(h)}</th>" for h in head)
+    return (f'<table id="layer-table" class="layers"><thead><tr>{ths}</tr></thead><tbody>'
+            + "".join(rows) + "</tbody></table>")
+
+
+def render_report(result: dict) -> str:
+    """The report page of an ``irgen verify`` result, as a string."""
+    result = _dict(result)
+    layers = _layers(result)
+    modes = _modes(result, layers)
+    thresholds = _dict(result.get("thresholds"))
+    model = _dict(result.get("model"))
+    producer = _dict(result.get("producer"))
+    summary = _dict(result.get("summary"))
+    passed = result.get("passed") is True
+    verdict = "pass" if passed else "fail"
+    ordered_ir = list(enumerate(layers))
+    ordered_worst = sorted(ordered_ir, key=lambda il: (_badness(il[1], modes, thresholds), il[0]))
+
+    model_path = str(model.get("path") or "?")
+    title = f"irgen verify: {verdict.upper()} \u2014 {Path(model_path).name}"
+    kv = [("model", f"<code>{_e(model_path)}</code>"),
+          ("sha256", f"<code>{_e(model.get('sha256') or '?')}</code>"),
+          ("output", f"<code>{_e(result.get('out') or '?')}</code>"),
+          ("producer", _e(", ".join(f"{k} {v}" for k, v in producer.items() if v is not None) or "?")),
+          ("checks", _e(", ".join(modes) or "none")),
+          ("thresholds", _e(", ".join(f"{k} {_fmt(v, 6)}" for k, v in thresholds.items()) or "?"))]
+    kv_html = "".join(f"<tr><td>{k}</td><td>{v}</td></tr>" for k, v in kv)
+    counts = "".join(f'<span>{_e(k)}: <b>{_e(_fmt(summary.get(k), 4))}</b></span>'
+                     for k in ("layers", "passed", "failed", "unsupported") if k in summary)
+    if _num(summary.get("seconds")) is not None:
+        counts += f'<span>time: <b>{_num(summary.get("seconds")):.1f} s</b></span>'
+
+    problems = [p for p in _list(result.get("problems")) if isinstance(p, dict)]
+    if problems:
+        items = "".join(
+            f'<li><b>{_e(p.get("check") or "?")}</b>'
+            + (f' <code>{_e(p.get("layer"))}</code>' if p.get("layer") is not None else "")
+            + f": {_e(p.get('message'))}</li>" for p in problems)
+        problems_html = f'<ul id="problems" class="problems">{items}</ul>'
+    else:
+        problems_html = '<p id="problems" class="note">No problems.</p>'
+
+    hists = _dict(result.get("histograms"))
+    rank = {str(layer.get("name")): r for r, (_, layer) in enumerate(ordered_worst)}
+    hist_names = sorted(hists, key=lambda n: (rank.get(n, len(rank)), n))
+    hist_html = "".join(_histogram_svg(k, n, _dict(hists[n])) for k, n in enumerate(hist_names))
+    if not hist_html:
+        hist_html = '<p class="note">No histograms in this result.</p>'
+
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="{_csp()}">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{_e(title)}</title><style>{_CSS}</style></head>
+<body>
+<header id="summary">
+<h1><span id="verdict" class="verdict {verdict}">{verdict.upper()}</span>irgen verify report</h1>
+<table class="kv">{kv_html}</table>
+<p class="counts">{counts}</p>
+<h2>Problems</h2>
+{problems_html}
+</header>
+<section><h2>Per-layer error</h2>
+<p class="note">One row per layer in IR order. Hover a bar for its values; click a name for its table row.</p>
+<div class="scroll">{_chart_svg(ordered_ir, modes, thresholds)}</div></section>
+<section><h2>Layer graph</h2>
+<p class="note">Layers in IR order, top to bottom; edges from each layer's inputs (dashed: skip connections);
+colour = status. Click a box for its table row.</p>
+<div class="scroll">{_graph_svg(layers)}</div></section>
+<section><h2>Layers, worst first</h2>
+<p class="note">Click a heading to sort.</p>
+{_table(ordered_worst, modes)}</section>
+<section id="histograms"><h2>Histograms: golden vs reference</h2>
+<div class="hists">{hist_html}</div></section>
+<script>{_JS}</script>
+</body></html>
+"""
+
+
+def write_report(result: dict, path: str | os.PathLike) -> Path:
+    """Write ``render_report(result)`` to ``path`` atomically (temp file in the same folder, then rename)."""
+    path = Path(path)
+    text = render_report(result)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return path
