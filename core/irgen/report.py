@@ -357,7 +357,8 @@ def _chart_svg(ordered: list[tuple[int, dict]], modes: list[str], thresholds: di
         out.append(f'<text x="{label_w}" y="{top}" class="na">no checks in this result</text>')
     foot = top + n * row_h + 20
     out.append(f'<text x="{label_w}" y="{foot}" class="tick">bars: integer layers max |diff| in LSB, '
-               f'float layers max |diff|; \u25c6 = exact; thin line = threshold; colour = check status</text>')
+               f'float layers max |diff|; \u25c6 = exact; thin line = max_lsb or atol (float checks '
+               f'also allow rtol \u00b7 |golden|); colour = check status</text>')
     return (f'<svg id="error-chart" role="img" aria-label="per-layer error chart" width="{width}" '
             f'height="{height}" viewBox="0 0 {width} {height}">' + "".join(out) + "</svg>")
 
