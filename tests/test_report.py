@@ -391,3 +391,19 @@ def test_report_in_headless_chromium(bad_result, tmp_path):
     assert outside == 0, outside
     if os.environ.get("IRGEN_REPORT_SCREENSHOT"):  # keep the screenshot to look at
         shutil.copy(shot, os.environ["IRGEN_REPORT_SCREENSHOT"])
+
+
+def test_integer_model_report(tmp_path):
+    """A real quantized (QDQ int8) output: integer layers are charted in LSB and say their scheme."""
+    from test_qdq import quantized
+
+    model = quantized("small_cnn", True, "s8", tmp_path)
+    out = tmp_path / "out"
+    assert irgen_main(["run", str(model), "-o", str(out), "--no-progress"]) == 0
+    result = _verify(out)
+    integer = [layer for layer in result["layers"] if layer["integer"]]
+    assert integer and result["passed"], result["problems"]
+    html = render_report(result)
+    assert "max error 0 LSB" in html  # the tooltip of an exact integer layer
+    assert html.count(">qdq<") >= len(integer)  # the table's scheme column
+    assert '<svg class="histogram"' in html

@@ -154,7 +154,7 @@ def _badness(layer: dict, modes: list[str], thresholds: dict) -> tuple:
 
 def _graph_svg(layers: list[dict]) -> str:
     """Layers as boxes, layered top to bottom by longest path from the inputs, edges from ``inputs``."""
-    bw, bh, gx, gy, per_row, margin = 210, 36, 26, 34, 5, 16
+    bw, bh, gx, gy, per_row, margin = 230, 36, 26, 34, 5, 16
     index = {}
     for i, layer in enumerate(layers):
         index.setdefault(str(layer.get("name")), i)
@@ -237,8 +237,8 @@ def _graph_svg(layers: list[dict]) -> str:
             f'<a href="#layer-{i}"><g class="node {status}" id="node-{i}"><title>{_e(tip)}</title>'
             f'<rect x="{x:.1f}" y="{y:.1f}" width="{bw}" height="{bh}" rx="4" fill="{fill}" '
             f'stroke="{stroke}" stroke-width="{sw}"/>'
-            f'<text x="{x + 8:.1f}" y="{y + 15:.1f}" class="nname">{_e(_short(name, 30))}</text>'
-            f'<text x="{x + 8:.1f}" y="{y + 29:.1f}" class="nsub">{_e(_short(sub, 36))}</text></g></a>')
+            f'<text x="{x + 8:.1f}" y="{y + 15:.1f}" class="nname">{_e(_short(name, 28))}</text>'
+            f'<text x="{x + 8:.1f}" y="{y + 29:.1f}" class="nsub">{_e(_short(sub, 38))}</text></g></a>')
     return (
         f'<svg id="layer-graph" role="img" aria-label="layer graph" width="{width}" height="{height}" '
         f'viewBox="0 0 {width} {height}"><defs><marker id="arrow" viewBox="0 0 8 8" refX="8" refY="4" '
@@ -305,7 +305,7 @@ def _bar_panel(x0: float, top: float, pw: float, rows: list[tuple[float | None, 
 
 def _chart_svg(ordered: list[tuple[int, dict]], modes: list[str], thresholds: dict) -> str:
     """Per layer (rows, ir order) and per check: max error (log) and 1 - cosine (log)."""
-    row_h, label_w, err_w, cos_w, gap, top = 17, 250, 210, 130, 36, 62
+    row_h, label_w, err_w, cos_w, gap, top = 17, 230, 190, 110, 30, 62
     values = []
     for _, layer in ordered:
         for check in modes:
@@ -333,7 +333,7 @@ def _chart_svg(ordered: list[tuple[int, dict]], modes: list[str], thresholds: di
         status = _status(layer.get("status"))
         name = str(layer.get("name"))
         out.append(f'<a href="#layer-{i}"><text x="{label_w - 8}" y="{y + row_h - 5}" text-anchor="end" '
-                   f'class="rlabel {status}">{_e(_short(name, 34))}<title>{_e(name)}</title></text></a>')
+                   f'class="rlabel {status}">{_e(_short(name, 32))}<title>{_e(name)}</title></text></a>')
     x = label_w
     for check in modes:
         err_rows, cos_rows = [], []
