@@ -190,7 +190,7 @@ def test_failing_report_shows_status_and_problems(bad_result):
     # worst first: the table starts with a failing layer
     first = re.search(r'<tr id="layer-\d+" class="(\w+)" data-rank="0">', html)
     assert first and first.group(1) == "fail"
-    assert f'class="bar fail" ' in html and 'class="node fail"' in html
+    assert 'class="bar fail" ' in html and 'class="node fail"' in html
 
 
 def test_hostile_strings_are_escaped(bad_result):
@@ -269,7 +269,8 @@ def test_large_model_layout():
 CHROMIUM_FLAGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--disable-extensions", "--hide-scrollbars", "--force-color-profile=srgb", "--force-device-scale-factor=1",
+    "--disable-extensions", "--disable-dev-shm-usage", "--hide-scrollbars",
+    "--force-color-profile=srgb", "--force-device-scale-factor=1",
     "--enable-logging=stderr", "--v=0", "--virtual-time-budget=3000",
 ]
 # What Chromium logs for the page: console messages (uncaught exceptions,

@@ -411,7 +411,8 @@ def _histogram_svg(k: int, name: str, h: dict) -> str:
 # ------------------------------------------------------------------ page
 
 _CSS = """
-body{font:14px/1.4 system-ui,-apple-system,"Segoe UI",Roboto,"DejaVu Sans",sans-serif;margin:20px 28px;color:#1f2933;background:#fff}
+body{font:14px/1.4 system-ui,-apple-system,"Segoe UI",Roboto,"DejaVu Sans",sans-serif;
+  margin:20px 28px;color:#1f2933;background:#fff}
 h1{font-size:22px;margin:0 0 8px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #d9e2ec;padding-bottom:4px}
 code,.mono{font-family:"DejaVu Sans Mono",Menlo,Consolas,monospace;font-size:12px;word-break:break-all}
 .verdict{display:inline-block;padding:2px 12px;border-radius:4px;color:#fff;font-weight:700;margin-right:8px}
@@ -423,7 +424,8 @@ svg .ptitle{font-size:12px;font-weight:600}svg .tick{font-size:10px;fill:#52606d
 svg .rlabel.fail{fill:#c81d32;font-weight:600}svg .edge{fill:none;stroke:#90a4ae;stroke-width:1.2}
 svg .edge.skip{stroke-dasharray:4 3}svg .grid{stroke:#d5dde6;stroke-width:1}svg .thr{stroke:#1f2933;stroke-width:1.5}
 svg rect.bar,svg rect.plot{shape-rendering:crispEdges}
-table.layers{border-collapse:collapse;font-size:12px}table.layers th,table.layers td{border:1px solid #e4e7eb;padding:2px 6px;text-align:right;white-space:nowrap}
+table.layers{border-collapse:collapse;font-size:12px}
+table.layers th,table.layers td{border:1px solid #e4e7eb;padding:2px 6px;text-align:right;white-space:nowrap}
 table.layers th{background:#f5f7fa;cursor:pointer;user-select:none}table.layers td.l{text-align:left}
 table.layers td.name{max-width:320px;overflow:hidden;text-overflow:ellipsis}
 .st{font-weight:600}.st.pass{color:#1b7f5f}.st.fail{color:#c81d32}.st.unsupported,.st.missing{color:#7b8794}
