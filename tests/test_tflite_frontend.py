@@ -150,3 +150,31 @@ def test_int8_model_runs(models_dir, tmp_path, name):
     exp = tflite_models.tflite_reference(path, x)[rec["name"]]
     diff = np.abs(got.astype(np.int32) - exp.astype(np.int32))
     print(f"\n{name} int8: output {got.shape}: {np.mean(diff == 0):.1%} exact, max {diff.max()} LSB")
+
+
+def test_softmax_with_beta_is_rejected(tmp_path, capsys):
+    """TVM's importer drops SOFTMAX's beta; a model with beta != 1 is refused by name."""
+    import struct
+
+    import tensorflow as tf
+    from tflite.Model import Model
+    from tflite.SoftmaxOptions import SoftmaxOptions
+
+    class M(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([1, 10], tf.float32)])
+        def f(self, x):
+            return tf.nn.softmax(x)
+
+    m = M()
+    buf = bytearray(tf.lite.TFLiteConverter.from_concrete_functions([m.f.get_concrete_function()], m).convert())
+    sg = Model.GetRootAsModel(buf, 0).Subgraphs(0)
+    (k,) = [i for i in range(sg.OperatorsLength()) if sg.Operators(i).BuiltinOptions() is not None]
+    t = sg.Operators(k).BuiltinOptions()
+    opts = SoftmaxOptions()
+    opts.Init(t.Bytes, t.Pos)
+    assert opts.Beta() == 1.0
+    struct.pack_into("<f", buf, opts._tab.Pos + opts._tab.Offset(4), 2.0)  # beta = 2
+    path = tmp_path / "softmax_beta2.tflite"
+    path.write_bytes(bytes(buf))
+    out = tmp_path / "out"
+    assert_user_error(_irgen, capsys, [str(path), "-o", str(out)], out, "SOFTMAX", "beta=2", path.name)

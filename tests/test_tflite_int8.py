@@ -10,6 +10,7 @@ parameter files alone, and from its ``fused_ops`` program.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +22,7 @@ from irgen.pipeline import run
 from irgen.plugins import PluginHost
 
 N_INPUTS = 20
-KINDS = {"conv2d", "depthwise_conv2d", "dense", "add", "max_pool2d", "avg_pool2d", "concatenate", "mean"}
+KINDS = {"conv2d", "depthwise_conv2d", "dense", "add", "max_pool2d", "avg_pool2d", "concatenate", "mean", "softmax"}
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +30,7 @@ def host():
     return PluginHost().load()
 
 
-@pytest.fixture(scope="module", params=["small_cnn", "mlp"])
+@pytest.fixture(scope="module", params=["small_cnn", "mlp", "classifier"])
 def int8_runs(request, tmp_path_factory, host):
     """(model path, [(input, OUT)] for N_INPUTS seeded inputs)."""
     folder = tmp_path_factory.mktemp(f"int8_{request.param}")
@@ -115,3 +116,26 @@ def test_small_cnn_covers_every_layer_type(int8_runs):
     assert {"conv2d", "depthwise_conv2d", "dense", "add", "max_pool2d", "avg_pool2d", "concatenate", "mean"} <= ops, ops
     clamps = {tuple(l["quant"]["clamp"]) for l in ir["layers"] if l["quant"].get("clamp")}
     assert any(lo > -128 or hi < 127 for lo, hi in clamps), clamps  # relu6 (and relu) narrow the clamp
+
+
+def test_softmax_table_and_record(int8_runs):
+    """The classifier's int8 softmax: its table is a parameter file equal to
+    TFLite's expf table for the input scale, and its record says how it rounds."""
+    path, runs = int8_runs
+    if "classifier" not in Path(path).name:
+        pytest.skip("the classifier has the softmax")
+    ir = json.loads((runs[0][1] / "ir.json").read_text())
+    (layer,) = [l for l in ir["layers"] if l["op"] == "softmax"]
+    q = layer["quant"]
+    assert q["kind"] == "softmax" and q["output"]["zero_point"] == -128 and q["output"]["scale"] == 1 / 256
+    table = np.load(runs[0][1] / layer["params"]["table"]["file"])
+    assert table.dtype == np.float32 and table.shape == (256,)
+    s = np.float32(q["inputs"][0]["scale"])
+    arg = -s * np.arange(256, dtype=np.float32)  # float32, as TFLite computes it
+    # expf correctly rounded (glibc's; numpy's own float32 exp is off by an ulp in places)
+    np.testing.assert_array_equal(table[255 - np.arange(256)], np.array([math.exp(a) for a in arg], np.float32))
+    assert q["requant"]["rounding"] == "half_away_from_zero"
+    # the probabilities of each input add up to about one
+    for x, out in runs:
+        y = np.load(out / ir["outputs"][0]["file"]).astype(np.float64)
+        assert abs(((y + 128) / 256).sum() - 1.0) < 0.05

@@ -49,7 +49,16 @@ def mlp(tf):
     return tf.keras.Model(x, y), (1, 32)
 
 
-BUILDERS = {"small_cnn": small_cnn, "mlp": mlp}
+def classifier(tf):
+    """Dense layers ending in a softmax over 10 classes."""
+    L = tf.keras.layers
+    x = L.Input((32,), batch_size=1, name="x")
+    h = L.Dense(48, activation="relu", name="fc1")(x)
+    y = L.Dense(10, name="fc2")(h)
+    return tf.keras.Model(x, L.Softmax(name="probs")(y)), (1, 32)
+
+
+BUILDERS = {"small_cnn": small_cnn, "mlp": mlp, "classifier": classifier}
 
 
 def _randomize(model, rng) -> None:

@@ -51,6 +51,8 @@ def _role(anchor: Binding, b: Binding, arg_index: int) -> str:
         return "weight"
     if op == "relax.nn.batch_norm":
         return ["data", "gamma", "beta", "moving_mean", "moving_var"][arg_index]
+    if op == "relax.take" and arg_index == 0:
+        return "table"
     first = b.value.args[0] if isinstance(b.value, relax.Call) and b.value.args else None
     feeds_on_anchor = isinstance(first, relax.Var) and first.name == anchor.name
     if b is not anchor and anchor.op in _WEIGHTED and feeds_on_anchor:
@@ -112,7 +114,7 @@ def build_layer_record(
                 if arr.ndim == 0 and b.op not in _WEIGHTED:
                     continue  # a scalar literal stays inline in the op's args
                 role = _role(anchor, b, j)
-                if quant is not None and (
+                if quant is not None and role != "table" and (
                     quant.get("kind") not in ("conv2d", "depthwise_conv2d", "dense")
                     or role not in ("weight", "bias") or role in arrays
                 ):

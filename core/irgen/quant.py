@@ -148,7 +148,7 @@ def recompute(layer: dict[str, Any], inputs: list[np.ndarray], params: dict[str,
 
     This is the arithmetic a hardware engineer reproduces; it does not read
     ``fused_ops``. Kinds: conv2d, depthwise_conv2d, dense, add, mean,
-    avg_pool2d, concatenate, integer; for scheme ``qdq`` (ONNX Runtime's
+    avg_pool2d, concatenate, softmax (its table is parameter ``table``), integer; for scheme ``qdq`` (ONNX Runtime's
     rounding) conv2d, depthwise_conv2d, dense, add, avg_pool2d,
     global_avg_pool, lut, concatenate, quantize, dequantize.
     """
@@ -193,6 +193,8 @@ def recompute(layer: dict[str, Any], inputs: list[np.ndarray], params: dict[str,
         return np.clip(divide_round_half_away(total, count), lo, hi).astype(out["dtype"])
     elif kind == "concatenate":
         return np.concatenate(inputs, axis=qr["axis"])
+    elif kind == "softmax":
+        return tflite_softmax(inputs[0], params["table"], out["scale"], int(out["zero_point"]), lo, hi, out["dtype"])
     elif kind == "integer":  # max pool, reshape...: plain int8 ops, their attrs say all
         from irgen.reference import run_layer
 
@@ -200,6 +202,29 @@ def recompute(layer: dict[str, Any], inputs: list[np.ndarray], params: dict[str,
     else:
         raise NotImplementedError(f"quant kind {kind!r}")
     return np.clip(y + int(out["zero_point"]), lo, hi).astype(out["dtype"])
+
+
+def tflite_softmax_table(input_scale: float, beta: float = 1.0) -> np.ndarray:
+    """TFLite's int8 softmax table (``PopulateSoftmaxLookupTable``), float32:
+    ``table[255 - v] = expf(float32(-input_scale * beta) * v)`` for v in 0..255."""
+    s = np.float32(-np.float32(input_scale) * np.float32(beta))
+    arg = s * np.arange(256, dtype=np.float32)
+    return np.exp(arg.astype(np.float64)).astype(np.float32)[::-1].copy()
+
+
+def tflite_softmax(x, table, out_scale: float, out_zero_point: int, lo: int, hi: int, dtype: str) -> np.ndarray:
+    """TFLite's int8 softmax over the last axis (``optimized_ops::Softmax`` with
+    the table, which the reference resolver runs too): ``e = table[x - max + 255]``,
+    a float32 sum in row order, ``p = e * (1 / (sum * out_scale))`` in float32,
+    rounded half away from zero, plus the zero point, clamped."""
+    xi = np.asarray(x).astype(np.int64)
+    e = np.asarray(table, np.float32)[xi - xi.max(axis=-1, keepdims=True) + 255]
+    total = np.cumsum(e, axis=-1, dtype=np.float32)[..., -1:]  # sequential, as the C loop
+    inv = np.float32(1.0) / (total * np.float32(out_scale))
+    p = e * inv
+    r = np.floor(p)
+    r = r + (p - r >= np.float32(0.5))
+    return np.clip(r.astype(np.int64) + int(out_zero_point), lo, hi).astype(dtype)
 
 
 def round_shift_half_even(acc, shift) -> np.ndarray:

@@ -206,8 +206,19 @@ def _mean(x: np.ndarray, attrs: dict) -> np.ndarray:
 def _reduce(fn, x: np.ndarray, attrs: dict) -> np.ndarray:
     axis = attrs.get("axis")
     axis = None if axis is None else tuple(int(a) for a in axis)
-    acc = x.astype(np.float64) if fn is np.sum and x.dtype.kind == "f" else x
-    return np.asarray(fn(acc, axis=axis, keepdims=bool(attrs.get("keepdims", False)))).astype(x.dtype)
+    if fn is np.sum and x.dtype.kind == "f":
+        fn = _sum_in_order
+    return np.asarray(fn(x, axis=axis, keepdims=bool(attrs.get("keepdims", False)))).astype(x.dtype)
+
+
+def _sum_in_order(x: np.ndarray, axis=None, keepdims: bool = False) -> np.ndarray:
+    """``np.sum``, but a float sum over one axis adds in index order (TVM's
+    reduction loop; numpy's pairwise sum rounds differently)."""
+    if x.dtype.kind != "f" or axis is None or len(np.atleast_1d(axis)) != 1 or x.ndim == 0:
+        return np.sum(x, axis=axis, keepdims=keepdims)
+    ax = int(np.atleast_1d(axis)[0])
+    total = np.take(np.cumsum(x, axis=ax, dtype=x.dtype), [-1], axis=ax)
+    return total if keepdims else np.squeeze(total, axis=ax)
 
 
 def _adaptive_avg_pool2d(x: np.ndarray, attrs: dict) -> np.ndarray:
@@ -415,6 +426,7 @@ OPS: dict[str, Callable[[list[Any], dict], Any]] = {
     "relax.nn.local_response_norm": _lrn,
     "relax.nn.avg_pool3d": _avg_pool3d,
     "relax.nn.dropout": _dropout,
+    "relax.floor": lambda args, attrs: np.floor(args[0]),
     "relax.round": lambda args, attrs: np.rint(args[0]),  # half to even, as TVM's round on CPU
     "relax.take": lambda args, attrs: np.take(np.asarray(args[0]), np.asarray(args[1]).astype(np.int64),
                                               axis=int(attrs.get("axis") or 0)),

@@ -95,11 +95,27 @@ def _check_ops(converter, subgraph, where: str) -> None:
         ins = [int(t) for t in op.InputsAsNumpy() if t >= 0] if op.InputsLength() else []
         float_acts = [t for t in ins if _TYPES.get(subgraph.Tensors(t).Type()) == "float32" and not _is_const(converter, subgraph, t)]
         int_weights = [t for t in ins if _TYPES.get(subgraph.Tensors(t).Type()) in _WEIGHT_QUANT and _is_const(converter, subgraph, t)]
+        if code == "SOFTMAX" and _softmax_beta(op) != 1.0:
+            raise IrgenError(
+                f"{where}: op {op_name}: SOFTMAX with beta={_softmax_beta(op):g} is not supported "
+                "(TVM's TFLite importer computes softmax(x) and drops beta)"
+            )
         if float_acts and int_weights:
             raise IrgenError(
                 f"{where}: op {op_name}: dynamic-range quantized (float activations, int8 weights) "
                 f"at tensor {_tensor_name(subgraph, int_weights[0])!r} is not supported; convert with full-integer quantization"
             )
+
+
+def _softmax_beta(op) -> float:
+    from tflite.SoftmaxOptions import SoftmaxOptions
+
+    table = op.BuiltinOptions()
+    if table is None:
+        return 1.0
+    options = SoftmaxOptions()
+    options.Init(table.Bytes, table.Pos)
+    return float(options.Beta())
 
 
 def _is_const(converter, subgraph, idx: int) -> bool:

@@ -16,6 +16,11 @@ what the TFLite interpreter computes, bit for bit:
   the element count (TFLite's MeanImpl);
 * AVERAGE_POOL_2D: sum over the valid window divided by the valid count,
   rounding half away from zero;
+* SOFTMAX (last axis): TFLite's table kernel, which its reference resolver
+  runs for int8 too: ``e = table[x - max(x) + 255]`` with
+  ``table[255 - v] = expf(-s_x * v)`` (a 256-entry float32 parameter),
+  ``p = e * (1 / (sum(e) * s_y))`` in float32 (the sum in row order), rounded
+  half away from zero, plus ``zp_y``;
 * MAX_POOL_2D, RESHAPE, CONCATENATION with shared parameters: exact in int8
   as imported.
 """
@@ -64,6 +69,14 @@ def _dequantized(qg, expr):
     if not isinstance(src, relax.Var):
         return None
     return src, _qparams(qg, b.value, "dequantize", src.name), b.name
+
+
+def _int8_input(qg, expr, what: str):
+    """(int var, QTensor, dq binding name) of an input that must be dequantize(int8 var)."""
+    xin = _dequantized(qg, expr)
+    if xin is None:
+        raise IrgenError(f"{SCHEME}: {what} is not a dequantized int8 tensor")
+    return xin
 
 
 def _const_weight(qg, expr, tensor: str):
@@ -140,10 +153,7 @@ def _offset(qg, x, zp: int):
 def _realize_conv(qg, qb, comp, bias_b, out, act=None):
     relax, op, q, Constant = _ops()
     tensor = qb.name
-    xin = _dequantized(qg, comp.value.args[0])
-    if xin is None:
-        raise IrgenError(f"{SCHEME}: input of {tensor!r} is not a dequantized int8 tensor")
-    x, qx, dqx = xin
+    x, qx, dqx = _int8_input(qg, comp.value.args[0], f"input of {tensor!r}")
     w, qw, wdrop = _const_weight(qg, comp.value.args[1], tensor)
     xs = _offset(qg, x, int(qx.zero_point[0]))
     a = comp.value.attrs
@@ -245,10 +255,7 @@ def _realize_add(qg, qb, comp, out, act=None):
 def _realize_mean(qg, qb, comp, out, act=None):
     _, op, q, _ = _ops()
     tensor = qb.name
-    xin = _dequantized(qg, comp.value.args[0])
-    if xin is None:
-        raise IrgenError(f"{SCHEME}: input of the mean {tensor!r} is not a dequantized int8 tensor")
-    x, qx, dqx = xin
+    x, qx, dqx = _int8_input(qg, comp.value.args[0], f"input of the mean {tensor!r}")
     axes = [int(a) for a in comp.value.attrs.axis]
     shape = [int(d) for d in x.ty.shape.values]
     count = int(np.prod([shape[a] for a in axes]))
@@ -295,6 +302,42 @@ def _realize_concat(qg, qb, comp, out):
     rec = {"scheme": SCHEME, "kind": "concatenate", "axis": int(comp.value.attrs.axis),
            "inputs": [qx.record() for _, qx, _ in ins], "output": out.record()}
     return [d for _, _, d in ins] + [comp.name, qb.name], expr, rec
+
+
+def _realize_softmax(qg, qb, comp, out):
+    relax, op, q, _ = _ops()
+    tensor = qb.name
+    x, qx, dqx = _int8_input(qg, comp.value.args[0], f"input of the softmax {tensor!r}")
+    ndim = len(x.ty.shape.values)
+    if int(comp.value.attrs.axis) not in (-1, ndim - 1):
+        raise IrgenError(f"{SCHEME}: softmax {tensor!r} is not over the last axis; TFLite's int8 kernel is")
+    table = q.tflite_softmax_table(float(qx.scale[0]))
+    lo, hi, last = _clamp(qg, qb.name, out.dtype)
+    xi = qg.emit(op.astype(x, "int32"))
+    idx = qg.emit(op.add(qg.emit(op.subtract(xi, qg.emit(op.max(xi, axis=[-1], keepdims=True)))),
+                         q.rx_const(255, "int32")))
+    e = qg.emit(op.take(relax.const(table), idx, axis=0, mode="clip"))  # idx is in 0..255
+    total = qg.emit(op.sum(e, axis=[-1], keepdims=True))
+    inv = qg.emit(op.divide(q.rx_const(1.0, "float32"),
+                            qg.emit(op.multiply(total, q.rx_const(float(np.float32(out.scale[0])), "float32")))))
+    p = qg.emit(op.multiply(e, inv))
+    r = qg.emit(op.floor(p))
+    half_up = qg.emit(op.astype(qg.emit(op.greater_equal(qg.emit(op.subtract(p, r)), q.rx_const(0.5, "float32"))),
+                                "float32"))
+    y = qg.emit(op.astype(qg.emit(op.add(r, half_up)), "int32"))
+    rec = {
+        "scheme": SCHEME,
+        "kind": "softmax",
+        "axis": -1,
+        "inputs": [qx.record()],
+        "output": out.record(),
+        "table": "parameter 'table' (float32[256]): table[255 - v] = expf(float32(-input_scale) * v)",
+        "requant": {"rounding": "half_away_from_zero",
+                    "rounding_rule": "y = round(table[x - max + 255] * float32(1 / (float32(sum) * output_scale))) "
+                                     "+ zero_point, sum in row order, float32 throughout"},
+        "clamp": [lo, hi],
+    }
+    return [dqx, comp.name] + _tail(qb, None, last), _finish(qg, y, out, lo, hi), rec
 
 
 def _realize_avg_pool(qg, cast_b, pool_b, widen_b, qin):
@@ -400,6 +443,8 @@ def realize(qg) -> None:
             names, expr, rec = _realize_mean(qg, b, comp, out, act)
         elif comp.op == "relax.concat" and act is None:
             names, expr, rec = _realize_concat(qg, b, comp, out)
+        elif comp.op == "relax.nn.softmax" and act is None:
+            names, expr, rec = _realize_softmax(qg, b, comp, out)
         else:
             raise IrgenError(f"{SCHEME}: cannot realize {comp.op or comp.kind} at tensor {b.name!r} in integer arithmetic")
         qparams[names[-1]] = out
