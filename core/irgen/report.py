@@ -326,7 +326,7 @@ def _chart_svg(ordered: list[tuple[int, dict]], modes: list[str], thresholds: di
     min_cos = _num(thresholds.get("min_cosine"))
     n = max(1, len(ordered))
     width = label_w + len(modes) * (err_w + cos_w + 2 * gap) + 10
-    height = top + n * row_h + 30
+    height = top + n * row_h + 44
     out = []
     for r, (i, layer) in enumerate(ordered):
         y = top + r * row_h
@@ -356,9 +356,10 @@ def _chart_svg(ordered: list[tuple[int, dict]], modes: list[str], thresholds: di
     if not modes:
         out.append(f'<text x="{label_w}" y="{top}" class="na">no checks in this result</text>')
     foot = top + n * row_h + 20
-    out.append(f'<text x="{label_w}" y="{foot}" class="tick">bars: integer layers max |diff| in LSB, '
-               f'float layers max |diff|; \u25c6 = exact; thin line = max_lsb or atol (float checks '
-               f'also allow rtol \u00b7 |golden|); colour = check status</text>')
+    out.append(f'<text x="{label_w}" y="{foot}" class="tick">bars: max |golden \u2212 reference|, in LSB for '
+               f'integer layers; \u25c6 = exact (0); colour = the check\'s status</text>'
+               f'<text x="{label_w}" y="{foot + 13}" class="tick">thin line: threshold, max_lsb or atol '
+               f'(float checks also allow rtol \u00b7 |golden|)</text>')
     return (f'<svg id="error-chart" role="img" aria-label="per-layer error chart" width="{width}" '
             f'height="{height}" viewBox="0 0 {width} {height}">' + "".join(out) + "</svg>")
 
@@ -383,17 +384,21 @@ def _histogram_svg(k: int, name: str, h: dict) -> str:
     top = max(max(golden), max(ref), 1.0)
     bw = pw / nb
     out = [f'<rect x="{ml}" y="{mt}" width="{pw}" height="{ph}" fill="#fafafa" stroke="#cfd8dc"/>']
+    def scale(c: float) -> float:  # log counts: a spike (ReLU's zeros) does not flatten the rest
+        return ph * math.log1p(max(c, 0.0)) / math.log1p(top)
+
     for b, c in enumerate(golden):
-        bh = ph * c / top
+        bh = scale(c)
         out.append(f'<rect class="golden" x="{ml + b * bw:.2f}" y="{mt + ph - bh:.2f}" width="{max(bw - 0.5, 0.5):.2f}" '
                    f'height="{bh:.2f}" fill="{COLORS["golden"]}" fill-opacity="0.55"/>')
     pts = []
     for b, c in enumerate(ref):
-        y = mt + ph - ph * c / top
+        y = mt + ph - scale(c)
         pts.append(f"{ml + b * bw:.2f},{y:.2f} {ml + (b + 1) * bw:.2f},{y:.2f}")
     out.append(f'<polyline class="reference" points="{" ".join(pts)}" fill="none" '
                f'stroke="{COLORS["reference"]}" stroke-width="1.6"/>')
-    out.append(f'<text x="{ml - 4}" y="{mt + 8}" class="tick" text-anchor="end">{_fmt(top)}</text>')
+    out.append(f'<text x="{ml - 4}" y="{mt + 8}" class="tick" text-anchor="end">{_fmt(top)}</text>'
+               f'<text x="{w - mr}" y="16" class="tick" text-anchor="end">count, log scale</text>')
     out.append(f'<text x="{ml - 4}" y="{mt + ph}" class="tick" text-anchor="end">0</text>')
     for frac, anchor in ((0.0, "start"), (0.5, "middle"), (1.0, "end")):
         v = edges[0] + frac * (edges[-1] - edges[0])
