@@ -372,6 +372,43 @@ def _where(args, attrs):
     return np.where(c, a, b).astype(dtype)
 
 
+def _qparam(v: Any, x: np.ndarray, axis: int, dtype: str) -> np.ndarray:
+    """A quantize/dequantize scale or zero point, shaped to broadcast along ``axis`` of ``x``."""
+    a = np.asarray(v, dtype)
+    if a.size <= 1:
+        return a.reshape(())
+    shape = [1] * x.ndim
+    shape[axis % x.ndim] = a.size
+    return a.reshape(shape)
+
+
+def _quantize(args, attrs):
+    """relax.quantize as TVM legalizes it: ``clip(round(x / scale) + zp)``, float32, round half to even."""
+    x, scale, zp = args
+    axis = int(attrs.get("axis", -1))
+    out = str(attrs.get("out_dtype") or "int8")
+    f = np.asarray(x, np.float32) / _qparam(scale, x, axis, "float32")
+    if "int" in out:
+        f = np.rint(f)
+        info = np.iinfo(out)
+        f = f + _qparam(zp, x, axis, "float32")
+        return np.clip(f, info.min, info.max).astype(out)
+    return (f + _qparam(zp, x, axis, "float32")).astype(out)
+
+
+def _dequantize(args, attrs):
+    """relax.dequantize as TVM legalizes it: ``float32(int32(x) - zp) * float32(scale)``."""
+    x, scale, zp = args
+    x = np.asarray(x)
+    axis = int(attrs.get("axis", -1))
+    out = str(attrs.get("out_dtype") or "float32")
+    if out != "float32":
+        raise NotImplementedError(f"dequantize to {out}")
+    wide = "float32" if x.dtype.kind == "f" else "int32"
+    sub = x.astype(wide) - _qparam(zp, x, axis, wide)
+    return sub.astype(np.float32) * _qparam(scale, x, axis, "float32")
+
+
 def _power(a, b):
     return np.power(a, b)
 
@@ -430,6 +467,8 @@ OPS: dict[str, Callable[[list[Any], dict], Any]] = {
     "relax.round": lambda args, attrs: np.rint(args[0]),  # half to even, as TVM's round on CPU
     "relax.take": lambda args, attrs: np.take(np.asarray(args[0]), np.asarray(args[1]).astype(np.int64),
                                               axis=int(attrs.get("axis") or 0)),
+    "relax.quantize": _quantize,
+    "relax.dequantize": _dequantize,
     "tgi": lambda args, attrs: args[0][int(attrs["index"])],
 }
 
