@@ -53,25 +53,11 @@ def build(name: str, seed: int = 0):
 
 
 def record_nodes(ep, x: torch.Tensor) -> dict[str, np.ndarray]:
-    """Every FX node's output when the exported program runs on ``x``."""
-    gm = ep.graph_module
-    seen: dict[str, np.ndarray] = {}
+    """Every FX node's output when the exported program runs on ``x`` (the
+    plugin's FX interpreter, which ``irgen verify`` uses too)."""
+    from irgen_torch import record_nodes as record
 
-    class Recorder(torch.fx.Interpreter):
-        def run_node(self, n):
-            out = super().run_node(n)
-            if isinstance(out, torch.Tensor):
-                seen[n.name] = out.detach().numpy().copy()
-            return out
-
-    sig = ep.graph_signature
-    state = {**ep.state_dict, **dict(ep.named_buffers()), **ep.constants}
-    args = []
-    for spec in sig.input_specs:
-        args.append(x if spec.kind == torch.export.graph_signature.InputKind.USER_INPUT else state[spec.target])
-    with torch.no_grad():
-        Recorder(gm).run(*args)
-    return seen
+    return record(ep, [x])
 
 
 @pytest.fixture(scope="module", params=CASES)

@@ -73,6 +73,9 @@ class Frontend:
     ``claims(path)`` says whether this frontend reads the file (by suffix or
     content, cheaply: no heavy imports). ``load(path, options)`` imports it;
     ``options`` carries CLI settings such as input shapes.
+
+    ``runner(path, options)``, optional, runs the model in its own runtime for
+    ``irgen verify``: see :meth:`source_runner`.
     """
 
     name: str
@@ -80,6 +83,18 @@ class Frontend:
     load: Callable[[Path, dict[str, Any]], ImportedModel]
     claims: Callable[[Path], bool] | None = None
     description: str = ""
+    runner: Callable[[Path, dict[str, Any]], Callable[[dict[str, Any], list[str]], dict[str, Any]]] | None = None
+
+    def source_runner(self, model_path: Path, options: dict[str, Any]):
+        """A callable ``run(inputs, tensors) -> {tensor: array}`` that runs the model
+        at ``model_path`` in its source runtime on ``inputs`` (``{input name:
+        array}``) and returns the value of every tensor in ``tensors`` (source
+        names, as in a layer's ``source.outputs``) that the runtime can give.
+        Raises :class:`IrgenError` when this frontend has no runner or its
+        runtime is not installed."""
+        if self.runner is None:
+            raise IrgenError(f"frontend {self.name!r} cannot run models in their source runtime")
+        return self.runner(Path(model_path), options)
 
     def claims_file(self, path: Path) -> bool:
         if self.claims is not None:

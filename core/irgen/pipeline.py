@@ -356,11 +356,32 @@ def run(
                 "python": sys.version.split()[0],
                 "plugins": {kind: {n: reg.owner(n) for n in reg.names()} for kind, reg in host.registries.items()},
                 "command": shlex.join(command) if command else None,
+                "cwd": str(Path.cwd()),
                 "model": ir["model"],
+                "frontend_options": frontend_options(options or {}),
             },
         )
     progress.done(f"wrote {out} ({len(layers)} layers, {len(kernels)} kernels)")
     return ir
+
+
+#: the frontend options ``irgen verify`` needs to load the model again as ``irgen run`` did
+FRONTEND_OPTIONS = ("input_shapes", "model_class", "model_args", "calibration", "allow_pickle")
+
+
+def frontend_options(options: dict[str, Any]) -> dict[str, Any]:
+    """The frontend options of a run, as JSON (recorded in ``manifest.json``)."""
+    rec: dict[str, Any] = {}
+    for key in FRONTEND_OPTIONS:
+        v = options.get(key)
+        if v in (None, False, {}, []):
+            continue
+        if key == "input_shapes":
+            v = {k: [int(d) for d in dims] for k, dims in v.items()}
+        elif key == "calibration":
+            v = str(Path(v).resolve())
+        rec[key] = v
+    return rec
 
 
 def _write_npy(path_without_suffix: Path, arr: np.ndarray) -> Path:

@@ -266,6 +266,46 @@ def _finish_main(mod, param_names: list[str]):
     return relax.transform.Normalize()(mod)
 
 
+def interpreter_runner(content: bytes, where: str):
+    """The TFLite interpreter (reference kernels, every tensor preserved) on a
+    flatbuffer; tensors by name. Used by ``irgen verify`` (tflite and keras)."""
+    import numpy as np
+
+    from irgen_tensorflow.keras_frontend import _tf
+
+    tf = _tf()  # an IrgenError when TensorFlow is not installed
+
+    def run(inputs: dict[str, Any], tensors: list[str]) -> dict[str, Any]:
+        it = tf.lite.Interpreter(
+            model_content=content,
+            experimental_op_resolver_type=tf.lite.experimental.OpResolverType.BUILTIN_REF,
+            experimental_preserve_all_tensors=True,
+        )
+        it.allocate_tensors()
+        details = it.get_input_details()
+        for k, d in enumerate(details):
+            value = inputs.get(d["name"])
+            if value is None and len(inputs) == len(details):
+                value = list(inputs.values())[k]
+            it.set_tensor(d["index"], value)
+        it.invoke()
+        wanted = set(tensors)
+        out: dict[str, Any] = {}
+        for d in it.get_tensor_details():
+            if d["name"] in wanted and d["name"] not in out:
+                try:
+                    out[d["name"]] = np.array(it.get_tensor(d["index"]))
+                except (ValueError, RuntimeError):
+                    continue
+        return out
+
+    return run
+
+
+def source_runner(path: Path, options: dict[str, Any]):
+    return interpreter_runner(Path(path).read_bytes(), f"tflite frontend ({Path(path).name})")
+
+
 def _claims(path: Path) -> bool:
     return path.suffix.lower() == ".tflite"
 
@@ -279,6 +319,7 @@ def irgen_register_frontends(register):
             load=load_tflite,
             claims=_claims,
             description="TensorFlow Lite flatbuffers through TVM's Relax TFLite importer",
+            runner=source_runner,
         )
     )
     from irgen_tensorflow import keras_frontend  # light: TensorFlow is imported only by load
@@ -289,6 +330,7 @@ def irgen_register_frontends(register):
             suffixes=(*keras_frontend.KERAS_SUFFIXES, "SavedModel folder"),
             load=keras_frontend.load_keras,
             claims=keras_frontend.claims,
+            runner=keras_frontend.source_runner,
             description="Keras .keras/.h5 files and SavedModel folders, converted with TFLiteConverter "
             "(int8 with --calibration DIR), then imported as tflite",
         )

@@ -265,3 +265,11 @@ def load_keras(path: Path, options: dict[str, Any]) -> ImportedModel:
     buf = convert(path, options.get("calibration"))
     model = _parse_model(buf, f"{path} (converted to TFLite)")
     return import_tflite(model, where, options, "keras")
+
+
+def source_runner(path: Path, options: dict[str, Any]):
+    """The model converted as :func:`load_keras` converts it, in the TFLite interpreter."""
+    from irgen_tensorflow import interpreter_runner
+
+    path = Path(path)
+    return interpreter_runner(convert(path, options.get("calibration")), f"keras frontend ({path.name})")

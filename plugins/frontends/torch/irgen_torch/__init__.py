@@ -509,6 +509,47 @@ def load_torch(path: Path, options: dict[str, Any]) -> ImportedModel:
     return translate(ep, where)
 
 
+def record_nodes(ep, inputs: list) -> dict[str, Any]:
+    """Every FX node's tensor value (by node name) when ``ep``'s graph runs on ``inputs``
+    (the user inputs in order), through ``torch.fx.Interpreter``."""
+    import torch
+
+    seen: dict[str, Any] = {}
+
+    class Recorder(torch.fx.Interpreter):
+        def run_node(self, n):
+            out = super().run_node(n)
+            if isinstance(out, torch.Tensor):
+                seen[n.name] = out.detach().numpy().copy()
+            return out
+
+    state = {**ep.state_dict, **dict(ep.named_buffers()), **ep.constants}
+    user = iter(inputs)
+    args = [next(user) if s.kind == torch.export.graph_signature.InputKind.USER_INPUT else state[s.target]
+            for s in ep.graph_signature.input_specs]
+    with torch.no_grad():
+        Recorder(ep.graph_module).run(*args)
+    return seen
+
+
+def source_runner(path: Path, options: dict[str, Any]):
+    """The exported program (``.pt2`` as saved, ``.pth`` exported as ``load`` does)
+    under an FX interpreter; tensors by FX node name."""
+    try:
+        import torch
+    except ImportError as err:
+        raise IrgenError(f"torch source check needs torch ({err})") from None
+    ep = _load_pt2(path) if path.suffix.lower() == ".pt2" else _load_pth(path, options)[0]
+    names = [s.name for s in _user_inputs(ep)]
+
+    def run(inputs: dict[str, Any], tensors: list[str]) -> dict[str, Any]:
+        feeds = [torch.from_numpy(inputs[n] if n in inputs else list(inputs.values())[k]) for k, n in enumerate(names)]
+        seen = record_nodes(ep, feeds)
+        return {t: seen[t] for t in tensors if t in seen}
+
+    return run
+
+
 def _claims(path: Path) -> bool:
     return path.suffix.lower() in _SUFFIXES
 
@@ -522,5 +563,6 @@ def irgen_register_frontends(register):
             load=load_torch,
             claims=_claims,
             description="PyTorch: torch.export .pt2 programs, .pth state dicts with --model-class",
+            runner=source_runner,
         )
     )
