@@ -1,8 +1,10 @@
 """The ``irgen`` command line.
 
-``irgen [--plugin X]... [--strict-plugins] {plugins,run} ...``; the global
-options are also accepted after the subcommand. Only ``irgen run`` imports the
-pipeline (and with it TVM): ``irgen --help`` and ``irgen plugins`` stay fast.
+``irgen [--plugin X]... [--strict-plugins] {plugins,run,verify,inspect} ...``;
+the global options are also accepted after the subcommand. Only ``irgen run``
+imports the pipeline (and with it TVM); ``irgen verify`` imports a source
+runtime only for its ``source`` check: ``irgen --help`` and ``irgen plugins``
+stay fast.
 """
 
 from __future__ import annotations
@@ -80,8 +82,46 @@ def build_parser() -> argparse.ArgumentParser:
     torch_opts.add_argument("--allow-pickle", action="store_true",
                             help="allow a .pth holding a whole pickled module: unpickling RUNS ARBITRARY "
                                  "CODE from the file; only for files you trust")
+    run.add_argument("--verify", action="store_true",
+                     help="run 'irgen verify' on OUT right after writing it (exit 1 when it fails; OUT is kept)")
+    _add_threshold_options(run.add_argument_group("--verify thresholds"))
     run.set_defaults(func=cmd_run)
+
+    verify = commands.add_parser(
+        "verify", parents=[after],
+        help="check OUT: rerun its layers in numpy (single, entire) and the model in its own runtime (source)",
+    )
+    verify.add_argument("out", type=Path, metavar="OUT", help="output folder of 'irgen run'")
+    verify.add_argument("--mode", choices=("single", "entire", "source", "all"), action="append", default=None,
+                        help="check to run (repeatable; default: all, source only when the model and its runtime are there)")
+    verify.add_argument("--json", action="store_true", help="print the result as JSON instead of the table")
+    verify.add_argument("--report", type=Path, default=None, metavar="PATH",
+                        help="write the HTML report to PATH (default: OUT.report.html next to OUT)")
+    verify.add_argument("--no-report", action="store_true", help="write no HTML report")
+    verify.add_argument("--model", type=Path, default=None, metavar="PATH",
+                        help="the source model, when it is no longer at the path recorded in ir.json")
+    verify.add_argument("--limit", type=int, default=None, metavar="N", help="show only the N worst layers")
+    verify.add_argument("--no-progress", action="store_true", help="no progress output")
+    _add_threshold_options(verify)
+    verify.set_defaults(func=cmd_verify)
+
+    inspect = commands.add_parser("inspect", parents=[after], help="summarize the IR in OUT")
+    inspect.add_argument("out", type=Path, metavar="OUT", help="output folder of 'irgen run'")
+    inspect.add_argument("--json", action="store_true", help="print the summary as JSON")
+    inspect.set_defaults(func=cmd_inspect)
     return parser
+
+
+def _add_threshold_options(group) -> None:
+    group.add_argument("--max-lsb", type=int, default=1, metavar="N",
+                       help="integer tensors vs the source runtime: largest allowed difference in LSB (default: 1)")
+    group.add_argument("--atol", type=float, default=1e-5, metavar="X",
+                       help="float tensors: absolute tolerance (default: 1e-5; scaled by max(1, max|golden|) in entire and source)")
+    group.add_argument("--rtol", type=float, default=1e-4, metavar="X", help="float tensors: relative tolerance (default: 1e-4)")
+    group.add_argument("--min-cosine", type=float, default=None, metavar="X",
+                       help="float tensors: smallest allowed cosine similarity (default: none)")
+    group.add_argument("--allow-unsupported", action="store_true",
+                       help="layers the numpy reference cannot run do not fail verification (they are still listed)")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -124,7 +164,83 @@ def cmd_run(args: argparse.Namespace) -> int:
     host = load_host(args)
     from irgen import pipeline  # imports TVM
 
-    return int(pipeline.run_cli(args, host))
+    code = int(pipeline.run_cli(args, host))
+    if code == 0 and args.verify:
+        result = run_verify(args, args.output, modes=None, model=args.model)
+        if not result["passed"]:
+            print(f"irgen: verification of {args.output} failed (the output is kept)", file=sys.stderr)
+            return 1
+    return code
+
+
+def _thresholds(args: argparse.Namespace):
+    from irgen.verify import Thresholds
+
+    return Thresholds(max_lsb=args.max_lsb, atol=args.atol, rtol=args.rtol, min_cosine=args.min_cosine,
+                      allow_unsupported=args.allow_unsupported)
+
+
+def run_verify(args: argparse.Namespace, out: Path, modes: list[str] | None, model: Path | None,
+               as_json: bool = False, report: Path | None = None) -> dict[str, Any]:
+    """Verify ``out`` and print the table (or JSON); ``modes`` None: all that can run."""
+    from irgen.verify import format_table
+
+    import contextlib
+
+    with contextlib.redirect_stdout(sys.stderr):  # runtimes that print (TensorFlow) keep stdout for the result
+        result = _verify_quietly(args, out, modes, model)
+    if as_json:
+        print(json.dumps(result, indent=1))
+    else:
+        print(format_table(result, getattr(args, "limit", None)))
+    if report is not None:
+        try:
+            from irgen.report import write_report
+        except ImportError:
+            print("irgen: note: HTML report not written (irgen.report is not available)", file=sys.stderr)
+        else:
+            path = write_report(result, report)
+            if not args.no_progress:
+                print(f"wrote {path}", file=sys.stderr)
+    return result
+
+
+def _verify_quietly(args: argparse.Namespace, out: Path, modes: list[str] | None, model: Path | None) -> dict[str, Any]:
+    from irgen.output import Progress
+    from irgen.verify import MODES, source_runner_for, verify_output
+
+    progress = Progress(enabled=not args.no_progress)
+    if not (out / "ir.json").is_file():
+        raise IrgenError(f"{out}: not an irgen output folder (no ir.json)")
+    runner = None
+    if modes is None or "all" in modes:
+        modes = list(MODES)
+        try:
+            ir = json.loads((out / "ir.json").read_text())
+            runner, model = source_runner_for(out, ir, model, load_host(args))
+        except IrgenError as err:
+            modes.remove("source")
+            print(f"irgen: note: source check skipped: {_one_line(err)}", file=sys.stderr)
+    elif "source" in modes:
+        ir = json.loads((out / "ir.json").read_text())
+        runner, model = source_runner_for(out, ir, model, load_host(args))
+    return verify_output(out, modes=modes, thresholds=_thresholds(args), source_runner=runner, model=model,
+                         progress=progress)
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    out = args.out
+    report = None if args.no_report else (args.report or out.parent / f"{out.name}.report.html")
+    result = run_verify(args, out, args.mode, args.model, as_json=args.json, report=report)
+    return 0 if result["passed"] else 1
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from irgen.verify import format_inspect, inspect_output
+
+    info = inspect_output(args.out)
+    print(json.dumps(info, indent=1) if args.json else format_inspect(info))
+    return 0
 
 
 def _one_line(message: Any) -> str:

@@ -1,0 +1,69 @@
+"""``irgen inspect OUT``: the IR summary as a table and as JSON, byte counts from the files."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from irgen.cli import main as irgen_main
+
+EXAMPLE = Path(__file__).parents[1] / "examples" / "tiny_cnn.onnx"
+
+
+@pytest.fixture(scope="module")
+def out(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("inspect") / "out"
+    assert irgen_main(["run", str(EXAMPLE), "-o", str(out), "--no-progress"]) == 0
+    return out
+
+
+def _bytes(folder: Path) -> tuple[int, int]:
+    files = [p for p in folder.rglob("*.npy")]
+    return len(files), sum(p.stat().st_size for p in files)
+
+
+def test_json_counts_match_the_files(out, capsys):
+    capsys.readouterr()
+    assert irgen_main(["inspect", str(out), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    ir = json.loads((out / "ir.json").read_text())
+    assert info["irgen_inspect"] == 1 and info["layers"] == len(ir["layers"]) == 10
+    assert info["ops"] == dict(Counter(l["op"] for l in ir["layers"]))
+    assert info["ops"]["conv2d"] == 4
+    assert info["dtypes"] == {"float32": 10} and info["schemes"] == {}
+    assert (info["parameter_files"], info["parameter_bytes"]) == _bytes(out / "parameters")
+    assert (info["activation_files"], info["activation_bytes"]) == _bytes(out / "activations")
+    assert info["parameter_bytes"] == sum(r["param_bytes"] for r in info["layer_table"])
+    assert info["producer"] == ir["producer"] and info["inputs"] == [{"name": "x", "shape": [1, 3, 32, 32], "dtype": "float32"}]
+    conv1 = info["layer_table"][0]
+    assert conv1["name"] == "conv1_Conv" and conv1["output_shape"] == [1, 8, 32, 32]
+    assert conv1["param_bytes"] == sum((out / r["file"]).stat().st_size for r in ir["layers"][0]["params"].values())
+    assert conv1["activation_bytes"] == (out / ir["layers"][0]["outputs"][0]["file"]).stat().st_size
+
+
+def test_table(out, capsys):
+    capsys.readouterr()
+    assert irgen_main(["inspect", str(out)]) == 0
+    text = capsys.readouterr().out
+    _, pbytes = _bytes(out / "parameters")
+    assert f"parameters:  10 files, {pbytes} bytes" in text
+    assert "ops:     conv2d x4," in text and "schemes: none (float)" in text
+    rows = [line.split() for line in text.splitlines() if line.startswith(("conv1_Conv ", "fc_Gemm "))]
+    assert rows[0][:5] == ["conv1_Conv", "conv2d", "float32", "-", "1x8x32x32"]
+    assert rows[1][:5] == ["fc_Gemm", "dense", "float32", "-", "1x10"]
+
+
+def test_quantized_schemes_and_errors(tmp_path, capsys):
+    tflite_models = pytest.importorskip("tflite_models")
+    path, _ = tflite_models.export("mlp", tmp_path, "int8")
+    assert irgen_main(["run", str(path), "-o", str(tmp_path / "out"), "--no-progress"]) == 0
+    capsys.readouterr()
+    assert irgen_main(["inspect", str(tmp_path / "out"), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["schemes"] == {"tflite-int8": 3} and info["dtypes"] == {"int8": 3} and info["ops"] == {"dense": 3}
+    assert irgen_main(["inspect", str(tmp_path / "nothing")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("irgen: error:") and "no ir.json" in err

@@ -1,0 +1,420 @@
+"""``irgen verify``: the numpy self-check, the source-runtime check, tampering, the CLI.
+
+Every output folder the test session writes is also verified in ``single`` and
+``entire`` modes by the hook in ``conftest.py``; here each frontend's source
+runtime is compared too, tampered copies must fail naming the layer, and the
+command line's table, JSON, thresholds and exit codes are checked.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from irgen.cli import main as irgen_main  # noqa: E402
+from irgen.verify import MODES, Thresholds, compare, verify_output  # noqa: E402
+
+METRIC_KEYS = {"status", "tensor", "elements", "exact_share", "max_abs", "max_rel", "max_lsb", "cosine", "sqnr_db", "message"}
+
+
+def _run(*args) -> None:
+    assert irgen_main(["run", *map(str, args), "--no-progress"]) == 0
+
+
+def _verify(capsys, out: Path, *args) -> tuple[int, str, str]:
+    capsys.readouterr()  # what came before (TensorFlow prints while converting)
+    code = irgen_main(["verify", str(out), "--no-progress", "--no-report", *map(str, args)])
+    cap = capsys.readouterr()
+    return code, cap.out, cap.err
+
+
+def _verify_json(capsys, out: Path, *args) -> tuple[int, dict]:
+    code, stdout, err = _verify(capsys, out, "--json", *args)
+    return code, json.loads(stdout)
+
+
+def _verify_all(capsys, out: Path, integer_exact: bool) -> tuple[dict, dict]:
+    """``irgen verify OUT --json`` passes and every layer was compared with the source
+    runtime; returns (result, ir)."""
+    ir = json.loads((out / "ir.json").read_text())
+    code, result = _verify_json(capsys, out)
+    assert code == 0, result["problems"]
+    assert _assert_source_checked(result, ir, integer_exact) == len(ir["layers"])
+    return result, ir
+
+
+def _assert_source_checked(result: dict, ir: dict, integer_exact: bool) -> int:
+    """Every layer output with a source tensor was compared with the runtime and passed."""
+    assert result["passed"], [p for p in result["problems"]]
+    assert result["modes"] == list(MODES)
+    compared = 0
+    for row, layer in zip(result["layers"], ir["layers"], strict=True):
+        m = row["checks"]["source"]
+        assert m is not None, row["name"]
+        assert m["status"] == "pass", (row["name"], m)
+        assert m["elements"] == int(np.prod(layer["outputs"][0]["shape"]))
+        if integer_exact and row["integer"]:
+            assert m["max_lsb"] == 0 and m["exact_share"] == 1.0 and m["exact"], (row["name"], m)
+        compared += 1
+    return compared
+
+
+# ------------------------------------------------------------------ one model per frontend
+
+
+def _generated(tmp_path_factory, name: str, export) -> tuple[Path, Path]:
+    """``export(folder) -> (model path, input)``, then ``irgen run`` on it: (model, OUT)."""
+    d = tmp_path_factory.mktemp(name)
+    path, x = export(d)
+    np.save(d / "x.npy", x)
+    _run(path, "-o", d / "out", "--input", d / "x.npy")
+    return path, d / "out"
+
+
+@pytest.fixture(scope="module")
+def onnx_float(tmp_path_factory):
+    import models
+
+    return _generated(tmp_path_factory, "verify_onnx", lambda d: models.export("small_cnn", d))
+
+
+def test_onnx_float_all_modes(onnx_float, capsys):
+    path, out = onnx_float
+    result, ir = _verify_all(capsys, out, integer_exact=False)
+    assert len(ir["layers"]) >= 8
+    for row in result["layers"]:
+        for mode in MODES:
+            m = row["checks"][mode]
+            assert set(m) >= METRIC_KEYS, set(METRIC_KEYS) - set(m)
+            assert m["cosine"] > 0.999999 and (m["exact"] or m["sqnr_db"] > 90), (row["name"], mode, m)
+            assert m["max_abs"] < 1e-4, (row["name"], mode, m)
+    assert result["model"]["path"] == str(path)
+
+
+def test_json_matches_the_schema(onnx_float, capsys):
+    _, out = onnx_float
+    ir = json.loads((out / "ir.json").read_text())
+    code, r = _verify_json(capsys, out, "--mode", "single", "--mode", "entire")
+    assert code == 0
+    assert r["irgen_verify"] == 1 and r["out"] == str(out.resolve()) and r["modes"] == ["single", "entire"]
+    assert r["producer"] == ir["producer"] and r["model"]["sha256"] == ir["model"]["sha256"]
+    assert r["thresholds"] == {"max_lsb": 1, "atol": 1e-5, "rtol": 1e-4, "min_cosine": None}
+    assert r["passed"] is True and r["problems"] == []
+    s = r["summary"]
+    assert s["layers"] == len(ir["layers"]) == s["passed"] and s["failed"] == s["unsupported"] == 0 and s["seconds"] > 0
+    assert [row["name"] for row in r["layers"]] == [layer["name"] for layer in ir["layers"]]
+    for row, layer in zip(r["layers"], ir["layers"]):
+        assert row["op"] == layer["op"] and row["dtype"] == layer["outputs"][0]["dtype"] and row["integer"] is False
+        assert row["scheme"] is None and row["status"] == "pass"
+        assert row["inputs"] == [i["producer"] for i in layer["inputs"]]
+        assert row["checks"]["source"] is None
+        assert row["checks"]["single"]["tensor"] == layer["outputs"][0]["name"]
+    assert 1 <= len(r["histograms"]) <= 6
+    for name, h in r["histograms"].items():
+        assert h["check"] in ("single", "entire")
+        assert len(h["edges"]) == len(h["golden"]) + 1 == len(h["reference"]) + 1
+        layer = next(l for l in ir["layers"] if l["name"] == name)
+        assert sum(h["golden"]) == sum(h["reference"]) == int(np.prod(layer["outputs"][0]["shape"]))
+
+
+def test_table_worst_layer_first(onnx_float, capsys):
+    _, out = onnx_float
+    code, stdout, _ = _verify(capsys, out, "--mode", "single")
+    assert code == 0
+    lines = stdout.splitlines()
+    assert lines[0].split()[:4] == ["LAYER", "OP", "DTYPE", "CHECK"]
+    assert lines[-1].startswith("PASS: ") and "0 failed" in lines[-1]
+    shares = [float(line.split()[4]) for line in lines[1:-1]]
+    assert shares == sorted(shares) and shares[0] < 100.0  # lowest exact share first
+
+
+def test_thresholds_fail_with_exit_1(onnx_float, capsys):
+    _, out = onnx_float
+    code, stdout, _ = _verify(capsys, out, "--mode", "entire", "--atol", "0", "--rtol", "0")
+    assert code == 1
+    assert stdout.splitlines()[-1].startswith("FAIL: ")
+    assert "FAIL" in stdout.splitlines()[1]  # a failing layer heads the table
+    code, r = _verify_json(capsys, out, "--mode", "single", "--min-cosine", "1.5")
+    assert code == 1 and not r["passed"]
+    assert {p["check"] for p in r["problems"]} == {"single"} and all(p["layer"] for p in r["problems"])
+    assert all("cosine" in p["message"] for p in r["problems"])
+
+
+def test_moved_model_and_usage_errors(onnx_float, tmp_path, capsys):
+    path, out = onnx_float
+    copy = tmp_path / "out"
+    shutil.copytree(out, copy)
+    moved = tmp_path / "elsewhere.onnx"
+    shutil.copy(path, moved)
+    code, r = _verify_json(capsys, copy, "--mode", "source", "--model", moved)
+    assert code == 0 and r["model"]["path"] == str(moved) and r["modes"] == ["source"]
+    # another model than the one OUT came from
+    import onnx
+
+    other = tmp_path / "other.onnx"
+    m = onnx.load(str(path))
+    m.doc_string = "not the model OUT came from"
+    onnx.save(m, str(other))
+    code, r = _verify_json(capsys, copy, "--mode", "source", "--model", other)
+    assert code == 1 and any("sha256 differs" in p["message"] for p in r["problems"])
+    for args, needle in ((["--mode", "source", "--model", tmp_path / "nope.onnx"], "nope.onnx"),):
+        code, stdout, err = _verify(capsys, copy, *args)
+        assert code == 2 and err.startswith("irgen: error:") and needle in err and len(err.splitlines()) == 1
+    code, _, err = _verify(capsys, tmp_path / "missing")
+    assert code == 2 and err.startswith("irgen: error:") and "no ir.json" in err
+
+
+def test_run_with_verify(tmp_path, capsys):
+    example = Path(__file__).parents[1] / "examples" / "tiny_cnn.onnx"
+    out = tmp_path / "out"
+    code = irgen_main(["run", str(example), "-o", str(out), "--verify", "--no-progress"])
+    stdout = capsys.readouterr().out
+    assert code == 0, stdout
+    assert stdout.splitlines()[-1].startswith("PASS: 10 layers, 10 passed") and "single, entire, source" in stdout
+    # a threshold nothing float can meet: the output is kept, exit 1
+    code = irgen_main(["run", str(example), "-o", str(out), "--force", "--verify", "--no-progress", "--atol", "0", "--rtol", "0"])
+    cap = capsys.readouterr()
+    assert code == 1 and "verification of" in cap.err and "failed (the output is kept)" in cap.err
+    assert (out / "ir.json").is_file()
+
+
+def test_report_written_next_to_out(onnx_float, tmp_path, capsys):
+    pytest.importorskip("irgen.report")
+    _, out = onnx_float
+    copy = tmp_path / "out"
+    shutil.copytree(out, copy)
+    code = irgen_main(["verify", str(copy), "--no-progress", "--mode", "single"])
+    capsys.readouterr()
+    assert code == 0
+    report = tmp_path / "out.report.html"
+    assert report.is_file() and report.stat().st_size > 1000
+    assert sorted(p.name for p in copy.iterdir()) == sorted(p.name for p in out.iterdir())  # OUT untouched
+
+
+@pytest.fixture(scope="module")
+def qdq(tmp_path_factory):
+    from test_qdq import quantized
+
+    d = tmp_path_factory.mktemp("verify_qdq")
+    path = quantized("small_cnn", True, "s8", d)
+    _run(path, "-o", d / "out")
+    return path, d / "out"
+
+
+def test_onnx_qdq_source(qdq, capsys):
+    _, out = qdq
+    r, ir = _verify_all(capsys, out, integer_exact=False)
+    assert ir["producer"]["quantizer"] == "qdq"
+    integer = [row for row in r["layers"] if row["integer"]]
+    assert len(integer) >= 5 and all(row["scheme"] == "qdq" for row in integer)
+    for row in integer:
+        for mode in ("single", "entire"):
+            assert row["checks"][mode]["max_lsb"] == 0 and row["checks"][mode]["exact"], (row["name"], mode)
+        assert row["checks"]["source"]["max_lsb"] <= 1
+
+
+@pytest.fixture(scope="module")
+def tflite_int8(tmp_path_factory):
+    import tflite_models
+
+    return _generated(tmp_path_factory, "verify_tflite", lambda d: tflite_models.export("small_cnn", d, "int8"))
+
+
+def test_tflite_int8_source_is_exact(tflite_int8, capsys):
+    _, out = tflite_int8
+    r, _ = _verify_all(capsys, out, integer_exact=True)
+    assert all(row["integer"] and row["scheme"] == "tflite-int8" for row in r["layers"])
+
+
+def _tampered(src: Path, dst: Path) -> tuple[Path, dict]:
+    shutil.copytree(src, dst)
+    return dst, json.loads((dst / "ir.json").read_text())
+
+
+def _flip(path: Path, index: int = 0) -> None:
+    a = np.load(path)
+    flat = a.reshape(-1)
+    flat[index] = flat[index] + 1 if flat[index] < np.iinfo(a.dtype).max else flat[index] - 1
+    np.save(path, a)
+
+
+def test_tampering_is_caught(tflite_int8, tmp_path, capsys):
+    _, out = tflite_int8
+    ir = json.loads((out / "ir.json").read_text())
+    convs = [l for l in ir["layers"] if l["op"] == "conv2d" and "bias" in l["params"]]
+    victim = convs[1]  # not the first layer: its input is produced by another layer
+
+    # one value in an activation file: the producer no longer reproduces it
+    copy, _ = _tampered(out, tmp_path / "act")
+    _flip(copy / victim["outputs"][0]["file"], 5)
+    code, stdout, _ = _verify(capsys, copy)
+    assert code == 1
+    failing = [line for line in stdout.splitlines() if line.endswith("FAIL")]
+    assert failing and all(line.startswith(victim["name"]) for line in failing), stdout
+    assert f"(layer {victim['name']}) changed after generation" in stdout
+
+    # one value in a weight file
+    copy, _ = _tampered(out, tmp_path / "weight")
+    _flip(copy / victim["params"]["weight"]["file"], 3)
+    code, r = _verify_json(capsys, copy, "--mode", "single")
+    assert code == 1 and not r["passed"]
+    bad = {p["layer"] for p in r["problems"]}
+    assert bad == {victim["name"]}, r["problems"]
+    assert any(p["check"] == "single" for p in r["problems"]) and any(p["check"] == "manifest" for p in r["problems"])
+
+    # one scale in ir.json: a weight scale (the multipliers no longer follow from it) ...
+    copy, ir2 = _tampered(out, tmp_path / "scale")
+    layer = next(l for l in ir2["layers"] if l["name"] == victim["name"])
+    layer["quant"]["weight"]["scale"][2] *= 1.02
+    (copy / "ir.json").write_text(json.dumps(ir2))
+    code, r = _verify_json(capsys, copy, "--mode", "single", "--mode", "entire")
+    assert code == 1
+    assert {p["layer"] for p in r["problems"] if p["check"] == "single"} == {victim["name"]}
+    assert any(p["check"] == "manifest" and "ir.json" in p["message"] for p in r["problems"])
+    row = next(row for row in r["layers"] if row["name"] == victim["name"])
+    assert row["status"] == "fail" and "channel(s) [2]" in row["checks"]["single"]["message"]
+    # ... and a requantization multiplier: the recomputed integers differ
+    copy, ir2 = _tampered(out, tmp_path / "multiplier")
+    layer = next(l for l in ir2["layers"] if l["name"] == victim["name"])
+    layer["quant"]["requant"]["multiplier"] = [int(m * 1.05) for m in layer["quant"]["requant"]["multiplier"]]
+    (copy / "ir.json").write_text(json.dumps(ir2))
+    code, r = _verify_json(capsys, copy, "--mode", "single")
+    assert code == 1
+    row = next(row for row in r["layers"] if row["name"] == victim["name"])
+    assert row["status"] == "fail" and 0 < row["checks"]["single"]["exact_share"] < 1
+    assert [row["name"] for row in r["layers"] if row["status"] == "fail"] == [victim["name"]]
+
+
+def test_tampered_qdq_scale(qdq, tmp_path, capsys):
+    _, out = qdq
+    copy, ir = _tampered(out, tmp_path / "scale")
+    layer = next(l for l in ir["layers"] if (l["quant"] or {}).get("kind") == "conv2d")
+    layer["quant"]["requant"]["scale"][0] *= 1.05
+    (copy / "ir.json").write_text(json.dumps(ir))
+    code, stdout, _ = _verify(capsys, copy, "--mode", "single")
+    assert code == 1
+    assert f"{layer['name']} [single]: " in stdout
+
+
+@pytest.fixture(scope="module")
+def keras_float(tmp_path_factory):
+    import tflite_models
+
+    tf = tflite_models._tf()
+    tf.keras.utils.set_random_seed(tflite_models.SEED)
+    model, shape = tflite_models.BUILDERS["small_cnn"](tf)
+    tflite_models._randomize(model, np.random.default_rng(tflite_models.SEED))
+    d = tmp_path_factory.mktemp("verify_keras")
+    model.save(d / "m.keras")
+    _run(d / "m.keras", "-o", d / "out")
+    return d / "m.keras", d / "out"
+
+
+def test_keras_source(keras_float, capsys):
+    _, out = keras_float
+    r, _ = _verify_all(capsys, out, integer_exact=False)
+    assert {row["dtype"] for row in r["layers"]} == {"float32"}
+
+
+def test_keras_int8_source_uses_recorded_calibration(tmp_path, capsys):
+    import tflite_models
+
+    tf = tflite_models._tf()
+    tf.keras.utils.set_random_seed(tflite_models.SEED)
+    model, shape = tflite_models.BUILDERS["mlp"](tf)
+    tflite_models._randomize(model, np.random.default_rng(tflite_models.SEED))
+    model.save(tmp_path / "m.keras")
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    for k in range(4):
+        np.save(calib / f"{k}.npy", np.random.default_rng(k).standard_normal(shape[1:]).astype(np.float32))
+    _run(tmp_path / "m.keras", "-o", tmp_path / "out", "--calibration", calib)
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["frontend_options"] == {"calibration": str(calib.resolve())}
+    r, _ = _verify_all(capsys, tmp_path / "out", integer_exact=True)
+    assert {row["dtype"] for row in r["layers"]} == {"int8"}
+
+
+@pytest.fixture(scope="module")
+def torch_float(tmp_path_factory):
+    torch = pytest.importorskip("torch")
+    import test_torch_frontend
+
+    def export(d: Path):
+        model, x = test_torch_frontend.build("small_cnn")
+        torch.export.save(torch.export.export(model, (x,)), str(d / "m.pt2"))
+        return d / "m.pt2", x.numpy()
+
+    return _generated(tmp_path_factory, "verify_torch", export)
+
+def test_torch_pt2_source(torch_float, capsys):
+    _, out = torch_float
+    r, ir = _verify_all(capsys, out, integer_exact=False)
+    assert ir["producer"]["frontend"] == "torch" and all(row["checks"]["source"]["source_tensor"] for row in r["layers"])
+
+
+def test_torch_pth_source_uses_recorded_options(tmp_path, capsys, monkeypatch):
+    torch = pytest.importorskip("torch")
+    import torch_classes
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    torch.manual_seed(0)
+    torch.save(torch_classes.Net(width=6).state_dict(), tmp_path / "net.pth")
+    _run(tmp_path / "net.pth", "-o", tmp_path / "out", "--model-class", "torch_classes:Net",
+         "--model-args", '{"width": 6}', "--input-shape", "x=1,3,8,8")
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["frontend_options"] == {"input_shapes": {"x": [1, 3, 8, 8]}, "model_class": "torch_classes:Net",
+                                            "model_args": '{"width": 6}'}
+    ir = json.loads((tmp_path / "out" / "ir.json").read_text())
+    code, r = _verify_json(capsys, tmp_path / "out", "--mode", "source")
+    assert code == 0, r["problems"]
+    assert all(row["checks"]["source"]["status"] == "pass" for row in r["layers"]) and len(r["layers"]) == len(ir["layers"])
+
+
+# ------------------------------------------------------------------ units
+
+
+def test_compare_metrics():
+    th = Thresholds()
+    golden = np.array([0, 10, -20, 127], np.int8)
+    m = compare(golden.copy(), golden, integer=True, th=th)
+    assert m["status"] == "pass" and m["exact"] and m["exact_share"] == 1.0 and m["max_lsb"] == 0 and m["sqnr_db"] is None
+    got = golden.copy()
+    got[1] = 12
+    m = compare(got, golden, integer=True, th=th, lsb_limit=1)
+    assert m["status"] == "fail" and m["max_lsb"] == 2 and m["exact_share"] == 0.75
+    assert m["sqnr_db"] == pytest.approx(10 * np.log10((100 + 400 + 127 ** 2) / 4))
+    m = compare(got, golden, integer=True, th=th, lsb_limit=2)
+    assert m["status"] == "pass"
+    f = np.array([1.0, -2.0, 3.0], np.float32)
+    m = compare(f + np.float32(1e-3), f, integer=False, th=th)
+    assert m["status"] == "fail" and m["max_abs"] == pytest.approx(1e-3, rel=1e-3) and m["max_rel"] == pytest.approx(1e-3 / 3, rel=1e-3)
+    big = f * 1000
+    m = compare(big + np.float32(0.005), big, integer=False, th=th, scaled=True)  # 0.005 <= 1e-5*3000 + 1e-4*|x|
+    assert m["status"] == "pass" and m["cosine"] == pytest.approx(1.0)
+    m = compare(f[:2], f, integer=False, th=th)
+    assert m["status"] == "fail" and "shape" in m["message"]
+
+
+def test_unsupported_layer_is_reported_not_skipped(onnx_float, tmp_path):
+    _, out = onnx_float
+    copy, ir = _tampered(out, tmp_path / "unsup")
+    ir["layers"][2]["fused_ops"][0]["relax_op"] = "relax.nn.made_up"
+    (copy / "ir.json").write_text(json.dumps(ir))
+    r = verify_output(copy, modes=("single", "entire"))
+    name = ir["layers"][2]["name"]
+    row = next(row for row in r["layers"] if row["name"] == name)
+    assert row["status"] == "unsupported" and "relax.nn.made_up" in row["checks"]["single"]["message"]
+    assert not r["passed"] and r["summary"]["unsupported"] == 1
+    assert any(p["layer"] == name and p["check"] == "single" for p in r["problems"])
+    # downstream layers still run in entire mode, from the golden file of the missing input
+    nxt = next(row for row in r["layers"] if name in row["inputs"])
+    assert nxt["checks"]["entire"]["status"] == "pass" and "from golden files" in nxt["checks"]["entire"]["message"]
+    allowed = verify_output(copy, modes=("single",), thresholds=Thresholds(allow_unsupported=True))
+    assert allowed["summary"]["unsupported"] == 1 and not [p for p in allowed["problems"] if p["check"] == "single"]
