@@ -12,6 +12,11 @@ Cases (``--case``, default all), each timing two subprocesses, alternating:
   model, irgen vs the TFLite interpreter (reference kernels, all tensors
   preserved, each saved as ``.npy``).
 
+Each case also times ``irgen verify`` on irgen's output right after each
+generation run (all checks: single, entire and the source runtime; no HTML
+report) and prints the verify/generation ratio of median wall times: verify
+should take no longer than generating did.
+
 Each run's wall time and peak RSS come from ``os.wait4`` (the kernel's own
 accounting of the finished child; the model is exported in a separate child so
 this process stays small, as a child's peak includes its parent's RSS at fork).
@@ -185,17 +190,18 @@ def make_model(folder: Path) -> tuple[Path, Path]:
     return model, x_path
 
 
-def timed(argv: list[str], log: Path) -> dict:
-    """Run ``argv``; wall seconds, peak RSS (MiB), user+sys CPU from wait4."""
+def timed(argv: list[str], log: Path, ok: tuple[int, ...] = (0,)) -> dict:
+    """Run ``argv``; wall seconds, peak RSS (MiB), user+sys CPU from wait4, exit code."""
     with open(log, "ab") as f:
         t0 = time.perf_counter()
         proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT)
         _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - t0
     proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
+    if proc.returncode not in ok:
         raise SystemExit(f"{argv[0]}: exit code {proc.returncode}; see {log}")
-    return {"wall_s": wall, "peak_rss_mib": usage.ru_maxrss / 1024, "cpu_s": usage.ru_utime + usage.ru_stime}
+    return {"wall_s": wall, "peak_rss_mib": usage.ru_maxrss / 1024, "cpu_s": usage.ru_utime + usage.ru_stime,
+            "exit_code": proc.returncode}
 
 
 def make_qdq_model(folder: Path) -> tuple[Path, Path]:
@@ -240,13 +246,16 @@ def bench_case(case: str, work: Path, repeat: int, opt_level: int) -> dict:
     irgen = [sys.executable, "-m", "irgen", "run", str(model), "-o", str(work / "out_irgen"),
              "--input", str(x), "--force", "--no-progress", "--opt-level", str(opt_level)]
     ref = [sys.executable, str(ref_script), str(model), str(x), str(work / "out_ref")]
-    runs: dict[str, list[dict]] = {"irgen": [], ref_name: []}
+    verify = [sys.executable, "-m", "irgen", "verify", str(work / "out_irgen"), "--no-report", "--no-progress"]
+    runs: dict[str, list[dict]] = {"irgen": [], ref_name: [], "verify": []}
     for i in range(repeat):
-        for name, argv in (("irgen", irgen), (ref_name, ref)):
+        # verify right after the generation it checks; exit code 1 (a failed check) is reported, not fatal
+        for name, argv, ok in (("irgen", irgen, (0,)), ("verify", verify, (0, 1)), (ref_name, ref, (0,))):
             subprocess.run(["rm", "-rf", str(work / "out_ref")], check=True)
-            r = timed(argv, work / f"{name}.log")
+            r = timed(argv, work / f"{name}.log", ok)
             runs[name].append(r)
-            print(f"  run {i + 1}/{repeat} {name:11s} {r['wall_s']:7.2f} s  {r['peak_rss_mib']:7.0f} MiB", flush=True)
+            print(f"  run {i + 1}/{repeat} {name:11s} {r['wall_s']:7.2f} s  {r['peak_rss_mib']:7.0f} MiB"
+                  + (f"  exit {r['exit_code']}" if r["exit_code"] else ""), flush=True)
     subprocess.run(argv, check=True, capture_output=True)  # leave the reference output for the sizes
 
     def size(p: Path) -> tuple[int, int]:
@@ -255,6 +264,11 @@ def bench_case(case: str, work: Path, repeat: int, opt_level: int) -> dict:
 
     sizes = {"irgen": size(work / "out_irgen"), ref_name: size(work / "out_ref")}
     summary = {}
+    verify_runs = runs.pop("verify")
+    verify_summary = {k: {"min": min(r[k] for r in verify_runs), "median": statistics.median(r[k] for r in verify_runs)}
+                      for k in ("wall_s", "peak_rss_mib", "cpu_s")}
+    verify_ratio = {k: verify_summary[k]["median"] / statistics.median(r[k] for r in runs["irgen"])
+                    for k in ("wall_s", "cpu_s")}
     for name, rs in runs.items():
         summary[name] = {
             k: {"min": min(r[k] for r in rs), "median": statistics.median(r[k] for r in rs)}
@@ -271,9 +285,13 @@ def bench_case(case: str, work: Path, repeat: int, opt_level: int) -> dict:
         i, o = summary["irgen"][k], summary[ref_name][k]
         print(f"{label:14s}{i['min']:11.2f}{i['median']:11.2f}{o['min']:11.2f}{o['median']:11.2f}{ratio[k]:12.2f}")
     print(f"{'output':14s}{summary['irgen']['output_mib']:18.1f} MiB{summary[ref_name]['output_mib']:18.1f} MiB"
-          f"   ({sizes['irgen'][1]} vs {sizes[ref_name][1]} files)\n", flush=True)
+          f"   ({sizes['irgen'][1]} vs {sizes[ref_name][1]} files)", flush=True)
+    vw = verify_summary["wall_s"]
+    print(f"{'verify [s]':14s}{vw['min']:11.2f}{vw['median']:11.2f}   verify/generation: wall {verify_ratio['wall_s']:.2f}, "
+          f"cpu {verify_ratio['cpu_s']:.2f}; exit codes {[r['exit_code'] for r in verify_runs]}\n", flush=True)
     return {"model": what, "reference": ref_name, "runs": runs, "summary": summary,
-            "ratio_irgen_over_reference_median": ratio}
+            "ratio_irgen_over_reference_median": ratio,
+            "verify": {"runs": verify_runs, "summary": verify_summary, "ratio_verify_over_generation_median": verify_ratio}}
 
 
 def main() -> int:
