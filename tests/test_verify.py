@@ -418,3 +418,35 @@ def test_unsupported_layer_is_reported_not_skipped(onnx_float, tmp_path):
     assert nxt["checks"]["entire"]["status"] == "pass" and "from golden files" in nxt["checks"]["entire"]["message"]
     allowed = verify_output(copy, modes=("single",), thresholds=Thresholds(allow_unsupported=True))
     assert allowed["summary"]["unsupported"] == 1 and not [p for p in allowed["problems"] if p["check"] == "single"]
+
+
+def test_torch_reference_quantized_source(tmp_path, capsys):
+    """A torch FX reference-quantized (PTQ) program: integer golden data against torch's
+    quantize/dequantize graph, within the default 1 LSB."""
+    torch = pytest.importorskip("torch")
+    import warnings
+
+    from torch.ao.quantization import QConfig, QConfigMapping
+    from torch.ao.quantization.observer import MinMaxObserver, PerChannelMinMaxObserver
+    from torch.ao.quantization.quantize_fx import _convert_to_reference_decomposed_fx, prepare_fx
+
+    warnings.simplefilter("ignore")
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(),
+                              torch.nn.Linear(8 * 8 * 8, 4)).eval()
+    x = torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+    qconfig = QConfig(activation=MinMaxObserver.with_args(dtype=torch.quint8, quant_min=0, quant_max=255),
+                      weight=PerChannelMinMaxObserver.with_args(dtype=torch.qint8, qscheme=torch.per_channel_symmetric))
+    prepared = prepare_fx(net, QConfigMapping().set_global(qconfig), (x,))
+    with torch.no_grad():
+        for k in range(4):
+            prepared(torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(10 + k)))
+    path = tmp_path / "q.pt2"
+    torch.export.save(torch.export.export(_convert_to_reference_decomposed_fx(prepared), (x,)), str(path))
+    np.save(tmp_path / "x.npy", x.numpy())
+    _run(path, "-o", tmp_path / "out", "--input", tmp_path / "x.npy")
+    r, ir = _verify_all(capsys, tmp_path / "out", integer_exact=False)
+    assert ir["producer"]["quantizer"] == "qdq"
+    integer = [row for row in r["layers"] if row["integer"]]
+    assert integer and all(row["checks"]["source"]["max_lsb"] <= 1 for row in integer)
+    assert all(row["checks"][m]["exact"] for row in integer for m in ("single", "entire"))
