@@ -161,6 +161,15 @@ def _float_bias(qg, expr):
     return arr.reshape(-1), chain
 
 
+def _torch_fn(op_name: str):
+    """The float function torch runs for a unary op (its own vectorized kernels: numpy's
+    ``exp`` differs from torch's sigmoid in the last bit for ~1 value in 6)."""
+    import torch
+
+    fn = {"relax.sigmoid": torch.sigmoid, "relax.tanh": torch.tanh, "relax.nn.relu": torch.relu}[op_name]
+    return lambda v: fn(torch.from_numpy(np.ascontiguousarray(v, np.float32))).numpy()
+
+
 def _table(qin, qout, fn=lambda v: v, torch_rule: bool = False) -> np.ndarray:
     """QlinearBuildLookupTable: quantize(fn(dequantize(i))) for every input value."""
     from irgen.quant import quantize_linear
@@ -258,10 +267,37 @@ def _realize_conv(qg, qb, comp, bias_b, acts, out, requant=None):
     return drop + [b.name for b in acts] + [qb.name], expr, rec
 
 
+def _dequantize_torch(qg, x, qx):
+    """torch's dequantize_per_tensor: ``float32(x - zp) * float32(s)``, rounded once to float32."""
+    _, op, q, _ = _ops()
+    e = qg.emit
+    f = e(op.astype(e(op.astype(_offset(qg, x, int(qx.zero_point[0])), "float32")), "float64"))
+    return e(op.astype(e(op.multiply(f, q.rx_const(np.float64(np.float32(qx.scale[0])), "float64"))), "float32"))
+
+
+def _realize_add_torch(qg, qb, ins, comp, acts, out):
+    """torch reference: ``quantize_per_tensor(relu?(dequantize(a) + dequantize(b)))`` in float32."""
+    _, op, q, _ = _ops()
+    (x1, q1, d1), (x2, q2, d2) = ins
+    e = qg.emit
+    a, b = (e(op.astype(_dequantize_torch(qg, x, qx), "float64")) for x, qx in ((x1, q1), (x2, q2)))
+    f = e(op.astype(e(op.add(a, b)), "float32"))  # float64 holds the float32 sum's exact value before the cast
+    lo, hi = _clamp_of(acts, out.dtype, out)
+    inv = float(np.float32(1.0 / float(np.float32(out.scale[0]))))
+    rec = {"scheme": SCHEME, "kind": "add", "reference": "torch", "inputs": [q1.record(), q2.record()],
+           "output": out.record(), "requant": {"inverse_output_scale": inv, "rounding": "half_to_even",
+           "rounding_rule": "y = clamp(round_half_even(float32(deq(a) + deq(b)) * inverse_output_scale) + zp_y, clamp); "
+                            "deq(x) = float32(x - zp_x) * s_x (torch: dequantize, float add, relu, quantize_per_tensor)"},
+           "clamp": [lo, hi]}
+    return [d1, d2, comp.name] + [b.name for b in acts] + [qb.name], _rx_torch_quantize(qg, f, out, lo, hi), rec
+
+
 def _realize_add(qg, qb, comp, acts, out):
     _, op, q, _ = _ops()
     tensor = qb.name
-    (x1, q1, d1), (x2, q2, d2) = (_need(qg, a, "an input", tensor) for a in comp.value.args)
+    (x1, q1, d1), (x2, q2, d2) = ins = [_need(qg, a, "an input", tensor) for a in comp.value.args]
+    if _is_torch(qg):
+        return _realize_add_torch(qg, qb, ins, comp, acts, out)
     sy = np.float32(out.scale[0])
     ra, rb = np.float32(q1.scale[0]) / sy, np.float32(q2.scale[0]) / sy
     const = np.float32(np.float32(out.zero_point[0]) - ra * np.float32(q1.zero_point[0]) - rb * np.float32(q2.zero_point[0]))
@@ -333,9 +369,13 @@ def _realize_avg_pool(qg, qb, comp, out):
                              dilation=list(a.dilation), ceil_mode=False, count_include_pad=bool(a.count_include_pad),
                              layout="NCHW"))
     info = np.iinfo(out.dtype)
-    f = e(op.divide(avg, q.rx_const(out.scale[0], "float32")))
-    expr = q.rx_round_to_int(e, f, int(out.zero_point[0]), int(info.min), int(info.max), out.dtype)
+    if _is_torch(qg):  # torch: the window summed in row-major order in float32, / count, quantize_per_tensor
+        expr = _rx_torch_quantize(qg, avg, out)
+    else:
+        f = e(op.divide(avg, q.rx_const(out.scale[0], "float32")))
+        expr = q.rx_round_to_int(e, f, int(out.zero_point[0]), int(info.min), int(info.max), out.dtype)
     rec = {"scheme": SCHEME, "kind": "avg_pool2d", "inputs": [qx.record()], "output": out.record(),
+           **({"reference": "torch"} if _is_torch(qg) else {}),
            "pool": {"size": [int(v) for v in a.pool_size], "strides": [int(v) for v in a.strides],
                     "padding": [int(v) for v in a.padding], "count_include_pad": bool(a.count_include_pad),
                     "layout": "NCHW"},
@@ -352,9 +392,10 @@ def _realize_unary(qg, qb, comp, out):
         lo_v, hi_v = np.float32(comp.value.args[1].value), np.float32(comp.value.args[2].value)
         fn = lambda v: np.clip(v, lo_v, hi_v)  # noqa: E731
     else:
-        fn = _UNARY[comp.op]
+        fn = _torch_fn(comp.op) if _is_torch(qg) else _UNARY[comp.op]
     table = _table(qx, out, fn, _is_torch(qg))
     rec = {"scheme": SCHEME, "kind": "lut", "op": comp.op.removeprefix("relax."), "inputs": [qx.record()],
+           **({"reference": "torch"} if _is_torch(qg) else {}),
            "output": out.record(), "table": [int(v) for v in table],
            "requant": {"rounding": "half_to_even",
                        "rounding_rule": "table[i - min] = quantize(f(dequantize(i))) in float32 (QlinearBuildLookupTable)"}}
@@ -373,11 +414,12 @@ def _realize_concat(qg, qb, comp, out):
             parts.append(x)
             tables.append(None)
         else:
-            t = _table(qx, out)
+            t = _table(qx, out, torch_rule=_is_torch(qg))
             parts.append(qg.emit(_lut(qg, x, t, qx.dtype)))
             tables.append([int(v) for v in t])
     axis = int(comp.value.attrs.axis)
     rec = {"scheme": SCHEME, "kind": "concatenate", "axis": axis, "inputs": [qx.record() for _, qx, _ in ins],
+           **({"reference": "torch"} if _is_torch(qg) else {}),
            "output": out.record(), "tables": tables,
            "requant": {"rounding": "half_to_even", "rounding_rule": "inputs with other parameters: table[i - min] = "
                        "quantize(dequantize(i)) (QLinearConcat)"}}
@@ -480,13 +522,13 @@ def _realize(qg, conv_requant) -> None:
                     break
         if comp.op in ("relax.nn.conv2d", "relax.matmul"):
             names, expr, rec = _realize_conv(qg, b, comp, bias_b, acts, out, conv_requant)
+        elif comp.op == "relax.add":  # with the relu/clip after it (torch: add, relu, quantize)
+            names, expr, rec = _realize_add(qg, b, comp, acts, out)
         elif acts:
             comp = acts[0]
             names, expr, rec = _realize_unary(qg, b, comp, out)
             if len(acts) > 1:
                 raise IrgenError(f"{SCHEME}: chained activations at {b.name!r}; not supported")
-        elif comp.op == "relax.add":
-            names, expr, rec = _realize_add(qg, b, comp, acts, out)
         elif comp.op in ("relax.mean", "relax.nn.adaptive_avg_pool2d"):
             names, expr, rec = _realize_global_avg(qg, b, comp, out)
         elif comp.op == "relax.nn.avg_pool2d":
