@@ -141,6 +141,28 @@ def test_pth_state_dict_with_model_class(tmp_path):
     assert {layer["op"] for layer in ir["layers"]} >= {"conv2d", "max_pool2d", "dense"}
 
 
+def test_pth_input_takes_the_name_given(tmp_path):
+    """--input-shape NAME=DIMS names the model input NAME, whatever forward() calls its argument."""
+    net = _net()
+    torch.save(net.state_dict(), tmp_path / "net.pth")
+    x = torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(6))
+    np.save(tmp_path / "x.npy", x.numpy())
+    args = ["run", "net.pth", "--model-class", "torch_classes:Net", "--no-progress"]
+    r = _irgen([*args, "-o", "out", "--input-shape", "img=1,3,8,8", "--input", "img=x.npy"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    out = tmp_path / "out"
+    ir = json.loads((out / "ir.json").read_text())
+    assert [i["name"] for i in ir["inputs"]] == ["img"]
+    first = ir["layers"][0]
+    assert [i["name"] for i in first["inputs"]] == ["img"], first["inputs"]
+    np.testing.assert_array_equal(np.load(out / first["inputs"][0]["file"]), x.numpy())
+    with torch.no_grad():
+        assert_close(np.load(out / ir["outputs"][0]["file"]), net(x).numpy(), "model output")
+    # a name an FX node of the exported graph already has is refused
+    r = _irgen([*args, "-o", "out2", "--input-shape", "conv2d=1,3,8,8"], tmp_path)
+    _assert_error(r, tmp_path / "out2", "'conv2d'", "--input-shape")
+
+
 # ---------------------------------------------------------------- errors
 
 

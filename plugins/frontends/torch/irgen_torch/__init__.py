@@ -8,7 +8,8 @@ Two kinds of files:
   directory), optional ``--model-args JSON`` (constructor keyword arguments)
   and ``--input-shape NAME=DIMS`` (the example input shape, required). The
   class is instantiated, the state dict loaded with ``strict=True`` and the
-  model exported with ``torch.export.export`` on a zero input of that shape.
+  model exported with ``torch.export.export`` on a zero input of that shape;
+  the input is named NAME, whatever forward()'s argument is called.
   A ``.pth`` that holds a whole pickled module is refused unless
   ``--allow-pickle`` is given: unpickling runs arbitrary code from the file.
 
@@ -242,7 +243,17 @@ def _rename(mod, names: dict[str, str]):
     return relax.transform.Normalize()(mod)
 
 
-def translate(ep, where: str) -> ImportedModel:
+def _named(ep, specs: list[InputSpec], names: list[str], where: str) -> list[InputSpec]:
+    """The user inputs under the names the user gave (``--input-shape NAME=DIMS`` of a ``.pth``)."""
+    taken = {n.name for n in ep.graph.nodes} - {s.name for s in specs}
+    for name in names:
+        if name in taken:
+            raise IrgenError(f"{where}: input name {name!r} (--input-shape) is also the name of a node in the "
+                             f"exported graph; choose another")
+    return [InputSpec(n, s.shape, s.dtype) for n, s in zip(names, specs)]
+
+
+def translate(ep, where: str, input_names: list[str] | None = None) -> ImportedModel:
     import tvm
     from tvm import relax
     from tvm.relax.frontend.torch.exported_program_translator import ExportedProgramImporter
@@ -250,6 +261,8 @@ def translate(ep, where: str) -> ImportedModel:
     from irgen.names import SafeNames, identifier
 
     specs = _user_inputs(ep)
+    if input_names:
+        specs = _named(ep, specs, input_names, where)
     namer = SafeNames(lambda n: "t_" + identifier(n))
     for s in specs:
         namer(s.name)  # inputs keep their names; no binding may take them
@@ -277,7 +290,7 @@ def translate(ep, where: str) -> ImportedModel:
             for k in ("dequantize_per_tensor.default", "dequantize_per_tensor.tensor", "dequantize_per_channel.default"):
                 cmap[k] = self._q_dequantize
             for k in ("fused_moving_avg_obs_fake_quant.default", "fake_quantize_per_tensor_affine.default",
-                      "fake_quantize_per_channel_affine.default"):
+                      "fake_quantize_per_tensor_affine.tensor_qparams", "fake_quantize_per_channel_affine.default"):
                 cmap[k] = self._q_fake
             return {k: self._wrap(v) for k, v in cmap.items()}
 
@@ -382,6 +395,11 @@ def translate(ep, where: str) -> ImportedModel:
                 q = torch.clamp(torch.round(w * inv) + zz, int(qmin), int(qmax)).to(getattr(torch, dtype))
                 xq = relax.const(q.numpy())
             else:
+                if s_np.size > 1:  # QAT conv+BatchNorm modules fake-quantize weight * bn_scale, computed in the graph
+                    raise IrgenError(f"{where}: node {node.name!r} fake-quantizes a computed tensor per channel "
+                                     f"({a[0].name!r}; a QAT conv+BatchNorm module?); fold BatchNorm into the "
+                                     f"convolutions before prepare_qat_fx, or convert the model with "
+                                     f"_convert_to_reference_decomposed_fx")
                 if not full:
                     raise IrgenError(f"{where}: node {node.name!r} fake-quantizes to [{qmin}, {qmax}], not the full "
                                      f"{dtype} range; not supported")
@@ -505,8 +523,8 @@ def load_torch(path: Path, options: dict[str, Any]) -> ImportedModel:
             if s.name in shapes and tuple(shapes[s.name]) != tuple(s.shape):
                 raise IrgenError(f"input {s.name!r}: the program was exported for shape {s.shape}, not {tuple(shapes[s.name])}")
         return imported
-    ep, _ = _load_pth(path, options)
-    return translate(ep, where)
+    ep, name = _load_pth(path, options)
+    return translate(ep, where, [name])  # the input is called what --input-shape calls it
 
 
 def record_nodes(ep, inputs: list) -> dict[str, Any]:
