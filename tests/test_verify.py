@@ -217,6 +217,9 @@ def test_onnx_qdq_source(qdq, capsys):
         for mode in ("single", "entire"):
             assert row["checks"][mode]["max_lsb"] == 0 and row["checks"][mode]["exact"], (row["name"], mode)
         assert row["checks"]["source"]["max_lsb"] <= 1
+    # each integer layer also recomputed from ORT's own input tensors (the first one's input is the float x)
+    local = [row["checks"]["source"]["local"] for row in integer[1:]]
+    assert all(l is not None and l["max_lsb"] <= 1 for l in local), local
 
 
 @pytest.fixture(scope="module")

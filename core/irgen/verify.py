@@ -151,7 +151,13 @@ def _to_float_source(value: np.ndarray, golden: np.ndarray, layer: dict, k: int)
 
     An integer golden against a float source value (a fake-quantized graph
     holds dequantized floats) is compared after quantizing the source value
-    with the layer's output scale and zero point. Returns (value, integer)."""
+    with the layer's output scale and zero point; a dequantize layer's float
+    output is compared in units of its input scale. Returns (value, integer)."""
+    qr = layer.get("quant") or {}
+    if qr.get("kind") == "dequantize" and not _is_int(golden.dtype) and qr.get("inputs"):
+        # a dequantized integer: compared in units of its scale (LSB)
+        s = float(np.asarray(qr["inputs"][0]["scale"]).reshape(-1)[0])
+        return np.rint(value.astype(np.float64) / s).astype(np.int64), True
     if _is_int(golden.dtype) and not _is_int(value.dtype):
         out = (layer.get("quant") or {}).get("output") or {}
         if k == 0 and "scale" in out and np.size(out["scale"]) == 1:
@@ -415,6 +421,25 @@ def verify_output(out_dir: str | Path, *, modes=MODES, thresholds: Thresholds | 
             record(layer, mode, _status_metric("fail", first, f"cannot run: {type(err).__name__}: {err}"))
         return None
 
+    def _local(layer: dict, values: dict, src_of: dict, value: np.ndarray) -> dict | None:
+        """The layer recomputed from the source runtime's own input tensors against its
+        output: the kernel arithmetic alone, without differences carried from earlier
+        layers (None when an input is not available as an integer tensor there)."""
+        ins = []
+        for r in layer.get("inputs") or []:
+            v = values.get(src_of.get(r["name"], ""))
+            if v is None or str(np.asarray(v).dtype) != r.get("dtype"):
+                return None
+            ins.append(np.asarray(v))
+        try:
+            got = runner.run(layer, ins)[0][0]
+        except (UnsupportedLayer, ValueError, KeyError, IndexError, TypeError):
+            return None
+        if _is_int(value.dtype) and not _is_int(got.dtype):  # a dequantize: in LSB, as ``value`` is
+            got = _to_float_source(got, got, layer, 0)[0]
+        lm = compare(value, got, integer=True, th=th, lsb_limit=th.max_lsb)
+        return {"exact_share": lm["exact_share"], "max_lsb": lm["max_lsb"]}
+
     if "single" in modes:
         say(f"single: {len(layers)} layers on their golden inputs")
         for i, layer in enumerate(layers, 1):
@@ -468,6 +493,9 @@ def verify_output(out_dir: str | Path, *, modes=MODES, thresholds: Thresholds | 
         feeds = {t["name"]: _load(out, t) for t in ir.get("inputs") or []}
         wanted = sorted({s for l in layers for s in (l.get("source") or {}).get("outputs") or []})
         values = source_runner(feeds, wanted)
+        src_of = {t["name"]: t["name"] for t in ir.get("inputs") or []}
+        for layer in layers:
+            src_of.update(zip((r["name"] for r in layer["outputs"]), (layer.get("source") or {}).get("outputs") or []))
         for i, layer in enumerate(layers, 1):
             srcs = (layer.get("source") or {}).get("outputs") or []
             for k, rec in enumerate(layer["outputs"]):
@@ -478,10 +506,17 @@ def verify_output(out_dir: str | Path, *, modes=MODES, thresholds: Thresholds | 
                     continue
                 golden = _load(out, rec)
                 value, integer = _to_float_source(np.asarray(values[src]), golden, layer, k)
+                if integer and not _is_int(golden.dtype):
+                    golden, _ = _to_float_source(golden, golden, layer, k)
                 if not integer and _is_int(value.dtype) != _is_int(golden.dtype):
                     value = value.astype(np.float64)
                 m = compare(value, golden, integer=integer, th=th, scaled=True, lsb_limit=th.max_lsb, tensor=rec["name"])
                 m["source_tensor"] = src
+                if integer and k == 0 and layer.get("quant") is not None:
+                    m["local"] = _local(layer, values, src_of, value)
+                    if m["status"] == "fail" and m["local"] is not None:
+                        m["message"] += (f"; from the runtime's own inputs the layer is off by at most "
+                                         f"{m['local']['max_lsb']} LSB ({100 * m['local']['exact_share']:.3f}% exact)")
                 record(layer, "source", m, golden, value)
             step("layers", i, len(layers))
 

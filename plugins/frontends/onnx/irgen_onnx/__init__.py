@@ -164,8 +164,8 @@ def source_runner(path: Path, options: dict[str, Any]):
 
     Types come from an ONNX shape-inferred copy. Float models run without
     graph optimizations (each node as written); quantized (QDQ) models with
-    ONNX Runtime's default optimizations, which fuse QDQ groups into the
-    integer kernels irgen reproduces."""
+    ONNX Runtime's default optimizations and ``session.qdqisint8allowed=1``,
+    which fuse every QDQ group into the integer kernels irgen reproduces."""
     try:
         import onnx
         import onnxruntime as ort
@@ -191,6 +191,8 @@ def source_runner(path: Path, options: dict[str, Any]):
         so = ort.SessionOptions()
         if not quantized:
             so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        else:  # int8-activation Q/DQ groups run as integer kernels too (else ORT runs some in float on x86)
+            so.add_session_config_entry("session.qdqisint8allowed", "1")
         sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
         feeds = {i.name: inputs[i.name] for i in sess.get_inputs() if i.name in inputs}
         names = [o.name for o in sess.get_outputs()]
