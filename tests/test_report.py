@@ -1,11 +1,12 @@
 """``irgen.report``: the verify report as one self-contained HTML file.
 
-The results come from a real irgen output of ``examples/tiny_cnn.onnx``
-(and a copy of it with one golden activation file corrupted, for a failing
-result). The browser test opens the report in headless Chromium (the
-distribution's ``/usr/bin/chromium``, which ``.ci/run`` installs), checks that
-the page logged nothing to the console and that its script ran, and finds the
-error chart's bars in the screenshot by their colours.
+The results are ``irgen.verify.verify_output``'s on a real irgen output of
+``examples/tiny_cnn.onnx`` (and on a copy of it with one golden activation
+file corrupted, for a failing result). The browser test opens the report in
+headless Chromium (the distribution's ``/usr/bin/chromium``, which ``.ci/run``
+installs), checks that the page logged nothing to the console and that its
+script ran, and finds the error chart's bars in the screenshot by their
+colours.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import pytest
 from irgen import reference
 from irgen.cli import main as irgen_main
 from irgen.report import COLORS, render_report, write_report
+from irgen.verify import verify_output
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "examples" / "tiny_cnn.onnx"
@@ -36,71 +38,8 @@ HOSTILE = "<script>alert(1)</script>"
 
 
 def _verify(out: Path) -> dict:
-    """The verify result of ``out`` (checks ``single`` and ``entire``: the
-    ONNX frontend has no source runner yet)."""
-    try:
-        from irgen.verify import verify_output
-    except ImportError:
-        return _fallback_verify(out)
-    return verify_output(out, modes=("single", "entire"))
-
-
-def _metrics(got: np.ndarray, golden: np.ndarray, tensor: str, integer: bool) -> dict:
-    """The schema's per-check metrics, computed like ``irgen verify`` would (float thresholds 1e-5/1e-4)."""
-    g, r = golden.astype(np.float64).ravel(), got.astype(np.float64).ravel()
-    d = np.abs(r - g)
-    ok = bool(np.all(d == 0)) if integer else bool(np.all(d <= 1e-5 + 1e-4 * np.abs(g)))
-    norm = float(np.linalg.norm(g) * np.linalg.norm(r))
-    noise = float(np.sum(d * d))
-    return {"status": "pass" if ok else "fail", "tensor": tensor, "elements": int(g.size),
-            "exact_share": float(np.mean(d == 0)) if d.size else 1.0, "max_abs": float(d.max(initial=0.0)),
-            "max_rel": float(np.max(d / np.maximum(np.abs(g), 1e-30), initial=0.0)),
-            "max_lsb": int(d.max(initial=0)) if integer else None,
-            "cosine": float(np.dot(g, r) / norm) if norm else None,
-            "sqnr_db": float(10 * np.log10(np.sum(g * g) / noise)) if noise and np.any(g) else None,
-            "message": None if ok else f"{tensor}: max |diff| {d.max():.3g}"}
-
-
-def _fallback_verify(out: Path) -> dict:
-    """Stand-in for ``irgen.verify.verify_output`` while it does not exist:
-    ``single`` and ``entire`` with :func:`irgen.reference.run_layer`."""
-    ir = reference.load_ir(out)
-    chained: dict[str, np.ndarray] = {}
-    layers, problems, hists = [], [], {}
-    for layer in ir["layers"]:
-        params = reference.load_layer_params(out, layer)
-        golden_in = reference.load_layer_inputs(out, layer)
-        rec = layer["outputs"][0]
-        golden = np.load(out / rec["file"])
-        integer = golden.dtype.kind in "iu"
-        single = reference.run_layer(layer, golden_in, params)[0]
-        chain_in = [chained.get(i["name"], g) for i, g in zip(layer["inputs"], golden_in)]
-        entire = reference.run_layer(layer, chain_in, params)
-        for o, v in zip(layer["outputs"], entire):
-            chained[o["name"]] = v
-        checks = {"single": _metrics(single, golden, rec["name"], integer),
-                  "entire": _metrics(entire[0], golden, rec["name"], integer), "source": None}
-        status = "pass" if all(m["status"] == "pass" for m in checks.values() if m) else "fail"
-        for check, m in checks.items():
-            if m and m["status"] == "fail":
-                problems.append({"layer": layer["name"], "check": check, "message": m["message"]})
-        if status == "fail" or len(hists) < 2:
-            edges = np.linspace(float(golden.min()), float(golden.max()) + 1e-6, 17)
-            hists[layer["name"]] = {"check": "entire", "edges": edges.tolist(),
-                                    "golden": np.histogram(golden, edges)[0].tolist(),
-                                    "reference": np.histogram(entire[0], edges)[0].tolist()}
-        layers.append({"name": layer["name"], "op": layer["op"], "dtype": rec["dtype"], "integer": integer,
-                       "scheme": (layer.get("quant") or {}).get("scheme"),
-                       "inputs": [i.get("producer", "input") for i in layer["inputs"]],
-                       "checks": checks, "status": status})
-    failed = sum(layer["status"] == "fail" for layer in layers)
-    return {"irgen_verify": 1, "out": str(out), "model": ir["model"], "producer": ir["producer"],
-            "modes": ["single", "entire"],
-            "thresholds": {"max_lsb": 1, "atol": 1e-5, "rtol": 1e-4, "min_cosine": None},
-            "passed": not problems,
-            "summary": {"layers": len(layers), "passed": len(layers) - failed, "failed": failed,
-                        "unsupported": 0, "seconds": 0.0},
-            "problems": problems, "layers": layers, "histograms": hists}
+    """``irgen verify``'s result of ``out``: all three checks (source: ONNX Runtime)."""
+    return verify_output(out)
 
 
 @pytest.fixture(scope="module")
@@ -156,9 +95,12 @@ def _hostile(result: dict) -> dict:
 def test_real_results(good_result, bad_result):
     """The two results the report tests use are what they are meant to be."""
     assert good_result["passed"] is True and not good_result["problems"]
+    assert good_result["modes"] == ["single", "entire", "source"]
+    assert all(layer["checks"]["source"] for layer in good_result["layers"])
     assert bad_result["passed"] is False
     by_name = {layer["name"]: layer for layer in bad_result["layers"]}
     assert by_name[CORRUPTED]["status"] == "fail"
+    assert {c for c, m in by_name[CORRUPTED]["checks"].items() if m["status"] == "fail"} == {"single", "entire", "source"}
     assert any(p.get("layer") == CORRUPTED for p in bad_result["problems"])
 
 

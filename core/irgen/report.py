@@ -129,8 +129,29 @@ def _error(layer: dict, m: dict) -> tuple[float | None, str]:
     return _num(m.get("max_abs")), "abs"
 
 
-def _threshold(layer: dict, unit: str, thresholds: dict) -> float | None:
-    return _num(thresholds.get("max_lsb")) if unit == "LSB" else _num(thresholds.get("atol"))
+def _threshold(unit: str, check: str, m: dict, thresholds: dict) -> float | None:
+    """The error limit marked in the chart, as ``irgen verify`` applies it.
+
+    Integer layers: ``max_lsb`` against the source runtime, exact (None: no
+    line) in ``single``/``entire``. Float layers: ``atol``, scaled by
+    ``max(1, max|golden|)`` in ``entire``/``source`` (``max|golden|`` is
+    ``max_abs / max_rel``); ``rtol * |golden|`` comes on top elementwise.
+    """
+    if unit == "LSB":
+        return _num(thresholds.get("max_lsb")) if check == "source" else None
+    atol = _num(thresholds.get("atol"))
+    if atol is None or check == "single":
+        return atol
+    err, rel = _num(m.get("max_abs")), _num(m.get("max_rel"))
+    if err and rel and math.isfinite(err) and math.isfinite(rel) and rel > 0:
+        return atol * max(1.0, err / rel)
+    return atol
+
+
+def _cosine(m: dict) -> float | None:
+    """The check's cosine similarity; 1 for an exact match that left it null."""
+    cos = _num(m.get("cosine"))
+    return 1.0 if cos is None and m.get("exact") is True else cos
 
 
 def _badness(layer: dict, modes: list[str], thresholds: dict) -> tuple:
@@ -140,10 +161,10 @@ def _badness(layer: dict, modes: list[str], thresholds: dict) -> tuple:
         m = _dict(_dict(layer.get("checks")).get(check))
         err, unit = _error(layer, m)
         if err is not None:
-            thr = _threshold(layer, unit, thresholds) or 0.0
-            rel = err / thr if thr > 0 else err * 1e12 if unit == "abs" else err
+            thr = _threshold(unit, check, m, thresholds) or 0.0
+            rel = err / thr if thr > 0 else err * 1e12
             worst_rel = max(worst_rel, rel if not math.isnan(rel) else math.inf)
-        cos = _num(m.get("cosine"))
+        cos = _cosine(m)
         if cos is not None and not math.isnan(cos):
             worst_cos = min(worst_cos, cos)
     return (_STATUS_RANK.get(_status(layer.get("status")), 1), -worst_rel, worst_cos)
@@ -264,7 +285,7 @@ class _LogAxis:
         return max(2.0, min(self.width, t * self.width))
 
     def ticks(self) -> Iterable[int]:
-        step = max(1, math.ceil((self.hi - self.lo) / 4))
+        step = max(1, math.ceil((self.hi - self.lo) / max(1, int(self.width // 45))))
         return range(self.hi, self.lo - 1, -step)
 
 
@@ -305,7 +326,7 @@ def _bar_panel(x0: float, top: float, pw: float, rows: list[tuple[float | None, 
 
 def _chart_svg(ordered: list[tuple[int, dict]], modes: list[str], thresholds: dict) -> str:
     """Per layer (rows, ir order) and per check: max error (log) and 1 - cosine (log)."""
-    row_h, label_w, err_w, cos_w, gap, top = 17, 230, 190, 110, 30, 62
+    row_h, label_w, err_w, cos_w, gap, top = 17, 200, 170, 100, 26, 62
     values = []
     for _, layer in ordered:
         for check in modes:
@@ -325,15 +346,15 @@ def _chart_svg(ordered: list[tuple[int, dict]], modes: list[str], thresholds: di
     cos_axis = _LogAxis(-8, 0, cos_w)
     min_cos = _num(thresholds.get("min_cosine"))
     n = max(1, len(ordered))
-    width = label_w + len(modes) * (err_w + cos_w + 2 * gap) + 10
-    height = top + n * row_h + 44
+    width = label_w + max(len(modes) * (err_w + cos_w + 2 * gap), 560) + 10
+    height = top + n * row_h + 58
     out = []
     for r, (i, layer) in enumerate(ordered):
         y = top + r * row_h
         status = _status(layer.get("status"))
         name = str(layer.get("name"))
         out.append(f'<a href="#layer-{i}"><text x="{label_w - 8}" y="{y + row_h - 5}" text-anchor="end" '
-                   f'class="rlabel {status}">{_e(_short(name, 32))}<title>{_e(name)}</title></text></a>')
+                   f'class="rlabel {status}">{_e(_short(name, 28))}<title>{_e(name)}</title></text></a>')
     x = label_w
     for check in modes:
         err_rows, cos_rows = [], []
@@ -342,10 +363,10 @@ def _chart_svg(ordered: list[tuple[int, dict]], modes: list[str], thresholds: di
             st = _status(m.get("status")) if m else "missing"
             name = str(layer.get("name"))
             v, unit = _error(layer, m)
-            thr = _threshold(layer, unit, thresholds)
+            thr = _threshold(unit, check, m, thresholds)
             msg = f"\n{m.get('message')}" if m.get("message") else ""
             err_rows.append((v, st, f"{name} [{check}] {st}\nmax error {_fmt(v)} {unit}{msg}", thr))
-            cos = _num(m.get("cosine"))
+            cos = _cosine(m)
             dist = None if cos is None else (math.inf if math.isnan(cos) else max(0.0, min(2.0, 1.0 - cos)))
             cos_rows.append((dist, st, f"{name} [{check}] cosine {_fmt(cos, 9)}", None if min_cos is None
                              else 1.0 - min_cos))
@@ -358,8 +379,10 @@ def _chart_svg(ordered: list[tuple[int, dict]], modes: list[str], thresholds: di
     foot = top + n * row_h + 20
     out.append(f'<text x="{label_w}" y="{foot}" class="tick">bars: max |golden \u2212 reference|, in LSB for '
                f'integer layers; \u25c6 = exact (0); colour = the check\'s status</text>'
-               f'<text x="{label_w}" y="{foot + 13}" class="tick">thin line: threshold, max_lsb or atol '
-               f'(float checks also allow rtol \u00b7 |golden|)</text>')
+               f'<text x="{label_w}" y="{foot + 13}" class="tick">thin line: the limit. Integer layers: max_lsb '
+               f'against the source runtime (single, entire: exact).</text>'
+               f'<text x="{label_w}" y="{foot + 26}" class="tick">Float layers: atol (entire, source: '
+               f'\u00d7 max(1, max|golden|)), plus rtol \u00b7 |golden| elementwise.</text>')
     return (f'<svg id="error-chart" role="img" aria-label="per-layer error chart" width="{width}" '
             f'height="{height}" viewBox="0 0 {width} {height}">' + "".join(out) + "</svg>")
 
@@ -490,7 +513,7 @@ def _table(ordered: list[tuple[int, dict]], modes: list[str]) -> str:
                 f'{_e(st)}</td>',
                 _cell(f"{_fmt(v)} {unit}" if v else _fmt(v), v),
                 _cell("\u2014" if share is None else f"{share * 100:.2f}%", share),
-                _cell(_fmt_cos(m.get("cosine")), m.get("cosine")),
+                _cell(_fmt_cos(_cosine(m)), _cosine(m)),
                 _cell(_fmt(m.get("sqnr_db"), 4), m.get("sqnr_db")),
             ]
         rows.append(f'<tr id="layer-{i}" class="{status}" data-rank="{rank}">' + "".join(cells) + "</tr>")
