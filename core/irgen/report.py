@@ -364,7 +364,12 @@ def _chart_svg(ordered: list[tuple[int, dict]], modes: list[str], thresholds: di
             name = str(layer.get("name"))
             v, unit = _error(layer, m)
             thr = _threshold(unit, check, m, thresholds)
-            msg = f"\n{m.get('message')}" if m.get("message") else ""
+            msg = f"\ntensor {m.get('tensor')}" if m.get("tensor") else ""
+            local = _dict(m.get("local"))
+            if local:  # source, integer layers: recomputed from the runtime's own inputs
+                msg += f"\nlocal (runtime's inputs): {_fmt(local.get('max_lsb'))} LSB"
+            if m.get("message"):
+                msg += f"\n{m.get('message')}"
             err_rows.append((v, st, f"{name} [{check}] {st}\nmax error {_fmt(v)} {unit}{msg}", thr))
             cos = _cosine(m)
             dist = None if cos is None else (math.inf if math.isnan(cos) else max(0.0, min(2.0, 1.0 - cos)))
