@@ -350,3 +350,14 @@ def test_integer_model_report(tmp_path):
     assert "max error 0 LSB" in html  # the tooltip of an exact integer layer
     assert html.count(">qdq<") >= len(integer)  # the table's scheme column
     assert '<svg class="histogram"' in html
+
+
+def test_missing_chromium_skips_outside_ci_and_fails_in_ci(monkeypatch):
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    monkeypatch.setattr(os, "access", lambda path, mode: False)
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="not installed"):
+        _chromium()
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="CI must install it"):
+        _chromium()
