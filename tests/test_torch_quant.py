@@ -1,31 +1,55 @@
 """Quantized torch graphs through the torch frontend and the ``qdq`` scheme, against torch itself.
 
-A small CNN (conv+ReLU, max pool, conv, ReLU, global average pool, flatten,
-linear) is quantized three ways, exported with ``torch.export`` and saved as
-``.pt2``:
+Models, each exported with ``torch.export`` and saved as ``.pt2``:
 
-* ``ref_pc`` / ``ref_pt``: FX post-training quantization (``prepare_fx``,
-  calibration, then the reference conversion). ``convert_to_reference_fx``
+* a small CNN (conv+ReLU, max pool, conv, ReLU, global average pool, flatten,
+  linear), three ways: ``ref_pc`` / ``ref_pt``, FX post-training
+  quantization (``prepare_fx``, calibration, then the reference conversion)
+  with per-channel / per-tensor symmetric int8 weights; ``qat``,
+  ``prepare_qat_fx`` with fused moving-average fake quantization, a few
+  training steps, observers disabled, ``eval()`` (the graph holds
+  ``aten.fused_moving_avg_obs_fake_quant``). ``convert_to_reference_fx``
   itself leaves ``torch.quantize_per_tensor`` on quantized tensor types, which
-  ``torch.export`` refuses ("quantized nyi in meta tensors"), so the exportable
-  variant ``_convert_to_reference_decomposed_fx`` is used: it writes the same
-  reference graph with ``quantized_decomposed.quantize_per_tensor`` /
-  ``dequantize_per_tensor`` / ``quantize_per_channel`` ops. Per-channel and
-  per-tensor symmetric int8 weights, full-range uint8 activations.
-* ``qat``: ``prepare_qat_fx`` with fused moving-average fake quantization,
-  a few training-mode steps, observers disabled, ``eval()``; the graph holds
-  ``aten.fused_moving_avg_obs_fake_quant``.
+  ``torch.export`` refuses ("quantized nyi in meta tensors"), so the
+  exportable variant ``_convert_to_reference_decomposed_fx`` is used: the same
+  reference graph with ``quantized_decomposed`` quantize/dequantize ops.
+* the float models of the torch frontend tests (``tests/models.py``: the
+  concat/transpose/pooling CNN with BatchNorm and a residual add, the MLP with
+  a sigmoid, the ResNet-18-sized CNN, marked slow), each as ``ptq`` (the
+  qnnpack default mapping, so sigmoid has its fixed parameters 1/256, with our
+  observers elsewhere: per-channel int8 weights, full-range uint8
+  activations) and ``qat`` (fused fake quant everywhere, observers disabled;
+  BatchNorm folded into the convolutions first: the conv+BN training
+  simulation is refused, ``test_qat_conv_bn_simulation_refused``); the small
+  CNN also as ``qatref``, QAT with BatchNorm then the reference conversion.
+* ``fq_direct``: a net that calls ``torch.fake_quantize_per_tensor_affine``
+  (float and tensor parameters) and ``torch.fake_quantize_per_channel_affine``
+  itself.
 
-irgen runs each ``.pt2``; every layer's output file is compared with torch's
-value of the FX node named in ``source`` (an FX Interpreter over the same
-exported program). Integer outputs of fake-quant layers (tensor ``<node>_q``)
-are compared after dequantization with the layer's output parameters. The
-figures (exact-match share, max difference in LSB) are printed.
+irgen runs each ``.pt2``; torch's values come from an FX Interpreter over the
+same exported program. Two comparisons, both printed (exact-match share, max
+difference in LSB):
+
+* chained: every layer's output file (irgen's inputs are irgen's outputs)
+  against torch's value of the FX node named in ``source``. Integer outputs of
+  fake-quant layers (tensor ``<node>_q``) are compared after dequantization.
+* isolated: every quantized layer recomputed from its ``quant`` record
+  (``quant.recompute``, which the last test shows equals the files) on torch's
+  integer inputs, against torch's output.
+
+torch runs the convolutions and linears of its reference graphs in float32
+(oneDNN) on dequantized values; irgen accumulates the integers exactly, so a
+float sum within an ulp of a rounding tie can land on the other integer. On
+the small models that never happens; on ResNet-18 it does for a handful of
+the 5.1 million values (isolated), and chained those ±1 flips spread through
+the following layers, so the chained bounds for ResNet-18 are looser.
 """
 
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -33,6 +57,10 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("irgen_torch")
 pytest.importorskip("irgen_qdq")
+
+sys.path.insert(0, str(Path(__file__).parent))
+import models  # noqa: E402
+from layercheck import assert_close  # noqa: E402
 
 from irgen.cli import main as irgen_main  # noqa: E402
 
@@ -56,42 +84,140 @@ class Net(nn.Module):
         return self.fc(self.ap(x).flatten(1))
 
 
-def _samples(n=8):
-    return [torch.randn(1, 3, 16, 16, generator=torch.Generator().manual_seed(10 + k)) for k in range(n)]
+def _samples(n=8, shape=(1, 3, 16, 16)):
+    return [torch.randn(*shape, generator=torch.Generator().manual_seed(10 + k)) for k in range(n)]
 
 
-def build(kind: str, x):
-    import warnings
-
-    from torch.ao.quantization import QConfig, QConfigMapping, disable_observer
+def _qconfigs(qat: bool):
+    """uint8 full-range activations, symmetric per-channel int8 weights."""
+    from torch.ao.quantization import QConfig
     from torch.ao.quantization.fake_quantize import FusedMovingAvgObsFakeQuantize
     from torch.ao.quantization.observer import (MinMaxObserver, MovingAverageMinMaxObserver,
                                                 MovingAveragePerChannelMinMaxObserver, PerChannelMinMaxObserver)
-    from torch.ao.quantization.quantize_fx import _convert_to_reference_decomposed_fx, prepare_fx, prepare_qat_fx
 
-    warnings.simplefilter("ignore")
-    torch.manual_seed(0)
-    if kind in ("ref_pc", "ref_pt"):
-        act = MinMaxObserver.with_args(dtype=torch.quint8, quant_min=0, quant_max=255)
-        w = (PerChannelMinMaxObserver.with_args(dtype=torch.qint8, qscheme=torch.per_channel_symmetric) if kind == "ref_pc"
-             else MinMaxObserver.with_args(dtype=torch.qint8, qscheme=torch.per_tensor_symmetric))
-        p = prepare_fx(Net().eval(), QConfigMapping().set_global(QConfig(activation=act, weight=w)), (x,))
-        with torch.no_grad():
-            for s in _samples():
-                p(s)
-        return _convert_to_reference_decomposed_fx(p)
-    act = FusedMovingAvgObsFakeQuantize.with_args(observer=MovingAverageMinMaxObserver, dtype=torch.quint8,
-                                                  quant_min=0, quant_max=255)
-    w = FusedMovingAvgObsFakeQuantize.with_args(observer=MovingAveragePerChannelMinMaxObserver, dtype=torch.qint8,
-                                                quant_min=-128, quant_max=127, qscheme=torch.per_channel_symmetric)
-    p = prepare_qat_fx(Net().train(), QConfigMapping().set_global(QConfig(activation=act, weight=w)), (x,))
-    opt = torch.optim.SGD(p.parameters(), lr=0.01)
-    for s in _samples():
+    if not qat:
+        return QConfig(activation=MinMaxObserver.with_args(dtype=torch.quint8, quant_min=0, quant_max=255),
+                       weight=PerChannelMinMaxObserver.with_args(dtype=torch.qint8, qscheme=torch.per_channel_symmetric))
+    return QConfig(
+        activation=FusedMovingAvgObsFakeQuantize.with_args(observer=MovingAverageMinMaxObserver, dtype=torch.quint8,
+                                                           quant_min=0, quant_max=255),
+        weight=FusedMovingAvgObsFakeQuantize.with_args(observer=MovingAveragePerChannelMinMaxObserver, dtype=torch.qint8,
+                                                       quant_min=-128, quant_max=127, qscheme=torch.per_channel_symmetric))
+
+
+def _train_qat(p, samples, lr=0.001):
+    """A few training steps (observers and fake quant on), then observers off and eval()."""
+    from torch.ao.quantization import disable_observer
+
+    opt = torch.optim.SGD(p.parameters(), lr=lr)
+    for s in samples:
         opt.zero_grad()
         p(s).square().mean().backward()
         opt.step()
     p.apply(disable_observer)
     return p.eval()
+
+
+def build_model(name: str, flow: str, x, fold_bn: bool = True):
+    """A float model of tests/models.py quantized with FX PTQ (``ptq``) or QAT fake quant (``qat``)."""
+    import warnings
+
+    from torch.ao.quantization import QConfigMapping, get_default_qconfig_mapping
+    from torch.ao.quantization.quantize_fx import _convert_to_reference_decomposed_fx, prepare_fx, prepare_qat_fx
+
+    warnings.simplefilter("ignore")
+    cls, shape = models.BUILDERS[name]
+    torch.manual_seed(0)
+    model = cls()
+    models._randomize_bn(model)
+    samples = _samples(4, shape)
+    if flow == "ptq":
+        qmap = get_default_qconfig_mapping("qnnpack").set_global(_qconfigs(False))
+        p = prepare_fx(model.eval(), qmap, (x,))
+        with torch.no_grad():
+            for s in samples:
+                p(s)
+        return _convert_to_reference_decomposed_fx(p)
+    if flow == "qatref":  # QAT with the conv+BN simulation, then the reference conversion (BN folded there)
+        qmap = QConfigMapping().set_global(_qconfigs(True))
+        return _convert_to_reference_decomposed_fx(_train_qat(prepare_qat_fx(model.train(), qmap, (x,)), samples))
+    if fold_bn:  # QAT on convolutions with BatchNorm folded in (the conv+BN simulation graph is refused)
+        from torch.fx.experimental.optimization import fuse
+
+        model = fuse(model.eval())
+    # the fixed-parameter ops' FixedQParamsFakeQuantize does not export (its forward branches on buffer
+    # values), so QAT uses the one qconfig everywhere: sigmoid's output gets a moving-average fake quant
+    qmap = QConfigMapping().set_global(_qconfigs(True))
+    return _train_qat(prepare_qat_fx(model.train(), qmap, (x,)), samples)
+
+
+def build(kind: str, x):
+    """The small CNN: ``ref_pc`` / ``ref_pt`` (FX PTQ, per-channel / per-tensor weights) or ``qat``."""
+    import warnings
+
+    from torch.ao.quantization import QConfig, QConfigMapping
+    from torch.ao.quantization.observer import MinMaxObserver
+    from torch.ao.quantization.quantize_fx import _convert_to_reference_decomposed_fx, prepare_fx, prepare_qat_fx
+
+    warnings.simplefilter("ignore")
+    torch.manual_seed(0)
+    if kind == "qat":
+        return _train_qat(prepare_qat_fx(Net().train(), QConfigMapping().set_global(_qconfigs(True)), (x,)),
+                          _samples(), lr=0.01)
+    qc = _qconfigs(False)
+    if kind == "ref_pt":
+        qc = QConfig(activation=qc.activation,
+                     weight=MinMaxObserver.with_args(dtype=torch.qint8, qscheme=torch.per_tensor_symmetric))
+    p = prepare_fx(Net().eval(), QConfigMapping().set_global(qc), (x,))
+    with torch.no_grad():
+        for s in _samples():
+            p(s)
+    return _convert_to_reference_decomposed_fx(p)
+
+
+class FQNet(nn.Module):
+    """Fake quantization written out: ``torch.fake_quantize_per_tensor_affine`` with float and with
+    tensor parameters, ``torch.fake_quantize_per_channel_affine`` on the weights; a concatenation
+    of tensors with different parameters (which FX never writes: its cat shares one observer)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(4)
+        self.c = nn.Conv2d(3, 8, 3, padding=1)
+        self.fc = nn.Linear(16 * 8 * 8, 5)
+        for mod, name in ((self.c, "c"), (self.fc, "fc")):
+            w = mod.weight.detach()
+            self.register_buffer(f"{name}_ws", (w.abs().reshape(w.shape[0], -1).amax(1) / 127).float())
+            self.register_buffer(f"{name}_wz", torch.zeros(w.shape[0], dtype=torch.int32))
+        self.register_buffer("s1", torch.tensor([0.0123]))
+        self.register_buffer("z1", torch.tensor([0], dtype=torch.int32))
+
+    def forward(self, x):
+        x = torch.fake_quantize_per_tensor_affine(x, 0.0251, 127, 0, 255)
+        w = torch.fake_quantize_per_channel_affine(self.c.weight, self.c_ws, self.c_wz, 0, -128, 127)
+        y = torch.relu(nn.functional.conv2d(x, w, self.c.bias, padding=1))
+        y = torch.fake_quantize_per_tensor_affine(y, self.s1, self.z1, 0, 255)
+        # an average pool and a concatenation whose inputs and output all have other parameters
+        b = torch.fake_quantize_per_tensor_affine(nn.functional.avg_pool2d(y, 3, 1, 1), 0.0071, 3, 0, 255)
+        y = torch.fake_quantize_per_tensor_affine(torch.cat([y, b], 1), 0.0149, 0, 0, 255)
+        w = torch.fake_quantize_per_channel_affine(self.fc.weight, self.fc_ws, self.fc_wz, 0, -128, 127)
+        y = torch.fake_quantize_per_tensor_affine(y.flatten(1), 0.0149, 0, 0, 255)  # as FX puts it
+        y = nn.functional.linear(y, w, self.fc.bias)
+        return torch.fake_quantize_per_tensor_affine(y, 0.0077, 131, 0, 255)
+
+
+def _irgen(model, x, d: Path, opt: int = 3):
+    """Export ``model`` on ``x``, save it as .pt2, run irgen; the fixture's dict."""
+    ep = torch.export.export(model, (x,))
+    path = d / "model.pt2"
+    torch.export.save(ep, str(path))
+    np.save(d / "x.npy", x.numpy())
+    out = d / "out"
+    rc = irgen_main(["run", str(path), "-o", str(out), "--input", str(d / "x.npy"), "--opt-level", str(opt), "--no-progress"])
+    assert rc == 0, f"irgen run failed for {d.name}"
+    loaded = torch.export.load(str(path))
+    return {"opt": opt, "out": out, "ir": json.loads((out / "ir.json").read_text()),
+            "ref": record_nodes(loaded, x), "ep": loaded}
 
 
 def record_nodes(ep, x):
@@ -113,41 +239,71 @@ def record_nodes(ep, x):
 
 
 def _lsb(got: np.ndarray, exp: np.ndarray, layer: dict) -> np.ndarray:
-    """|irgen - torch| in units of the tensor's quantization step."""
+    """|irgen - torch| in quantization steps. A float value (a fake-quant node's ``(q - zp) * s``, a
+    dequantized output) is taken back to its step ``rint(v / s)``, exact for 8-bit q."""
     qr = layer.get("quant") or {}
     if np.issubdtype(got.dtype, np.integer) and np.issubdtype(exp.dtype, np.integer):
         return np.abs(got.astype(np.int64) - exp.astype(np.int64)).astype(np.float64)
-    if np.issubdtype(got.dtype, np.integer):  # fake quant: torch holds dequantize(q)
-        s, z = np.float32(qr["output"]["scale"]), int(qr["output"]["zero_point"])
-        return np.abs((got.astype(np.int32) - z).astype(np.float32) * s - exp).astype(np.float64) / float(s)
-    s = float(qr["inputs"][0]["scale"]) if qr.get("inputs") else float(qr["output"]["scale"])
-    return np.abs(got.astype(np.float64) - exp.astype(np.float64)) / s
+    rec = qr["output"] if np.issubdtype(got.dtype, np.integer) else (qr.get("inputs") or [qr["output"]])[0]
+    s, z = float(np.float32(rec["scale"])), int(rec["zero_point"])
+
+    def steps(v):
+        return v.astype(np.int64) - z if np.issubdtype(v.dtype, np.integer) else np.rint(v.astype(np.float64) / s)
+
+    d = np.abs(steps(got) - steps(exp)).astype(np.float64)
+    if np.issubdtype(got.dtype, np.floating) and np.issubdtype(exp.dtype, np.floating):
+        d[(d == 0) & (got != exp)] = 0.5  # the same step written as another float: not exact either
+    return d
 
 
-@pytest.fixture(scope="module", params=[("ref_pc", 3), ("ref_pt", 3), ("qat", 3), ("ref_pc", 0), ("qat", 0)],
-                ids=lambda p: f"{p[0]}-O{p[1]}")
+CASES = [pytest.param(p, id=f"{p[0]}-O{p[1]}") for p in [("ref_pc", 3), ("ref_pt", 3), ("qat", 3), ("ref_pc", 0), ("qat", 0)]]
+CASES += [pytest.param((f"{m}-{f}", 3), id=f"{m}-{f}", marks=[pytest.mark.slow] if m == "resnet18" else [])
+          for m, f in [("small_cnn", "ptq"), ("small_cnn", "qat"), ("small_cnn", "qatref"), ("mlp", "ptq"),
+                       ("mlp", "qat"), ("resnet18", "ptq"), ("resnet18", "qat")]]
+CASES += [pytest.param(("fq_direct", 3), id="fq_direct")]
+#: quant kinds each model's IR must hold
+KINDS = {"small_cnn": {"conv2d", "dense", "add", "avg_pool2d", "concatenate", "integer", "lut"},
+         "mlp": {"dense", "lut"}, "resnet18": {"conv2d", "dense", "add", "integer", "global_avg_pool_float"},
+         "fq_direct": {"quantize", "conv2d", "dense", "avg_pool2d", "concatenate"}}
+#: chained comparison (exact share, max LSB): torch's float conv rounding flips spread on ResNet-18
+CHAINED = {"resnet18": (0.99, 6.0)}
+EXACT, MAX_LSB = 0.999, 1.0
+
+
+@pytest.fixture(scope="module", params=CASES)
 def run(request, tmp_path_factory):
     kind, opt = request.param
     d = tmp_path_factory.mktemp(f"{kind}_O{opt}")
-    x = torch.randn(1, 3, 16, 16, generator=torch.Generator().manual_seed(1))
-    model = build(kind, x)
-    ep = torch.export.export(model, (x,))
-    path = d / f"{kind}.pt2"
-    torch.export.save(ep, str(path))
-    np.save(d / "x.npy", x.numpy())
-    out = d / "out"
-    rc = irgen_main(["run", str(path), "-o", str(out), "--input", str(d / "x.npy"), "--opt-level", str(opt), "--no-progress"])
-    assert rc == 0, f"irgen run failed for {kind}"
-    loaded = torch.export.load(str(path))
-    return {"kind": kind, "opt": opt, "out": out, "ir": json.loads((out / "ir.json").read_text()),
-            "ref": record_nodes(loaded, x), "ep": loaded}
+    if "-" in kind and kind.split("-")[0] in models.BUILDERS:
+        name, flow = kind.split("-")
+        x = torch.randn(*models.BUILDERS[name][1], generator=torch.Generator().manual_seed(1))
+        model = build_model(name, flow, x)
+    elif kind == "fq_direct":
+        x = torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+        model = FQNet().eval()
+    else:
+        x = torch.randn(1, 3, 16, 16, generator=torch.Generator().manual_seed(1))
+        model = build(kind, x)
+    return {"kind": kind, **_irgen(model, x, d, opt)}
+
+
+def _float_layer(layer) -> bool:
+    """A layer torch leaves in float (softmax after the last dequantize, say): no quant record."""
+    return layer.get("quant") is None
 
 
 def test_layers_match_torch(run):
     ir, ref, out = run["ir"], run["ref"], run["out"]
     assert ir["producer"]["quantizer"] == "qdq"
     kinds = {(layer.get("quant") or {}).get("kind") for layer in ir["layers"]}
-    assert {"conv2d", "dense"} <= kinds, kinds
+    want = KINDS.get(run["kind"].split("-")[0], {"conv2d", "dense"})
+    if run["kind"] == "fq_direct":
+        ops = {n.target.__name__ for n in run["ep"].graph.nodes if n.op == "call_function"}
+        assert {"fake_quantize_per_tensor_affine.default", "fake_quantize_per_tensor_affine.tensor_qparams",
+                "fake_quantize_per_channel_affine.default"} <= ops, ops
+        (cat,) = [la["quant"] for la in ir["layers"] if (la["quant"] or {}).get("kind") == "concatenate"]
+        assert all(t is not None and len(t) == 256 for t in cat["tables"]), "both inputs requantized by a table"
+    assert want <= kinds, kinds
     total = exact = 0
     worst = 0.0
     rows = []
@@ -158,6 +314,10 @@ def test_layers_match_torch(run):
             got = np.load(out / rec["file"])
             exp = ref[node]
             assert got.shape == exp.shape, (layer["name"], got.shape, exp.shape)
+            if _float_layer(layer):
+                err = assert_close(got, exp, f"float layer {layer['name']}")
+                rows.append(f"  {layer['name']:40s} {'float':16s} max |irgen - torch| {err:.3g}")
+                continue
             d = _lsb(got, exp, layer)
             total += d.size
             exact += int(np.sum(d == 0))
@@ -165,11 +325,54 @@ def test_layers_match_torch(run):
             rows.append(f"  {layer['name']:40s} {(layer.get('quant') or {}).get('kind', '-'):16s} "
                         f"exact {np.mean(d == 0):7.2%}  max {d.max():.3g} LSB")
     share = exact / total
-    FIGURES[f"{run['kind']}-O{run['opt']}"] = {"exact": share, "max_lsb": worst, "elements": total}
-    print(f"\n{run['kind']} -O{run['opt']}: {len(ir['layers'])} layers, {total} values, "
-          f"exact {share:.4%}, max {worst:.3g} LSB\n" + "\n".join(rows))
-    assert worst <= 1.0 + 1e-6, f"max {worst} LSB"
-    assert share >= 0.99, f"exact share {share:.4%}"
+    FIGURES[f"{run['kind']}-O{run['opt']} chained"] = {"exact": share, "max_lsb": worst, "elements": total}
+    print(f"\n{run['kind']} -O{run['opt']} chained: {len(ir['layers'])} layers, {total} values, "
+          f"exact {share:.4%} ({total - exact} differ), max {worst:.3g} LSB\n" + "\n".join(rows))
+    want_exact, want_lsb = CHAINED.get(run["kind"].split("-")[0], (EXACT, MAX_LSB))
+    assert worst <= want_lsb + 1e-6, f"max {worst} LSB"
+    assert share >= want_exact, f"exact share {share:.4%}"
+
+
+def _torch_input(ref: dict, rec: dict, qrec: dict | None) -> np.ndarray:
+    """torch's value of a layer input; a fake-quant integer tensor ``<node>_q`` from ``<node>``'s
+    float value ``(q - zp) * s`` (exactly invertible for 8-bit q)."""
+    if rec["name"] in ref:
+        return ref[rec["name"]]
+    base = rec["name"].removesuffix("_q")
+    assert rec["name"].endswith("_q") and base in ref and qrec is not None, rec["name"]
+    s, z = float(np.float32(qrec["scale"])), int(qrec["zero_point"])
+    return (np.rint(ref[base].astype(np.float64) / s) + z).astype(rec["dtype"])
+
+
+def test_layers_match_torch_isolated(run):
+    """Each quantized layer's arithmetic on torch's own inputs against torch's output."""
+    from irgen import quant, reference
+
+    ir, ref, out = run["ir"], run["ref"], run["out"]
+    total = exact = 0
+    worst = 0.0
+    rows = []
+    for layer in ir["layers"]:
+        qr = layer.get("quant")
+        if qr is None:
+            continue
+        qins = qr.get("inputs") or []
+        inputs = [_torch_input(ref, rec, qins[k] if k < len(qins) else None) for k, rec in enumerate(layer["inputs"])]
+        got = quant.recompute(layer, inputs, reference.load_layer_params(out, layer))
+        src = layer["source"]["outputs"][-1]
+        d = _lsb(got, ref[src if src in ref else layer["source"]["nodes"][0]], layer)
+        total += d.size
+        exact += int(np.sum(d == 0))
+        worst = max(worst, float(d.max()))
+        if d.max() > 0:
+            rows.append(f"  {layer['name']:40s} {qr['kind']:16s} exact {np.mean(d == 0):.5%}  max {d.max():.3g} LSB")
+    share = exact / total
+    FIGURES[f"{run['kind']}-O{run['opt']} isolated"] = {"exact": share, "max_lsb": worst, "elements": total}
+    print(f"\n{run['kind']} -O{run['opt']} isolated: {total} values, exact {share:.5%} ({total - exact} differ), "
+          f"max {worst:.3g} LSB\n"
+          + "\n".join(rows))
+    assert worst <= MAX_LSB + 1e-6, f"max {worst} LSB"
+    assert share >= EXACT, f"exact share {share:.4%}"
 
 
 def test_model_output_matches_torch(run):
@@ -179,9 +382,15 @@ def test_model_output_matches_torch(run):
     got, exp = np.load(out / o["file"]), ref[node]
     assert got.dtype == exp.dtype == np.float32
     layer = next(la for la in ir["layers"] if la["outputs"][0]["file"] == o["file"])
+    if _float_layer(layer):
+        err = assert_close(got, exp, "model output (float layer)")
+        print(f"\n{run['kind']} -O{run['opt']}: model output (float {layer['op']}) max |irgen - torch| {err:.3g}")
+        return
     d = _lsb(got, exp, layer)
     print(f"\n{run['kind']} -O{run['opt']}: model output exact {np.mean(d == 0):.2%}, max {d.max():.3g} LSB")
-    assert d.max() <= 1.0 + 1e-6
+    assert d.max() <= MAX_LSB + 1e-6
+    # ResNet-18's 1000 logits sit after 20 convolutions' worth of spread rounding flips (chained)
+    assert np.mean(d == 0) >= (0.8 if run["kind"].startswith("resnet18") else EXACT)
 
 
 def test_layers_recompute_from_quant_and_fused_ops(run):
@@ -190,8 +399,11 @@ def test_layers_recompute_from_quant_and_fused_ops(run):
 
     out, ir = run["out"], run["ir"]
     for layer in ir["layers"]:
+        if _float_layer(layer) and layer["op"] == "softmax":
+            continue
         q = layer["quant"]
         assert q is not None and q["scheme"] == "qdq", layer["name"]
+        assert q.get("reference") == "torch" or q["kind"] in ("integer", "dequantize"), (layer["name"], q["kind"])
         inputs = reference.load_layer_inputs(out, layer)
         params = reference.load_layer_params(out, layer)
         exp = np.load(out / layer["outputs"][-1]["file"])
@@ -199,3 +411,65 @@ def test_layers_recompute_from_quant_and_fused_ops(run):
         assert got.dtype == exp.dtype and np.array_equal(got, exp), ("quant", layer["name"])
         got = reference.run_layer(layer, inputs, params)[-1]
         assert got.dtype == exp.dtype and np.array_equal(got, exp), ("fused_ops", layer["name"])
+
+
+# ---------------------------------------------------------------- refusals
+
+
+class _PerChannelAct(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("s", torch.full((3,), 0.02))
+        self.register_buffer("z", torch.zeros(3, dtype=torch.int32))
+
+    def forward(self, x):
+        ops = torch.ops.quantized_decomposed
+        q = ops.quantize_per_channel.default(x, self.s, self.z, 1, -128, 127, torch.int8)
+        return torch.relu(ops.dequantize_per_channel.default(q, self.s, self.z, 1, -128, 127, torch.int8))
+
+
+def _refused(tmp_path, capsys, model, x, *needles):
+    ep = torch.export.export(model, (x,))
+    torch.export.save(ep, str(tmp_path / "m.pt2"))
+    capsys.readouterr()
+    rc = irgen_main(["run", str(tmp_path / "m.pt2"), "-o", str(tmp_path / "out"), "--no-progress"])
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.startswith("irgen: error:")]
+    assert rc == 2 and len(lines) == 1 and "Traceback" not in err, err
+    for n in needles:
+        assert n in lines[0], lines[0]
+    assert not (tmp_path / "out").exists()
+
+
+def test_reduce_range_refused(tmp_path, capsys):
+    from torch.ao.quantization import QConfig, QConfigMapping
+    from torch.ao.quantization.observer import MinMaxObserver
+    from torch.ao.quantization.quantize_fx import _convert_to_reference_decomposed_fx, prepare_fx
+
+    x = torch.randn(1, 3, 16, 16)
+    qc = QConfig(activation=MinMaxObserver.with_args(dtype=torch.quint8, reduce_range=True), weight=_qconfigs(False).weight)
+    p = prepare_fx(Net().eval(), QConfigMapping().set_global(qc), (x,))
+    p(x)
+    _refused(tmp_path, capsys, _convert_to_reference_decomposed_fx(p), x, "[0, 127]", "reduce_range")
+
+
+def test_per_channel_activation_refused(tmp_path, capsys):
+    _refused(tmp_path, capsys, _PerChannelAct(), torch.randn(1, 3, 4, 4), "quantized per channel", "not supported")
+
+
+def test_observers_enabled_refused(tmp_path, capsys):
+    from torch.ao.quantization import QConfigMapping
+    from torch.ao.quantization.quantize_fx import prepare_qat_fx
+
+    x = torch.randn(1, 3, 16, 16)
+    p = prepare_qat_fx(Net().train(), QConfigMapping().set_global(_qconfigs(True)), (x,))
+    p(x)
+    _refused(tmp_path, capsys, p.eval(), x, "observer enabled", "disable_observer")
+
+
+def test_qat_conv_bn_simulation_refused(tmp_path, capsys):
+    """prepare_qat_fx on conv+BatchNorm fake-quantizes ``weight * bn_scale`` computed in the graph."""
+    x = torch.randn(*models.BUILDERS["small_cnn"][1], generator=torch.Generator().manual_seed(1))
+    model = build_model("small_cnn", "qat", x, fold_bn=False)
+    _refused(tmp_path, capsys, model, x, "fake-quantizes a computed tensor per channel", "BatchNorm",
+             "_convert_to_reference_decomposed_fx")
