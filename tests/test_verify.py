@@ -168,6 +168,10 @@ def test_moved_model_and_usage_errors(onnx_float, tmp_path, capsys):
         assert code == 2 and err.startswith("irgen: error:") and needle in err and len(err.splitlines()) == 1
     code, _, err = _verify(capsys, tmp_path / "missing")
     assert code == 2 and err.startswith("irgen: error:") and "no ir.json" in err
+    from irgen.api import IrgenError
+
+    with pytest.raises(IrgenError, match="unknown verify mode.*nope"):
+        verify_output(copy, modes=("single", "nope"))
 
 
 def test_run_with_verify(tmp_path, capsys):

@@ -362,10 +362,10 @@ def verify_output(out_dir: str | Path, *, modes=MODES, thresholds: Thresholds | 
     t0 = time.perf_counter()
     out = Path(out_dir).resolve()
     th = thresholds or Thresholds()
-    modes = [m for m in MODES if m in modes]
     bad = set(modes) - set(MODES)
     if bad:
         raise IrgenError(f"unknown verify mode(s): {', '.join(sorted(bad))}")
+    modes = [m for m in MODES if m in modes]
     ir = load_ir(out_dir)
     layers = ir["layers"]
     say = progress.stage if progress is not None else (lambda text: None)
