@@ -267,9 +267,9 @@ def _recompute_qdq(layer: dict[str, Any], inputs: list[np.ndarray], params: dict
     elif kind == "add":
         ra, rb = (np.float32(v) for v in rq["scale"])
         const = np.float32(rq["constant"])
-        # fma(x_b, rb, fma(x_a, ra, const)), each rounded once to float32 (float64 holds them exactly)
-        t = (inputs[0].astype(np.float64) * np.float64(ra) + np.float64(const)).astype(np.float32)
-        f = (inputs[1].astype(np.float64) * np.float64(rb) + t.astype(np.float64)).astype(np.float32)
+        # fma(x_a, ra, fma(x_b, rb, const)), each rounded once to float32 (float64 holds them exactly)
+        t = (inputs[1].astype(np.float64) * np.float64(rb) + np.float64(const)).astype(np.float32)
+        f = (inputs[0].astype(np.float64) * np.float64(ra) + t.astype(np.float64)).astype(np.float32)
         lo, hi = qr["clamp"]
         return np.clip(np.rint(f), lo, hi).astype(out["dtype"])
     elif kind == "global_avg_pool":

@@ -292,6 +292,14 @@ def _realize_add_torch(qg, qb, ins, comp, acts, out):
     return [d1, d2, comp.name] + [b.name for b in acts] + [qb.name], _rx_torch_quantize(qg, f, out, lo, hi), rec
 
 
+def _qlinear_add_constant(ra, rb, zp_a, zp_b, zp_y) -> np.float32:
+    """MLAS's QLinearAdd fixed part, ``zp_y - (ratio_a * zp_a + ratio_b * zp_b)`` in float32
+    as its AVX2 build computes it (the first product contracted into an fma)."""
+    f32 = np.float32
+    inner = f32(np.float64(ra) * np.float64(f32(zp_a)) + np.float64(f32(rb * f32(zp_b))))
+    return f32(f32(zp_y) - inner)
+
+
 def _realize_add(qg, qb, comp, acts, out):
     _, op, q, _ = _ops()
     tensor = qb.name
@@ -300,20 +308,21 @@ def _realize_add(qg, qb, comp, acts, out):
         return _realize_add_torch(qg, qb, ins, comp, acts, out)
     sy = np.float32(out.scale[0])
     ra, rb = np.float32(q1.scale[0]) / sy, np.float32(q2.scale[0]) / sy
-    const = np.float32(np.float32(out.zero_point[0]) - ra * np.float32(q1.zero_point[0]) - rb * np.float32(q2.zero_point[0]))
+    const = _qlinear_add_constant(ra, rb, q1.zero_point[0], q2.zero_point[0], out.zero_point[0])
     e = qg.emit
-    # MLAS: fma(x_b, ratio_b, fma(x_a, ratio_a, constant)) in float32; float64 holds each fma exactly
-    t = e(op.add(e(op.multiply(e(op.astype(x1, "float64")), q.rx_const(ra, "float64"))), q.rx_const(const, "float64")))
+    # MLAS (AVX2): fma(x_a, ratio_a, fma(x_b, ratio_b, constant)) in float32; float64 holds each fma exactly
+    xa, xb = e(op.astype(x1, "float64")), e(op.astype(x2, "float64"))  # in this order: the layer's inputs follow it
+    t = e(op.add(e(op.multiply(xb, q.rx_const(rb, "float64"))), q.rx_const(const, "float64")))
     t = e(op.astype(e(op.astype(t, "float32")), "float64"))
-    f = e(op.add(e(op.multiply(e(op.astype(x2, "float64")), q.rx_const(rb, "float64"))), t))
+    f = e(op.add(e(op.multiply(xa, q.rx_const(ra, "float64"))), t))
     f = e(op.astype(f, "float32"))
     lo, hi = _clamp_of(acts, out.dtype, out)
     expr = q.rx_round_to_int(e, f, 0, lo, hi, out.dtype)
     rec = {"scheme": SCHEME, "kind": "add", "inputs": [q1.record(), q2.record()], "output": out.record(),
            "requant": {"scale": [float(ra), float(rb)], "constant": float(const), "rounding": "half_to_even",
-                       "rounding_rule": "y = clamp(round_half_even(fma(x_b, scale[1], fma(x_a, scale[0], constant)))), "
-                                        "each fma rounded once to float32; "
-                                        "constant = zp_y - zp_a*scale[0] - zp_b*scale[1] (MLAS QLinearAdd)"},
+                       "rounding_rule": "y = clamp(round_half_even(fma(x_a, scale[0], fma(x_b, scale[1], constant)))), "
+                                        "each fma rounded once to float32; constant = float32(zp_y - "
+                                        "fma(scale[0], zp_a, float32(scale[1] * zp_b))) (MLAS QLinearAdd, AVX2)"},
            "clamp": [lo, hi]}
     return [d1, d2, comp.name] + [b.name for b in acts] + [qb.name], expr, rec
 
