@@ -63,6 +63,7 @@ import models  # noqa: E402
 from layercheck import assert_close  # noqa: E402
 
 from irgen.cli import main as irgen_main  # noqa: E402
+from irgen_torch import record_nodes  # noqa: E402
 
 nn = torch.nn
 FIGURES: dict[str, dict] = {}
@@ -217,25 +218,7 @@ def _irgen(model, x, d: Path, opt: int = 3):
     assert rc == 0, f"irgen run failed for {d.name}"
     loaded = torch.export.load(str(path))
     return {"opt": opt, "out": out, "ir": json.loads((out / "ir.json").read_text()),
-            "ref": record_nodes(loaded, x), "ep": loaded}
-
-
-def record_nodes(ep, x):
-    seen = {}
-
-    class Recorder(torch.fx.Interpreter):
-        def run_node(self, n):
-            out = super().run_node(n)
-            if isinstance(out, torch.Tensor):
-                seen[n.name] = out.detach().numpy().copy()
-            return out
-
-    state = {**ep.state_dict, **dict(ep.named_buffers()), **ep.constants}
-    args = [x if s.kind == torch.export.graph_signature.InputKind.USER_INPUT else state[s.target]
-            for s in ep.graph_signature.input_specs]
-    with torch.no_grad():
-        Recorder(ep.graph_module).run(*args)
-    return seen
+            "ref": record_nodes(loaded, [x]), "ep": loaded}
 
 
 def _lsb(got: np.ndarray, exp: np.ndarray, layer: dict) -> np.ndarray:
