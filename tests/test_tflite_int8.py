@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -107,10 +106,9 @@ def test_quant_record_has_what_hardware_needs(int8_runs):
             assert len(q["weight"]["scale"]) == w.shape[q["weight"]["axis"]] == n
 
 
+@pytest.mark.parametrize("int8_runs", ["small_cnn"], indirect=True)
 def test_small_cnn_covers_every_layer_type(int8_runs):
     path, runs = int8_runs
-    if "small_cnn" not in Path(path).name:
-        pytest.skip("layer-type coverage is the small CNN's job")
     ir = json.loads((runs[0][1] / "ir.json").read_text())
     ops = {l["op"] for l in ir["layers"]}
     assert {"conv2d", "depthwise_conv2d", "dense", "add", "max_pool2d", "avg_pool2d", "concatenate", "mean"} <= ops, ops
@@ -118,12 +116,11 @@ def test_small_cnn_covers_every_layer_type(int8_runs):
     assert any(lo > -128 or hi < 127 for lo, hi in clamps), clamps  # relu6 (and relu) narrow the clamp
 
 
+@pytest.mark.parametrize("int8_runs", ["classifier"], indirect=True)
 def test_softmax_table_and_record(int8_runs):
     """The classifier's int8 softmax: its table is a parameter file equal to
     TFLite's expf table for the input scale, and its record says how it rounds."""
     path, runs = int8_runs
-    if "classifier" not in Path(path).name:
-        pytest.skip("the classifier has the softmax")
     ir = json.loads((runs[0][1] / "ir.json").read_text())
     (layer,) = [l for l in ir["layers"] if l["op"] == "softmax"]
     q = layer["quant"]
