@@ -96,6 +96,38 @@ class ResNet18(nn.Module):
         return self.fc(torch.flatten(self.avgpool(x), 1))
 
 
+class InvertedResidual(nn.Module):
+    """MobileNetV3-style block: 1x1 expand + ReLU6, depthwise 3x3 + Hardswish,
+    squeeze-excite (mean, 1x1, ReLU, 1x1, sigmoid, multiply), 1x1 project, residual add."""
+
+    def __init__(self, c: int, expand: int) -> None:
+        super().__init__()
+        e = c * expand
+        self.pw = nn.Sequential(nn.Conv2d(c, e, 1), nn.BatchNorm2d(e), nn.ReLU6())
+        self.dw = nn.Sequential(nn.Conv2d(e, e, 3, padding=1, groups=e), nn.BatchNorm2d(e), nn.Hardswish())
+        self.se1, self.se2 = nn.Conv2d(e, 8, 1), nn.Conv2d(8, e, 1)
+        self.pj = nn.Sequential(nn.Conv2d(e, c, 1), nn.BatchNorm2d(c))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.dw(self.pw(x))
+        w = torch.sigmoid(self.se2(torch.relu(self.se1(y.mean((2, 3), keepdim=True)))))
+        return x + self.pj(y * w)
+
+
+class MobileNet(nn.Module):
+    """A small MobileNetV3-like classifier ending in softmax."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, stride=2, padding=1), nn.BatchNorm2d(16), nn.ReLU())
+        self.b1, self.b2 = InvertedResidual(16, 4), InvertedResidual(16, 3)
+        self.head = nn.Linear(16, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.b2(self.b1(self.stem(x)))
+        return torch.softmax(self.head(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1)), -1)
+
+
 def _randomize_bn(model: nn.Module) -> None:
     """Non-trivial BN statistics, so folding them is actually tested."""
     for m in model.modules():
@@ -111,6 +143,7 @@ BUILDERS = {
     "small_cnn": (SmallCNN, (1, 3, 16, 16)),
     "mlp": (MLP, (4, 32)),
     "resnet18": (ResNet18, (1, 3, 224, 224)),
+    "mobilenet": (MobileNet, (1, 3, 32, 32)),
 }
 
 

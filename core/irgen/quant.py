@@ -204,6 +204,35 @@ def recompute(layer: dict[str, Any], inputs: list[np.ndarray], params: dict[str,
     return np.clip(y + int(out["zero_point"]), lo, hi).astype(out["dtype"])
 
 
+def ort_softmax_table(x_scale: float, reduce_len: int, signed: bool) -> np.ndarray:
+    """ONNX Runtime's QLinearSoftmax table (``QlinearBuildLookupTableUint32``, float
+    entries): ``exp((i - 255 + b) * s_x)`` in double, with the headroom shift
+    ``b = max(0, log(FLT_MAX / n) - 5) / s_x``, at index ``i`` (``uint8(i - 128)`` for int8)."""
+    xs = float(np.float32(x_scale))
+    shift = max(0.0, float(np.log(np.float64(np.float32(np.finfo(np.float32).max) / np.float32(reduce_len)))) - 5.0) / xs
+    i = np.arange(256, dtype=np.float64)
+    vals = np.exp((i - 255.0 + shift) * xs).astype(np.float32)
+    table = np.empty(256, np.float32)
+    table[((np.arange(256) - 128) & 255) if signed else np.arange(256)] = vals
+    return table
+
+
+def ort_softmax(x, table, y_scale: float, y_zero_point: int, dtype: str) -> np.ndarray:
+    """ONNX Runtime's QLinearSoftmax over the last axis: ``e = table[x - max + 127 (int8)
+    or + 255 (uint8)]``, a float32 sum in row order, ``rint(e * floor(1 / s_y) / sum) + zp``;
+    int8 results above 255 become -1 and 128 wraps to -128, as the kernel's casts do."""
+    xi = np.asarray(x).astype(np.int64)
+    signed = dtype == "int8"
+    idx = ((127 if signed else 255) - xi.max(axis=-1, keepdims=True) + xi) & 255
+    e = np.asarray(table, np.float32)[idx]
+    total = np.cumsum(e, axis=-1, dtype=np.float32)[..., -1:]
+    ys = np.floor(np.float32(1.0) / np.float32(y_scale))
+    vq = np.rint((e * ys) / total).astype(np.int64) + int(y_zero_point)
+    if signed:
+        return np.where(vq > 255, 255, vq).astype(np.int8)  # wraps as static_cast<int8_t> does
+    return np.minimum(vq, 255).astype(np.uint8)
+
+
 def tflite_softmax_table(input_scale: float, beta: float = 1.0) -> np.ndarray:
     """TFLite's int8 softmax table (``PopulateSoftmaxLookupTable``), float32:
     ``table[255 - v] = expf(float32(-input_scale * beta) * v)`` for v in 0..255."""
@@ -289,6 +318,13 @@ def _recompute_qdq(layer: dict[str, Any], inputs: list[np.ndarray], params: dict
         total = conv2d(deq, ones, attrs).astype(np.float32)
         count = kh * kw if p["count_include_pad"] else conv2d(np.ones_like(x), ones, attrs).astype(np.float32)
         return quantize_linear(total / np.float32(count), np.float32(out["scale"]), int(out["zero_point"]), out["dtype"])
+    elif kind == "softmax":  # QLinearSoftmax
+        return ort_softmax(inputs[0], params["table"], out["scale"], int(out["zero_point"]), out["dtype"])
+    elif kind == "mul":  # MLAS QLinearMul
+        prod = (inputs[0].astype(np.int32) - zp_in[0]) * (inputs[1].astype(np.int32) - zp_in[1])
+        f = prod.astype(np.float32) * np.float32(rq["scale"]) + np.float32(out["zero_point"])
+        lo, hi = qr["clamp"]
+        return np.clip(np.rint(f), lo, hi).astype(out["dtype"])
     elif kind == "lut":
         table = np.asarray(qr["table"], qr["output"]["dtype"])
         lo = np.iinfo(qr["inputs"][0]["dtype"]).min

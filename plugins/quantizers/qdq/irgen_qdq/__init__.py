@@ -3,19 +3,28 @@
 ``onnxruntime.quantization.quantize_static(..., quant_format=QuantFormat.QDQ)``
 writes DequantizeLinear -> float op -> QuantizeLinear spans; ONNX Runtime's CPU
 provider fuses them into integer kernels (QLinearConv, QGemm, QLinearAdd,
-QLinearAveragePool, QLinearGlobalAveragePool, QLinearConcat, lookup tables).
+QLinearAveragePool, QLinearGlobalAveragePool, QLinearConcat, QLinearMul,
+QLinearSoftmax, lookup tables). For int8 activations compare with ORT created
+with ``session.qdqisint8allowed=1`` (see the README).
 This scheme rewrites each span into the same integer arithmetic:
 
 * Conv, Gemm, MatMul: int32 accumulation of ``(x - zp_x) * w`` plus the int32
   bias; MLAS requantization: ``float32(acc) * (s_x * s_w[c] / s_y)`` (float32),
   clamped to ``[lo - zp_y, hi - zp_y]``, rounded half to even, ``+ zp_y``;
   a Relu/Clip inside the span narrows the clamp;
-* Add: ``fma(x_b, s_b/s_y, fma(x_a, s_a/s_y, zp_y - zp_a*s_a/s_y - zp_b*s_b/s_y))``
-  in float32, rounded half to even, saturated (MLAS QLinearAdd; the fused
-  multiply-adds were found empirically against onnxruntime 1.32);
+* Add: ``fma(x_a, r_a, fma(x_b, r_b, zp_y - fma(r_a, zp_a, r_b*zp_b)))`` in
+  float32 with ``r = s/s_y``, rounded half to even, saturated (MLAS QLinearAdd,
+  AVX2 kernel);
+* Mul: ``float32(float32((x_a - zp_a) * (x_b - zp_b)) * float32(s_a*s_b/s_y)) + zp_y``
+  rounded half to even, saturated (MLAS QLinearMul);
+* Softmax (last axis): QLinearSoftmax's float ``exp`` table, float32 row sum,
+  ``rint(e * floor(1/s_y) / sum) + zp_y``;
 * GlobalAveragePool: int32 sum minus ``zp_x * N`` requantized by ``s_x / (s_y * N)``;
 * AveragePool: dequantized float average, quantized;
-* elementwise unary ops (Sigmoid, Relu, ...): a 256-entry lookup table;
+* elementwise unary ops (Sigmoid, Relu, ...), and any chain of elementwise ops
+  on one dequantized tensor and constants (HardSigmoid as multiply, add, clip):
+  a 256-entry lookup table of the chain evaluated in float32 (ORT runs such
+  ops in float on the dequantized values, or as QLinearSigmoid's table);
 * Concat: identity, or a lookup table per input whose parameters differ;
 * MaxPool, Reshape, Flatten, Transpose with equal in/out parameters: as is.
 """
@@ -117,7 +126,7 @@ def _lut(qg, x, table: np.ndarray, in_dtype: str):
     relax, op, q, _ = _ops()
     idx = qg.emit(op.subtract(qg.emit(op.astype(x, "int32")), q.rx_const(int(np.iinfo(in_dtype).min), "int32")))
     # the table as int32 then a cast: the IR's fused_ops keeps the literal without its dtype
-    return op.astype(qg.emit(op.take(relax.const(table.astype(np.int32)), idx, axis=0)), str(table.dtype))
+    return op.astype(qg.emit(op.take(relax.const(table.astype(np.int32)), idx, axis=0, mode="clip")), str(table.dtype))
 
 
 def _is_torch(qg) -> bool:
@@ -298,6 +307,130 @@ def _qlinear_add_constant(ra, rb, zp_a, zp_b, zp_y) -> np.float32:
     f32 = np.float32
     inner = f32(np.float64(ra) * np.float64(f32(zp_a)) + np.float64(f32(rb * f32(zp_b))))
     return f32(f32(zp_y) - inner)
+
+
+#: ops a table can absorb when they act on one dequantized tensor and constants
+_ELEMENTWISE = {"relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.clip", "relax.nn.relu",
+                "relax.sigmoid", "relax.tanh", "relax.exp", "relax.minimum", "relax.maximum", "relax.negative",
+                "relax.abs", "relax.sqrt", "relax.power"}
+
+
+def _elementwise_chain(qg, last):
+    """The bindings from one dequantize(int var) to ``last`` when every one of them is an
+    elementwise op on that single tensor and constants (HardSigmoid, x * 0.5 + c, ...),
+    each used only inside the chain: ((int var, QTensor, dq name), [bindings in order]) or None."""
+    relax, _, _, Constant = _ops()
+    chain, b = [], last
+    while b is not None and b.op in _ELEMENTWISE:
+        vars_ = [a for a in b.value.args if isinstance(a, relax.Var)]
+        consts = [a for a in b.value.args if not isinstance(a, relax.Var)]
+        if len(vars_) != 1 or any(hasattr(c.value, "numpy") and c.value.numpy().size != 1 for c in consts):
+            return None
+        if b is not last and qg.n_users(b.name) != 1:
+            return None
+        chain.insert(0, b)
+        src = _dequantized(qg, vars_[0])
+        if src is not None:
+            return src, chain
+        b = qg.producer(vars_[0])
+    return None
+
+
+def _chain_fn(chain, start: str):
+    """A float32 function evaluating ``chain`` (numpy, irgen.reference's ops) on the values of ``start``."""
+    from irgen.graph import attrs_to_dict
+    from irgen.ir import _arg_ref
+    from irgen.reference import run_layer
+
+    relax, _, _, _ = _ops()
+    index = {b.name: j for j, b in enumerate(chain)}
+    ops = []
+    for b in chain:
+        args = []
+        for a in b.value.args:
+            if isinstance(a, relax.Var):
+                args.append("input:0" if a.name == start else f"op:{index[a.name]}")
+            else:
+                args.append(_arg_ref(a, {}, []))
+        ops.append({"relax_op": b.op, "attrs": attrs_to_dict(b.value.attrs) if b.value.attrs is not None else {},
+                    "args": args})
+    layer = {"name": chain[-1].name, "fused_ops": ops, "results": [f"op:{len(ops) - 1}"]}
+    return lambda v: run_layer(layer, [np.asarray(v, np.float32)], {})[0].astype(np.float32)
+
+
+def _realize_table_chain(qg, qb, found, out):
+    """An elementwise float chain between a dequantize and the quantize, as a 256-entry table:
+    ONNX Runtime runs such ops in float on the dequantized values, one value at a time."""
+    (x, qx, dqx), chain = found
+    if _is_torch(qg):
+        raise IrgenError(f"{SCHEME}: the float ops before {qb.name!r} in a torch graph are not supported")
+    table = _table(qx, out, _chain_fn(chain, dqx))
+    ops = "+".join(b.op.removeprefix("relax.") for b in chain)
+    rec = {"scheme": SCHEME, "kind": "lut", "op": ops, "inputs": [qx.record()], "output": out.record(),
+           "table": [int(v) for v in table],
+           "requant": {"rounding": "half_to_even",
+                       "rounding_rule": f"table[i - min] = quantize({ops}(dequantize(i))) in float32"}}
+    return [dqx] + [b.name for b in chain] + [qb.name], _lut(qg, x, table, qx.dtype), rec
+
+
+def _realize_mul(qg, qb, comp, out):
+    """MLAS QLinearMul (SSE2): ``rint(float32(float32(int32((a - zp_a) * (b - zp_b))) * r) + float32(zp_y))``
+    with ``r = float32(float32(s_a * s_b) / s_y)``, saturated to the output type."""
+    _, op, q, _ = _ops()
+    tensor = qb.name
+    if _is_torch(qg):
+        raise IrgenError(f"{SCHEME}: a quantized multiply ({tensor!r}) in a torch graph is not supported")
+    (x1, q1, d1), (x2, q2, d2) = [_need(qg, a, "an input", tensor) for a in comp.value.args]
+    ratio = np.float32(np.float32(np.float32(q1.scale[0]) * np.float32(q2.scale[0])) / np.float32(out.scale[0]))
+    e = qg.emit
+    prod = e(op.multiply(_offset(qg, x1, int(q1.zero_point[0])), _offset(qg, x2, int(q2.zero_point[0]))))
+    f = e(op.multiply(e(op.astype(prod, "float32")), q.rx_const(ratio, "float32")))
+    f = e(op.add(f, q.rx_const(float(out.zero_point[0]), "float32")))
+    info = np.iinfo(out.dtype)
+    expr = q.rx_round_to_int(e, f, 0, int(info.min), int(info.max), out.dtype)
+    rec = {"scheme": SCHEME, "kind": "mul", "inputs": [q1.record(), q2.record()], "output": out.record(),
+           "requant": {"scale": float(ratio), "rounding": "half_to_even",
+                       "rounding_rule": "y = clamp(round_half_even(float32(float32((x_a - zp_a) * (x_b - zp_b)) * scale) "
+                                        "+ float32(zp_y))); scale = float32(float32(s_a * s_b) / s_y) (MLAS QLinearMul)"},
+           "clamp": [int(info.min), int(info.max)]}
+    return [d1, d2, comp.name, qb.name], expr, rec
+
+
+def _realize_softmax(qg, qb, comp, out):
+    """ONNX Runtime's QLinearSoftmax (see ``irgen.quant.ort_softmax``)."""
+    relax, op, q, _ = _ops()
+    tensor = qb.name
+    if _is_torch(qg):
+        raise IrgenError(f"{SCHEME}: a quantized softmax ({tensor!r}) in a torch graph is not supported")
+    x, qx, dqx = _need(qg, comp.value.args[0], "the input", tensor)
+    shape = [int(d) for d in x.ty.shape.values]
+    if int(comp.value.attrs.axis) not in (-1, len(shape) - 1):
+        raise IrgenError(f"{SCHEME}: softmax {tensor!r} is not over the last axis; not supported")
+    if qx.dtype != out.dtype:
+        raise IrgenError(f"{SCHEME}: softmax {tensor!r} changes the integer type ({qx.dtype} -> {out.dtype})")
+    signed = out.dtype == "int8"
+    table = q.ort_softmax_table(float(qx.scale[0]), shape[-1], signed)
+    e = qg.emit
+    xi = e(op.astype(x, "int32"))
+    idx = e(op.add(e(op.subtract(xi, e(op.max(xi, axis=[-1], keepdims=True)))),
+                   q.rx_const(127 if signed else 255, "int32")))
+    if signed:
+        idx = e(op.bitwise_and(idx, q.rx_const(255, "int32")))
+    ex = e(op.take(relax.const(table), idx, axis=0, mode="clip"))  # idx is in 0..255
+    total = e(op.sum(ex, axis=[-1], keepdims=True))
+    ys = float(np.floor(np.float32(1.0) / np.float32(out.scale[0])))
+    v = e(op.divide(e(op.multiply(ex, q.rx_const(ys, "float32"))), total))
+    vq = e(op.add(e(op.astype(e(op.round(v)), "int32")), q.rx_const(int(out.zero_point[0]), "int32")))
+    if signed:
+        vq = e(op.where(e(op.greater(vq, q.rx_const(255, "int32"))), q.rx_const(255, "int32"), vq))
+    else:
+        vq = e(op.minimum(vq, q.rx_const(255, "int32")))
+    rec = {"scheme": SCHEME, "kind": "softmax", "axis": -1, "inputs": [qx.record()], "output": out.record(),
+           "table": "parameter 'table' (float32[256]): exp((i - 255 + b) * s_x), b = max(0, log(FLT_MAX / n) - 5) / s_x",
+           "requant": {"rounding": "half_to_even",
+                       "rounding_rule": "y = rint(table[x - max + 127 (int8) | 255 (uint8)] * floor(1 / s_y) / sum) + zp_y, "
+                                        "float32, sum in row order; int8 wraps as ORT's QLinearSoftmax casts"}}
+    return [dqx, comp.name, qb.name], op.astype(vq, out.dtype), rec
 
 
 def _realize_add(qg, qb, comp, acts, out):
@@ -529,7 +662,11 @@ def _realize(qg, conv_requant) -> None:
                         and qg.n_users(cand.name) == 1:
                     comp, bias_b = cand, comp
                     break
-        if comp.op in ("relax.nn.conv2d", "relax.matmul"):
+        chain = None if bias_b is not None or comp.op in ("relax.nn.conv2d", "relax.matmul") \
+            else _elementwise_chain(qg, f)
+        if chain is not None and not (len(chain[1]) == 1 and (f.op in _UNARY or f.op == "relax.clip")):
+            names, expr, rec = _realize_table_chain(qg, b, chain, out)
+        elif comp.op in ("relax.nn.conv2d", "relax.matmul"):
             names, expr, rec = _realize_conv(qg, b, comp, bias_b, acts, out, conv_requant)
         elif comp.op == "relax.add":  # with the relu/clip after it (torch: add, relu, quantize)
             names, expr, rec = _realize_add(qg, b, comp, acts, out)
@@ -548,6 +685,10 @@ def _realize(qg, conv_requant) -> None:
             names, expr, rec = _realize_move(qg, b, comp, out)
         elif comp.op in _UNARY or comp.op == "relax.clip":
             names, expr, rec = _realize_unary(qg, b, comp, out)
+        elif comp.op == "relax.nn.softmax" and not acts:
+            names, expr, rec = _realize_softmax(qg, b, comp, out)
+        elif comp.op == "relax.multiply" and not acts:
+            names, expr, rec = _realize_mul(qg, b, comp, out)
         else:
             raise IrgenError(f"{SCHEME}: cannot realize {comp.op or comp.kind} at tensor {b.name!r} in integer arithmetic")
         keep_last = names[-1]
