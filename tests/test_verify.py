@@ -457,3 +457,56 @@ def test_torch_reference_quantized_source(tmp_path, capsys):
     integer = [row for row in r["layers"] if row["integer"]]
     assert integer and all(row["checks"]["source"]["max_lsb"] <= 1 for row in integer)
     assert all(row["checks"][m]["exact"] for row in integer for m in ("single", "entire"))
+
+
+# ------------------------------------------------------------------ a source runtime that crashes
+
+CRASHY = '''
+import os
+
+from irgen import hookimpl
+from irgen.api import Frontend
+
+
+def _runner(path, options):
+    def run(inputs, tensors):
+        os.abort()  # as the TFLite interpreter does on some models
+
+    return run
+
+
+@hookimpl
+def irgen_register_frontends(register):
+    register(Frontend(name="crashy", suffixes=(".crashy",), load=lambda path, options: None, runner=_runner))
+'''
+
+
+def test_a_crashing_source_runtime_is_reported_not_fatal(onnx_float, tmp_path, capsys, plugin_file):
+    """The runtime runs in a child process: its abort becomes a note (default checks)
+    or a one-line error (``--mode source``), and irgen itself carries on."""
+    import hashlib
+
+    _, out = onnx_float
+    copy = tmp_path / "out"
+    shutil.copytree(out, copy)
+    ir = json.loads((copy / "ir.json").read_text())
+    ir["producer"]["frontend"] = "crashy"
+    (copy / "ir.json").write_text(json.dumps(ir))
+    manifest = json.loads((copy / "manifest.json").read_text())
+    for f in manifest["files"]:
+        if f["path"] == "ir.json":
+            f["sha256"] = hashlib.sha256((copy / "ir.json").read_bytes()).hexdigest()
+            f["size"] = (copy / "ir.json").stat().st_size
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    plugin = plugin_file("crashy_runtime", CRASHY)
+
+    capsys.readouterr()
+    code = irgen_main(["--plugin", str(plugin), "verify", str(copy), "--no-progress", "--no-report"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "source check skipped" in err and "crashed (signal SIGABRT)" in err, err
+
+    code = irgen_main(["--plugin", str(plugin), "verify", str(copy), "--mode", "source", "--no-progress", "--no-report"])
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1, lines
+    assert lines[0].startswith("irgen: error:") and "SIGABRT" in lines[0] and "crashy" in lines[0], lines

@@ -207,25 +207,30 @@ def run_verify(args: argparse.Namespace, out: Path, modes: list[str] | None, mod
 
 def _verify_quietly(args: argparse.Namespace, out: Path, modes: list[str] | None, model: Path | None) -> dict[str, Any]:
     from irgen.output import Progress
-    from irgen.verify import MODES, source_runner_for, verify_output
+    from irgen.verify import MODES, isolated_source_runner, verify_output
 
     progress = Progress(enabled=not args.no_progress)
     if not (out / "ir.json").is_file():
         raise IrgenError(f"{out}: not an irgen output folder (no ir.json)")
     runner = None
-    if modes is None or "all" in modes:
+    optional = modes is None or "all" in modes
+    if optional:
         modes = list(MODES)
-        try:
-            ir = json.loads((out / "ir.json").read_text())
-            runner, model = source_runner_for(out, ir, model, load_host(args))
-        except IrgenError as err:
-            modes.remove("source")
-            print(f"irgen: note: source check skipped: {_one_line(err)}", file=sys.stderr)
-    elif "source" in modes:
+    if "source" in modes:
         ir = json.loads((out / "ir.json").read_text())
-        runner, model = source_runner_for(out, ir, model, load_host(args))
-    return verify_output(out, modes=modes, thresholds=_thresholds(args), source_runner=runner, model=model,
-                         progress=progress)
+        try:
+            runner, model = isolated_source_runner(out, ir, model, load_host(args), plugins=args.plugin or [],
+                                                   strict=args.strict_plugins)
+        except IrgenError as err:
+            if not optional:
+                raise
+            modes.remove("source")
+            print(f"irgen: note: source check skipped: {_one_line(err).removeprefix('source check: ')}", file=sys.stderr)
+    result = verify_output(out, modes=modes, thresholds=_thresholds(args), source_runner=runner, model=model,
+                           progress=progress, source_optional=optional)
+    for note in result.get("notes") or []:
+        print(f"irgen: note: {note}", file=sys.stderr)
+    return result
 
 
 def cmd_verify(args: argparse.Namespace) -> int:

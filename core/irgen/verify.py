@@ -303,8 +303,9 @@ def check_manifest(out: Path, ir: dict) -> list[dict[str, Any]]:
 # ------------------------------------------------------------------ source runtime
 
 
-def source_runner_for(out: Path, ir: dict, model: Path | None = None, host=None) -> tuple[Callable, Path]:
-    """The source runtime of the model ``out`` was generated from; raises IrgenError when unavailable."""
+def resolve_source(out: Path, ir: dict, model: Path | None = None, host=None):
+    """(frontend, model path, frontend options) of the model ``out`` was generated
+    from, checked without loading it; raises IrgenError when it is not there."""
     from irgen.plugins import PluginHost
 
     manifest = {}
@@ -324,7 +325,63 @@ def source_runner_for(out: Path, ir: dict, model: Path | None = None, host=None)
         options["input_shapes"] = {k: tuple(v) for k, v in options["input_shapes"].items()}
     if options.get("calibration"):
         options["calibration"] = Path(options["calibration"])
-    return host.frontends.get(name).source_runner(path, options), path
+    return host.frontends.get(name), path, options
+
+
+def source_runner_for(out: Path, ir: dict, model: Path | None = None, host=None) -> tuple[Callable, Path]:
+    """The source runtime of the model ``out`` was generated from, in this process;
+    raises IrgenError when unavailable."""
+    frontend, path, options = resolve_source(out, ir, model, host)
+    return frontend.source_runner(path, options), path
+
+
+def _source_child(conn, out: str, model: str, plugins: list[str], strict: bool, feeds, wanted) -> None:
+    """Body of the process :func:`isolated_source_runner` starts."""
+    try:
+        from irgen.plugins import PluginHost
+
+        host = PluginHost().load(extra=plugins, strict=strict)
+        runner, _ = source_runner_for(Path(out), load_ir(out), Path(model), host)
+        conn.send(("ok", runner(feeds, wanted)))
+    except Exception as err:  # noqa: BLE001  reported by the parent, one line
+        conn.send(("error", str(err) if isinstance(err, IrgenError) else f"source check: {type(err).__name__}: {err}"))
+    finally:
+        conn.close()
+
+
+def isolated_source_runner(out: Path, ir: dict, model: Path | None = None, host=None,
+                           plugins: list[str] | tuple = (), strict: bool = False) -> tuple[Callable, Path]:
+    """Like :func:`source_runner_for`, but the runtime runs in a child process, so a
+    runtime that aborts or crashes on a model (the TFLite interpreter does on some)
+    becomes an IrgenError naming the signal instead of ending ``irgen``."""
+    import multiprocessing
+    import signal
+
+    frontend, path, _ = resolve_source(out, ir, model, host)
+
+    def run(feeds: dict[str, Any], wanted: list[str]) -> dict[str, Any]:
+        ctx = multiprocessing.get_context("spawn")  # no fork: the parent may hold TVM's or torch's threads
+        recv, send = ctx.Pipe(duplex=False)
+        child = ctx.Process(target=_source_child, daemon=True,
+                            args=(send, str(out), str(path), list(plugins), strict, feeds, list(wanted)))
+        child.start()
+        send.close()
+        try:
+            status, payload = recv.recv()
+        except EOFError:
+            child.join()
+            code = child.exitcode
+            how = f"signal {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit code {code}"
+            raise IrgenError(f"source check: the {frontend.name} frontend's runtime crashed ({how}) running "
+                             f"{path.name}; the single and entire checks do not depend on it") from None
+        finally:
+            recv.close()
+        child.join()
+        if status == "error":
+            raise IrgenError(payload)
+        return payload
+
+    return run, path
 
 
 # ------------------------------------------------------------------ verify
@@ -352,14 +409,17 @@ def _load(out: Path, rec: dict) -> np.ndarray:
 
 def verify_output(out_dir: str | Path, *, modes=MODES, thresholds: Thresholds | None = None,
                   source_runner: Callable | None = None, model: str | Path | None = None,
-                  progress=None) -> dict[str, Any]:
+                  progress=None, source_optional: bool = False) -> dict[str, Any]:
     """Verify the output folder ``out_dir``; returns the result dict (see README, ``irgen verify``).
 
     ``source_runner(inputs, tensors)`` runs the source model (default: built from
     the frontend recorded in ``ir.json``, the model at ``model`` or the recorded
-    path); ``progress`` is an :class:`irgen.output.Progress` or None.
+    path, run in a child process); ``progress`` is an :class:`irgen.output.Progress`
+    or None. With ``source_optional`` a source runtime that fails or crashes skips
+    the ``source`` check with a note (``result["notes"]``) instead of raising.
     """
     t0 = time.perf_counter()
+    notes: list[str] = []
     out = Path(out_dir).resolve()
     th = thresholds or Thresholds()
     bad = set(modes) - set(MODES)
@@ -374,7 +434,7 @@ def verify_output(out_dir: str | Path, *, modes=MODES, thresholds: Thresholds | 
     model_path = Path(model) if model is not None else None
     if "source" in modes and source_runner is None:
         say("load the source model")
-        source_runner, model_path = source_runner_for(out, ir, model_path)
+        source_runner, model_path = isolated_source_runner(out, ir, model_path)
 
     problems: list[dict[str, Any]] = []
     say("check manifest.json checksums")
@@ -492,33 +552,41 @@ def verify_output(out_dir: str | Path, *, modes=MODES, thresholds: Thresholds | 
                                      "message": f"model {model_path} is not the file OUT was generated from (sha256 differs)"})
         feeds = {t["name"]: _load(out, t) for t in ir.get("inputs") or []}
         wanted = sorted({s for l in layers for s in (l.get("source") or {}).get("outputs") or []})
-        values = source_runner(feeds, wanted)
-        src_of = {t["name"]: t["name"] for t in ir.get("inputs") or []}
-        for layer in layers:
-            src_of.update(zip((r["name"] for r in layer["outputs"]), (layer.get("source") or {}).get("outputs") or []))
-        for i, layer in enumerate(layers, 1):
-            srcs = (layer.get("source") or {}).get("outputs") or []
-            for k, rec in enumerate(layer["outputs"]):
-                src = srcs[k] if k < len(srcs) else None
-                if src is None or src not in values:
-                    record(layer, "source", _status_metric("missing", rec["name"],
-                                                           f"source tensor {src!r} is not available in the source runtime" if src else "no source tensor"))
-                    continue
-                golden = _load(out, rec)
-                value, integer = _to_float_source(np.asarray(values[src]), golden, layer, k)
-                if integer and not _is_int(golden.dtype):
-                    golden, _ = _to_float_source(golden, golden, layer, k)
-                if not integer and _is_int(value.dtype) != _is_int(golden.dtype):
-                    value = value.astype(np.float64)
-                m = compare(value, golden, integer=integer, th=th, scaled=True, lsb_limit=th.max_lsb, tensor=rec["name"])
-                m["source_tensor"] = src
-                if integer and k == 0 and layer.get("quant") is not None:
-                    m["local"] = _local(layer, values, src_of, value)
-                    if m["status"] == "fail" and m["local"] is not None:
-                        m["message"] += (f"; from the runtime's own inputs the layer is off by at most "
-                                         f"{m['local']['max_lsb']} LSB ({100 * m['local']['exact_share']:.3f}% exact)")
-                record(layer, "source", m, golden, value)
-            step("layers", i, len(layers))
+        try:
+            values = source_runner(feeds, wanted)
+        except IrgenError as err:
+            if not source_optional:
+                raise
+            notes.append(f"source check skipped: {' '.join(str(err).split()).removeprefix('source check: ')}")
+            modes = [m for m in modes if m != "source"]
+            values = None
+        if values is not None:
+            src_of = {t["name"]: t["name"] for t in ir.get("inputs") or []}
+            for layer in layers:
+                src_of.update(zip((r["name"] for r in layer["outputs"]), (layer.get("source") or {}).get("outputs") or []))
+            for i, layer in enumerate(layers, 1):
+                srcs = (layer.get("source") or {}).get("outputs") or []
+                for k, rec in enumerate(layer["outputs"]):
+                    src = srcs[k] if k < len(srcs) else None
+                    if src is None or src not in values:
+                        record(layer, "source", _status_metric("missing", rec["name"],
+                                                               f"source tensor {src!r} is not available in the source runtime" if src else "no source tensor"))
+                        continue
+                    golden = _load(out, rec)
+                    value, integer = _to_float_source(np.asarray(values[src]), golden, layer, k)
+                    if integer and not _is_int(golden.dtype):
+                        golden, _ = _to_float_source(golden, golden, layer, k)
+                    if not integer and _is_int(value.dtype) != _is_int(golden.dtype):
+                        value = value.astype(np.float64)
+                    m = compare(value, golden, integer=integer, th=th, scaled=True, lsb_limit=th.max_lsb, tensor=rec["name"])
+                    m["source_tensor"] = src
+                    if integer and k == 0 and layer.get("quant") is not None:
+                        m["local"] = _local(layer, values, src_of, value)
+                        if m["status"] == "fail" and m["local"] is not None:
+                            m["message"] += (f"; from the runtime's own inputs the layer is off by at most "
+                                             f"{m['local']['max_lsb']} LSB ({100 * m['local']['exact_share']:.3f}% exact)")
+                    record(layer, "source", m, golden, value)
+                step("layers", i, len(layers))
 
     # ---------------------------------------------------------- assemble
     rows = []
@@ -567,6 +635,7 @@ def verify_output(out_dir: str | Path, *, modes=MODES, thresholds: Thresholds | 
         "summary": {"layers": len(layers), "passed": n_pass, "failed": n_fail, "unsupported": n_unsup,
                     "seconds": round(time.perf_counter() - t0, 3)},
         "problems": problems,
+        "notes": notes,
         "layers": rows,
         "histograms": histograms,
     }
