@@ -214,3 +214,51 @@ def test_calibration_with_tflite_file_is_refused(tmp_path, capsys):
     (tmp_path / "c").mkdir()
     assert_user_error(_irgen, capsys, [str(path), "-o", str(tmp_path / "out"), "--calibration", str(tmp_path / "c")],
                        tmp_path / "out", "--calibration")
+
+
+def test_keras_applications_mobilenet_v2_int8_is_bit_exact(tmp_path):
+    """A real architecture, not one written for these tests: ``keras.applications``
+    MobileNetV2 (alpha 0.35, 48x48, seeded weights and batch-norm statistics;
+    ZeroPadding2D, strided depthwise convs, ReLU6, residual adds, global pooling,
+    dense) converted to int8 with ``--calibration``: every layer equals the TFLite
+    interpreter's reference kernels bit for bit. (Its softmax is left out: the
+    reference interpreter aborts preparing a softmax whose input scale, from
+    random weights, is tiny.)"""
+    tf = tflite_models._tf()
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.applications.MobileNetV2(input_shape=(48, 48, 3), alpha=0.35, weights=None, classes=10,
+                                              classifier_activation=None)
+    rng = np.random.default_rng(0)
+    for w in model.weights:
+        if "moving_variance" in w.path:
+            w.assign(rng.uniform(0.5, 1.5, w.shape).astype(np.float32))
+        elif "moving_mean" in w.path:
+            w.assign(rng.uniform(-0.2, 0.2, w.shape).astype(np.float32))
+    path = tmp_path / "mobilenet_v2.keras"
+    model.save(path)
+    calib_dir = tmp_path / "calib"
+    calib_dir.mkdir()
+    samples = [np.random.default_rng(700 + k).uniform(-1, 1, (1, 48, 48, 3)).astype(np.float32) for k in range(8)]
+    for k, s in enumerate(samples):
+        np.save(calib_dir / f"s{k}.npy", s[0])
+    tfl = tmp_path / "ref_int8.tflite"
+    tfl.write_bytes(_convert(path, samples))
+    scale, zp = tf.lite.Interpreter(model_path=str(tfl)).get_input_details()[0]["quantization"]
+    xf = np.random.default_rng(11).uniform(-1, 1, (1, 48, 48, 3)).astype(np.float32)
+    x = np.clip(np.round(xf / scale) + zp, -128, 127).astype(np.int8)
+    np.save(tmp_path / "x.npy", x)
+    out = tmp_path / "out"
+    assert _irgen([str(path), "-o", str(out), "--input", str(tmp_path / "x.npy"), "--calibration", str(calib_dir)]) == 0
+    ir = json.loads((out / "ir.json").read_text())
+    assert ir["producer"]["quantizer"] == "tflite-int8" and len(ir["layers"]) > 60
+    ops = {layer["op"] for layer in ir["layers"]}
+    assert {"conv2d", "depthwise_conv2d", "add", "dense"} <= ops, ops
+    ref = tflite_models.tflite_reference(tfl, x)
+    compared = 0
+    for layer in ir["layers"]:
+        for rec, src in zip(layer["outputs"], layer["source"]["outputs"], strict=True):
+            got = np.load(out / rec["file"])
+            assert got.dtype == np.int8
+            np.testing.assert_array_equal(got, ref[src], err_msg=layer["name"])
+            compared += got.size
+    print(f"\nMobileNetV2 int8: {len(ir['layers'])} layers, {compared} values equal to the reference interpreter")
