@@ -14,13 +14,14 @@ import hashlib
 import json
 import shlex
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from irgen import __version__
-from irgen.api import Backend, ImportedModel, InputSpec, IrgenError, UnsupportedOpsError
+from irgen.api import Backend, ImportedModel, InputSpec, IrgenError, Quantizer, UnsupportedOpsError
 from irgen.names import SafeNames
 from irgen.output import OutputFolder, ParamsStreamWriter, Progress, write_manifest
 
@@ -143,6 +144,205 @@ def run_cli(args, host) -> int:
     return 0
 
 
+@dataclass
+class _Graph:
+    """The model's ``main`` after batch-norm folding and the quantization scheme, cut into layers."""
+
+    mod: Any
+    func: Any
+    bindings: list
+    main_out: Any
+    layers: list
+    by_name: dict
+    quant: dict[str, dict]
+    scheme: Quantizer | None
+
+
+@dataclass
+class _Names:
+    """Layer names (by layer index), IR tensor names (by Relax var) and var aliases."""
+
+    layer: dict[int, str]
+    tensor: dict[str, str]
+    aliases: dict[str, str]
+
+
+def _form_layers(host, imported: ImportedModel, be: Backend, quantizer: str | None, progress: Progress) -> _Graph:
+    """Fold batch norms, realize the quantization scheme (if any), cut ``main`` into layers."""
+    from tvm import relax
+
+    from irgen.graph import cut_layers, fold_batch_norm, form_layers, main_bindings
+    from irgen.quant import QGraph
+
+    progress.stage("form layers")
+    mod = fold_batch_norm(imported.mod, imported.provenance)
+    quant: dict[str, dict] = {}
+    qg = QGraph(mod, frontend=imported.frontend)
+    scheme = pick_quantizer(host, qg, quantizer)
+    if scheme is not None:
+        progress.stage(f"quantization scheme {scheme.name}")
+        scheme.realize(qg)
+        mod, quant = qg.module(), qg.quant
+    func, bindings = main_bindings(relax.transform.FoldConstant()(mod))
+    main_out = func.body.body
+    if scheme is not None:
+        layers = cut_layers(bindings, imported.provenance, main_out)
+    else:
+        layers = form_layers(bindings, be.fusion_rules, imported.provenance, main_out)
+    return _Graph(mod, func, bindings, main_out, layers, {b.name: b for b in bindings}, quant, scheme)
+
+
+def _name(graph: _Graph, imported: ImportedModel) -> _Names:
+    """Layers after their anchor's source node, tensors after the source tensors."""
+    layer_namer = SafeNames()
+    prov = imported.provenance.by_var
+    layer_names: dict[int, str] = {}
+    for layer in graph.layers:
+        src = next((prov[m] for m in layer.members if m in prov), None)
+        # two layers from one source node (a fake-quant split in two) get distinct names
+        layer_names[layer.index] = layer_namer.fresh(src[0] if src else layer.anchor)
+    tensor_name: dict[str, str] = {}
+    for p, spec in zip(graph.func.params, imported.inputs):
+        tensor_name[p.name] = spec.name
+    for layer in graph.layers:
+        for o in layer.outputs:
+            t = prov.get(o)
+            tensor_name[o] = t[2] if t and t[2] else o
+    # an alias (an Identity, a Dropout at inference) names the same tensor
+    aliases = _alias_map(graph.bindings)
+    for alias, target in aliases.items():
+        if target in tensor_name:
+            tensor_name[alias] = tensor_name[target]
+    return _Names(layer_names, tensor_name, aliases)
+
+
+def _layer_records(graph: _Graph, imported: ImportedModel, names: _Names, be: Backend) -> list:
+    """One :class:`irgen.ir.LayerRecord` per layer; every op the backend lacks, at once."""
+    from irgen.ir import build_layer_record
+
+    records = []
+    for layer in graph.layers:
+        q = next((graph.quant[m] for m in reversed(layer.members) if m in graph.quant), None)
+        records.append(build_layer_record(layer, graph.by_name, imported.provenance, names.tensor,
+                                          names.layer[layer.index], q))
+    if be.supported_ops is not None:
+        bad = sorted({rec.record["op"] for rec in records} - set(be.supported_ops))
+        if bad:
+            raise UnsupportedOpsError(f"backend {be.name!r}", bad)
+    return records
+
+
+def _tensor_writer(folder: OutputFolder, be: Backend):
+    """``write(stem, array) -> file path relative to OUT``, with the backend's tensor format."""
+
+    def write(stem: str, arr: np.ndarray) -> str:
+        path = (be.write_tensor or _write_npy)(folder.path(stem), arr)
+        return path.relative_to(folder.tmp).as_posix()
+
+    return write
+
+
+def _compile_and_capture(folder: OutputFolder, graph: _Graph, imported: ImportedModel, names: _Names, records: list,
+                         arrays: list[np.ndarray], opt_level: int, write, progress: Progress):
+    """Compile, run with the capture instrument, write every activation and ``debug/``.
+
+    Returns (files by tensor name, (shape, dtype) by tensor name, model output vars, kernels)."""
+    from irgen import execute
+    from irgen.graph import group_module
+
+    progress.stage(f"compile (opt level {opt_level}: {execute.OPT_LEVELS[opt_level]})")
+    layers, aliases = graph.layers, names.aliases
+    assignment = {m: l.index for l in layers for m in l.members}
+    fn_names = {l.index: "layer_" + names.layer[l.index].replace(".", "_").replace("-", "_") for l in layers}
+    exe, kernels, where = execute.lower(graph.mod, opt_level, lambda m: group_module(m, assignment, fn_names))
+
+    # which kernel output is each layer output / model output
+    out_vars = [aliases.get(v, v) for v in _out_vars(graph.main_out)]
+    for i, v in enumerate(out_vars):
+        if v not in where and f"@out:{i}" in where:
+            where[v] = where[f"@out:{i}"]
+
+    def source_of(var: str) -> tuple[int, int] | None:
+        return where.get(aliases.get(var, var))
+
+    file_namer = SafeNames()
+    stems: dict[str, str] = {}  # tensor name -> file path without suffix
+    tensor_files: dict[str, str] = {}  # tensor name -> file written
+    shapes: dict[str, tuple[tuple[int, ...], str]] = {}
+    wanted: dict[tuple[int, int], list[str]] = {}
+    for layer, rec in zip(layers, records):
+        for o in layer.outputs:
+            loc = source_of(o)
+            if loc is None:
+                raise IrgenError(f"internal: layer {rec.record['name']!r} output {o!r} is not computed by any kernel")
+            wanted.setdefault(loc, []).append(names.tensor[o])
+    for spec in imported.inputs:
+        stems[spec.name] = f"activations/{file_namer(spec.name)}"
+    for tensors in wanted.values():
+        for n in tensors:
+            stems.setdefault(n, f"activations/{file_namer(n)}")
+
+    # debug graph: inputs, parameters (p*), kernels
+    debug = _DebugGraph(graph.func.params, imported.inputs, kernels, where, aliases, [source_of(v) for v in out_vars])
+    writer = ParamsStreamWriter(folder.path("debug/output_tensors.params"), debug.tensor_names())
+    for spec, arr in zip(imported.inputs, arrays):
+        tensor_files[spec.name] = write(stems[spec.name], arr)
+        shapes[spec.name] = (tuple(arr.shape), str(arr.dtype))
+    for name, value in debug.leading_tensors(arrays):
+        writer.add(name, value)
+
+    progress.stage(f"run {len(kernels)} kernels, capture {len(layers)} layers")
+    done = [0]
+    total = sum(len(v) for v in wanted.values())
+
+    def on_output(ki: int, j: int, tensor) -> None:
+        arr = tensor.numpy()  # a copy: the VM reuses this storage later
+        writer.add(debug.kernel_node_name(ki, j), tensor)
+        for n in wanted.get((ki, j), []):
+            tensor_files[n] = write(stems[n], arr)
+            shapes[n] = (tuple(arr.shape), str(arr.dtype))
+            done[0] += 1
+            progress.step("layers", done[0], total)
+
+    execute.run(exe, arrays, kernels, on_output)
+    writer.close()
+    folder.path("debug/_tvmdbg_graph_dump.json").write_text(json.dumps(debug.to_json(), indent=1) + "\n")
+    return tensor_files, shapes, out_vars, kernels
+
+
+def _complete_records(graph: _Graph, names: _Names, records: list, tensor_files, shapes, be: Backend,
+                      write) -> dict[str, dict]:
+    """Write the parameter files and fill each record's params, inputs and outputs
+    (shapes, dtypes, layouts, files, producers); returns the parameter records by file."""
+    param_namer = SafeNames()
+    param_records: dict[str, dict] = {}
+    for rec in records:
+        r = rec.record
+        for role, arr in rec.params.items():
+            stem = param_namer(f"{r['name']}.{role}")
+            fname = write(f"parameters/{stem}", arr)
+            r["params"][role] = {
+                "name": f"{r['name']}.{role}",
+                "shape": list(arr.shape),
+                "dtype": str(arr.dtype),
+                "layout": _param_layout(r, role, arr),
+                "file": fname,
+            }
+            param_records[fname] = r["params"][role]
+    layouts = _layouts([rec.record for rec in records], shapes)
+    if be.layout:
+        other = sorted({f"{r.record['name']} ({layouts[o]})" for r in records for o in r.record["outputs"]
+                        if len(layouts.get(o, "")) == 4 and layouts[o] != be.layout})
+        if other:
+            raise IrgenError(f"backend {be.name!r} takes {be.layout} activations; these layers are not: {', '.join(other)}")
+    for rec in records:
+        r = rec.record
+        r["inputs"] = [_tensor_record(n, shapes, tensor_files, layouts,
+                                      _producer(n, graph.layers, records, names.tensor)) for n in r["inputs"]]
+        r["outputs"] = [_tensor_record(n, shapes, tensor_files, layouts, r["name"]) for n in r["outputs"]]
+    return {"layouts": layouts, "params": param_records}
+
+
 def run(
     host,
     model: Path,
@@ -159,7 +359,13 @@ def run(
     options: dict[str, Any] | None = None,
     command: list[str] | None = None,
 ) -> dict[str, Any]:
-    """Generate the IR and golden data for ``model`` into ``out``; returns the IR dict."""
+    """Generate the IR and golden data for ``model`` into ``out``; returns the IR dict.
+
+    Stages: import (frontend) -> form layers (scheme, fusion rules) -> name ->
+    layer records -> compile and capture every activation -> parameters and
+    tensor records -> ``ir.json``, ``graph/``, ``manifest.json``. Everything is
+    written into a hidden sibling folder that becomes ``out`` only when complete.
+    """
     progress = progress or Progress(enabled=False)
     if not model.exists():
         raise IrgenError(f"{model}: no such file")
@@ -175,151 +381,24 @@ def run(
     arrays = load_inputs(imported.inputs, list(inputs), seed)
 
     import tvm  # heavy: after the cheap checks
-    from tvm import relax
 
-    from irgen import execute
-    from irgen.graph import cut_layers, fold_batch_norm, form_layers, group_module, main_bindings
-    from irgen.quant import QGraph
-    from irgen.ir import IR_VERSION, build_layer_record
+    from irgen.ir import IR_VERSION
 
     with folder:
-        mod = imported.mod
-        (folder.path("graph/model.relax.txt")).write_text(mod.script(show_meta=False))
-
-        progress.stage("form layers")
-        mod = fold_batch_norm(mod, imported.provenance)
-        quant: dict[str, dict] = {}
-        qg = QGraph(mod, frontend=imported.frontend)
-        scheme = pick_quantizer(host, qg, quantizer)
-        if scheme is not None:
-            progress.stage(f"quantization scheme {scheme.name}")
-            scheme.realize(qg)
-            mod, quant = qg.module(), qg.quant
-        analysed = relax.transform.FoldConstant()(mod)
-        func, bindings = main_bindings(analysed)
-        main_out = func.body.body
-        if scheme is not None:
-            layers = cut_layers(bindings, imported.provenance, main_out)
-        else:
-            layers = form_layers(bindings, be.fusion_rules, imported.provenance, main_out)
-        by_name = {b.name: b for b in bindings}
-
-        # names: layers after their anchor's source node, tensors after source tensors
-        layer_namer, file_namer, param_namer = SafeNames(), SafeNames(), SafeNames()
-        prov = imported.provenance.by_var
-        layer_names: dict[int, str] = {}
-        for layer in layers:
-            src = next((prov[m] for m in layer.members if m in prov), None)
-            # two layers from one source node (a fake-quant split in two) get distinct names
-            layer_names[layer.index] = layer_namer.fresh(src[0] if src else layer.anchor)
-        tensor_name: dict[str, str] = {}
-        for p, spec in zip(func.params, imported.inputs):
-            tensor_name[p.name] = spec.name
-        for layer in layers:
-            for o in layer.outputs:
-                t = prov.get(o)
-                tensor_name[o] = t[2] if t and t[2] else o
-        # an alias (an Identity, a Dropout at inference) names the same tensor
-        aliases = _alias_map(bindings)
-        for alias, target in aliases.items():
-            if target in tensor_name:
-                tensor_name[alias] = tensor_name[target]
-
-        records = []
-        for layer in layers:
-            q = next((quant[m] for m in reversed(layer.members) if m in quant), None)
-            rec = build_layer_record(layer, by_name, imported.provenance, tensor_name, layer_names[layer.index], q)
-            records.append(rec)
-        if be.supported_ops is not None:  # every unsupported layer op at once, before compiling
-            bad = sorted({rec.record["op"] for rec in records} - set(be.supported_ops))
-            if bad:
-                raise UnsupportedOpsError(f"backend {be.name!r}", bad)
-
-        progress.stage(f"compile (opt level {opt_level}: {execute.OPT_LEVELS[opt_level]})")
-        assignment = {m: l.index for l in layers for m in l.members}
-        fn_names = {l.index: "layer_" + layer_names[l.index].replace(".", "_").replace("-", "_") for l in layers}
-        exe, kernels, where = execute.lower(mod, opt_level, lambda m: group_module(m, assignment, fn_names))
-
-        # which kernel output is each layer output / model output
-        out_vars = [aliases.get(v, v) for v in _out_vars(main_out)]
-        for i, v in enumerate(out_vars):
-            if v not in where and f"@out:{i}" in where:
-                where[v] = where[f"@out:{i}"]
-
-        def source_of(var: str) -> tuple[int, int] | None:
-            var = aliases.get(var, var)
-            return where.get(var)
-
-        stems: dict[str, str] = {}  # tensor name -> file path without suffix
-        tensor_files: dict[str, str] = {}  # tensor name -> file written
-        shapes: dict[str, tuple[tuple[int, ...], str]] = {}
-        wanted: dict[tuple[int, int], list[str]] = {}
-        for layer, rec in zip(layers, records):
-            for o in layer.outputs:
-                loc = source_of(o)
-                if loc is None:
-                    raise IrgenError(f"internal: layer {rec.record['name']!r} output {o!r} is not computed by any kernel")
-                wanted.setdefault(loc, []).append(tensor_name[o])
-        for spec in imported.inputs:
-            stems[spec.name] = f"activations/{file_namer(spec.name)}"
-        for names in wanted.values():
-            for n in names:
-                stems.setdefault(n, f"activations/{file_namer(n)}")
-
-        # debug graph: inputs, parameters (p*), kernels
-        debug = _DebugGraph(func.params, imported.inputs, kernels, where, aliases, [source_of(v) for v in out_vars])
-        writer = ParamsStreamWriter(folder.path("debug/output_tensors.params"), debug.tensor_names())
-        def write(stem: str, arr: np.ndarray) -> str:
-            path = (be.write_tensor or _write_npy)(folder.path(stem), arr)
-            return path.relative_to(folder.tmp).as_posix()
-
-        for spec, arr in zip(imported.inputs, arrays):
-            tensor_files[spec.name] = write(stems[spec.name], arr)
-            shapes[spec.name] = (tuple(arr.shape), str(arr.dtype))
-        for name, value in debug.leading_tensors(arrays):
-            writer.add(name, value)
-
-        progress.stage(f"run {len(kernels)} kernels, capture {len(layers)} layers")
-        done = [0]
-
-        def on_output(ki: int, j: int, tensor) -> None:
-            arr = tensor.numpy()  # a copy: the VM reuses this storage later
-            writer.add(debug.kernel_node_name(ki, j), tensor)
-            for n in wanted.get((ki, j), []):
-                tensor_files[n] = write(stems[n], arr)
-                shapes[n] = (tuple(arr.shape), str(arr.dtype))
-                done[0] += 1
-                progress.step("layers", done[0], sum(len(v) for v in wanted.values()))
-
-        execute.run(exe, arrays, kernels, on_output)
-        writer.close()
-        folder.path("debug/_tvmdbg_graph_dump.json").write_text(json.dumps(debug.to_json(), indent=1) + "\n")
+        folder.path("graph/model.relax.txt").write_text(imported.mod.script(show_meta=False))
+        graph = _form_layers(host, imported, be, quantizer, progress)
+        names = _name(graph, imported)
+        records = _layer_records(graph, imported, names, be)
+        write = _tensor_writer(folder, be)
+        tensor_files, shapes, out_vars, kernels = _compile_and_capture(
+            folder, graph, imported, names, records, arrays, opt_level, write, progress)
 
         progress.stage("write IR and parameters")
-        param_records: dict[str, dict] = {}
-        for layer, rec in zip(layers, records):
-            r = rec.record
-            for role, arr in rec.params.items():
-                stem = param_namer(f"{r['name']}.{role}")
-                fname = write(f"parameters/{stem}", arr)
-                r["params"][role] = {
-                    "name": f"{r['name']}.{role}",
-                    "shape": list(arr.shape),
-                    "dtype": str(arr.dtype),
-                    "layout": _param_layout(r, role, arr),
-                    "file": fname,
-                }
-                param_records[fname] = r["params"][role]
-        layouts = _layouts([rec.record for rec in records], shapes)
-        if be.layout:
-            other = sorted({f"{r.record['name']} ({layouts[o]})" for r in records for o in r.record["outputs"]
-                            if len(layouts.get(o, "")) == 4 and layouts[o] != be.layout})
-            if other:
-                raise IrgenError(f"backend {be.name!r} takes {be.layout} activations; these layers are not: {', '.join(other)}")
-        for layer, rec in zip(layers, records):
-            r = rec.record
-            r["inputs"] = [_tensor_record(n, shapes, tensor_files, layouts, _producer(n, layers, records, tensor_name)) for n in r["inputs"]]
-            r["outputs"] = [_tensor_record(n, shapes, tensor_files, layouts, r["name"]) for n in r["outputs"]]
+        done = _complete_records(graph, names, records, tensor_files, shapes, be, write)
+        layouts, tensor = done["layouts"], names.tensor
+
+        def producer(n: str) -> str:
+            return _producer(n, graph.layers, records, tensor)
 
         ir = {
             "ir_version": IR_VERSION,
@@ -327,24 +406,23 @@ def run(
                 "irgen": __version__,
                 "tvm": tvm.__version__,
                 "frontend": fe.name,
-                "quantizer": scheme.name if scheme else None,
+                "quantizer": graph.scheme.name if graph.scheme else None,
                 "backend": be.name,
                 "serializer": ser.name,
                 "opt_level": opt_level,
             },
             "model": {"path": str(model), "sha256": sha256_path(model)},
             "inputs": [_tensor_record(s.name, shapes, tensor_files, layouts, "input") for s in imported.inputs],
-            "outputs": [
-                _tensor_record(tensor_name.get(v, v), shapes, tensor_files, layouts,
-                               _producer(tensor_name.get(v, v), layers, records, tensor_name)) for v in out_vars
-            ],
+            "outputs": [_tensor_record(tensor.get(v, v), shapes, tensor_files, layouts, producer(tensor.get(v, v)))
+                        for v in out_vars],
             "layers": [rec.record for rec in records],
         }
         for o, name in zip(ir["outputs"], imported.output_names):
             o["source"] = name
         shape_dtype = {
             "inputs": {s.name: {"shape": list(s.shape), "dtype": s.dtype} for s in imported.inputs},
-            "params": {p["name"]: {"shape": p["shape"], "dtype": p["dtype"], "file": p["file"]} for p in param_records.values()},
+            "params": {p["name"]: {"shape": p["shape"], "dtype": p["dtype"], "file": p["file"]}
+                       for p in done["params"].values()},
         }
         folder.path("graph/shape_dtype.json").write_text(json.dumps(shape_dtype, indent=1) + "\n")
         ser.write(ir, folder.tmp)
@@ -361,7 +439,7 @@ def run(
                 "frontend_options": frontend_options(options or {}),
             },
         )
-    progress.done(f"wrote {out} ({len(layers)} layers, {len(kernels)} kernels)")
+    progress.done(f"wrote {out} ({len(graph.layers)} layers, {len(kernels)} kernels)")
     return ir
 
 
