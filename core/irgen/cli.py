@@ -241,7 +241,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from irgen.verify import format_inspect, inspect_output
+    from irgen.summary import format_inspect, inspect_output
 
     info = inspect_output(args.out)
     print(json.dumps(info, indent=1) if args.json else format_inspect(info))

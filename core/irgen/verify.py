@@ -43,7 +43,7 @@ import numpy as np
 from irgen.api import IrgenError
 from irgen.output import sha256_file
 
-__all__ = ["Thresholds", "verify_output", "compare", "format_table", "inspect_output", "format_inspect", "MODES"]
+__all__ = ["Thresholds", "verify_output", "compare", "format_table", "MODES"]
 
 MODES = ("single", "entire", "source")
 HIST_LAYERS = 6
@@ -718,88 +718,3 @@ def format_table(result: dict, limit: int | None = None) -> str:
                 f"{s['unsupported']} unsupported; checks {', '.join(result['modes']) or 'none'}; "
                 f"{len(result['problems'])} problems; {s['seconds']:.2f} s")
     return "\n".join(text)
-
-
-# ------------------------------------------------------------------ inspect
-
-
-def inspect_output(out_dir: str | Path) -> dict[str, Any]:
-    """A summary of an output folder's IR: layers, ops, dtypes, quant schemes, bytes."""
-    out = Path(out_dir)
-    ir = load_ir(out_dir)
-    layers = ir["layers"]
-
-    def size(rel: str | None) -> int:
-        p = out / rel if rel else None
-        return p.stat().st_size if p is not None and p.is_file() else 0
-
-    ops: dict[str, int] = {}
-    dtypes: dict[str, int] = {}
-    schemes: dict[str, int] = {}
-    param_files, act_files = set(), set()
-    rows = []
-    for layer in layers:
-        ops[layer["op"]] = ops.get(layer["op"], 0) + 1
-        dtype = (layer.get("outputs") or [{}])[0].get("dtype") or "?"
-        dtypes[dtype] = dtypes.get(dtype, 0) + 1
-        scheme = (layer.get("quant") or {}).get("scheme")
-        if scheme:
-            schemes[scheme] = schemes.get(scheme, 0) + 1
-        pfiles = [r["file"] for r in (layer.get("params") or {}).values() if r.get("file")]
-        ofiles = [r["file"] for r in layer.get("outputs") or [] if r.get("file")]
-        param_files.update(pfiles)
-        act_files.update(ofiles)
-        act_files.update(r["file"] for r in layer.get("inputs") or [] if r.get("file"))
-        rows.append({"name": layer["name"], "op": layer["op"], "dtype": dtype, "scheme": scheme,
-                     "output_shape": (layer.get("outputs") or [{}])[0].get("shape"),
-                     "param_bytes": sum(size(f) for f in pfiles), "activation_bytes": sum(size(f) for f in ofiles)})
-    act_files.update(t["file"] for t in ir.get("inputs") or [] if t.get("file"))
-    return {
-        "irgen_inspect": 1,
-        "out": str(out.resolve()),
-        "producer": ir.get("producer"),
-        "model": ir.get("model"),
-        "inputs": [{k: t.get(k) for k in ("name", "shape", "dtype")} for t in ir.get("inputs") or []],
-        "outputs": [{k: t.get(k) for k in ("name", "shape", "dtype")} for t in ir.get("outputs") or []],
-        "layers": len(layers),
-        "ops": dict(sorted(ops.items(), key=lambda kv: (-kv[1], kv[0]))),
-        "dtypes": dict(sorted(dtypes.items(), key=lambda kv: (-kv[1], kv[0]))),
-        "schemes": schemes,
-        "parameter_files": len(param_files),
-        "parameter_bytes": sum(size(f) for f in param_files),
-        "activation_files": len(act_files),
-        "activation_bytes": sum(size(f) for f in act_files),
-        "layer_table": rows,
-    }
-
-
-def _human(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
-
-
-def format_inspect(info: dict[str, Any]) -> str:
-    p = info["producer"] or {}
-    lines = [
-        f"{info['out']}: {info['layers']} layers from {(info['model'] or {}).get('path')} "
-        f"({p.get('frontend')} frontend, quantizer {p.get('quantizer') or 'none'}, backend {p.get('backend')}, "
-        f"opt level {p.get('opt_level')}; irgen {p.get('irgen')}, tvm {p.get('tvm')})",
-        "inputs:  " + ", ".join(f"{t['name']} {t['shape']} {t['dtype']}" for t in info["inputs"]),
-        "outputs: " + ", ".join(f"{t['name']} {t['shape']} {t['dtype']}" for t in info["outputs"]),
-        "ops:     " + ", ".join(f"{k} x{v}" for k, v in info["ops"].items()),
-        "dtypes:  " + ", ".join(f"{k} x{v}" for k, v in info["dtypes"].items()),
-        "schemes: " + (", ".join(f"{k} x{v}" for k, v in info["schemes"].items()) or "none (float)"),
-        f"parameters:  {info['parameter_files']} files, {info['parameter_bytes']} bytes ({_human(info['parameter_bytes'])})",
-        f"activations: {info['activation_files']} files, {info['activation_bytes']} bytes ({_human(info['activation_bytes'])})",
-        "",
-    ]
-    table = [("LAYER", "OP", "DTYPE", "SCHEME", "OUTPUT SHAPE", "PARAM BYTES", "ACT BYTES")]
-    for r in info["layer_table"]:
-        table.append((r["name"], r["op"], r["dtype"], r["scheme"] or "-", "x".join(map(str, r["output_shape"] or [])) or "-",
-                      str(r["param_bytes"]), str(r["activation_bytes"])))
-    widths = [min(40, max(len(row[i]) for row in table)) for i in range(len(table[0]))]
-    lines += ["  ".join(c[:w].ljust(w) for c, w in zip(row, widths)).rstrip() for row in table]
-    return "\n".join(lines)
