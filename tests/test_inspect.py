@@ -67,3 +67,26 @@ def test_quantized_schemes_and_errors(tmp_path, capsys):
     assert irgen_main(["inspect", str(tmp_path / "nothing")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("irgen: error:") and "no ir.json" in err
+
+
+def test_inspect_into_a_closed_pipe_is_quiet(tmp_path):
+    """``irgen inspect OUT | head -1``: the reader is gone before irgen writes; irgen
+    stops quietly (exit 141, as a process killed by SIGPIPE), no traceback."""
+    import os
+    import subprocess
+    import sys
+
+    import models
+
+    path, _ = models.export("small_cnn", tmp_path)
+    out = tmp_path / "out"
+    assert irgen_main(["run", str(path), "-o", str(out), "--no-progress"]) == 0
+    r, w = os.pipe()
+    os.close(r)  # nobody will read: every write fails with EPIPE
+    try:
+        proc = subprocess.run([sys.executable, "-m", "irgen", "inspect", str(out)], stdout=w, stderr=subprocess.PIPE,
+                              text=True)
+    finally:
+        os.close(w)
+    assert proc.returncode == 141, proc.stderr
+    assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr

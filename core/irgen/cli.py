@@ -300,6 +300,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("irgen: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `irgen inspect OUT | head`: the reader left; stop quietly, as cat does
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 141
     except SystemExit as exc:  # argparse: --help, --version, usage errors
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except Exception:
