@@ -203,10 +203,6 @@ def source_runner(path: Path, options: dict[str, Any]):
     return run
 
 
-def _claims(path: Path) -> bool:
-    return path.suffix.lower() == ".onnx"
-
-
 @hookimpl
 def irgen_register_frontends(register):
     register(
@@ -214,7 +210,6 @@ def irgen_register_frontends(register):
             name="onnx",
             suffixes=(".onnx",),
             load=load_onnx,
-            claims=_claims,
             description="ONNX models through TVM's Relax ONNX importer",
             runner=source_runner,
         )

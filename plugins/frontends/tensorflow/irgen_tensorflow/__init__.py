@@ -306,10 +306,6 @@ def source_runner(path: Path, options: dict[str, Any]):
     return interpreter_runner(Path(path).read_bytes(), f"tflite frontend ({Path(path).name})")
 
 
-def _claims(path: Path) -> bool:
-    return path.suffix.lower() == ".tflite"
-
-
 @hookimpl
 def irgen_register_frontends(register):
     register(
@@ -317,7 +313,6 @@ def irgen_register_frontends(register):
             name="tflite",
             suffixes=(".tflite",),
             load=load_tflite,
-            claims=_claims,
             description="TensorFlow Lite flatbuffers through TVM's Relax TFLite importer",
             runner=source_runner,
         )

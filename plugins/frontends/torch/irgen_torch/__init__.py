@@ -568,10 +568,6 @@ def source_runner(path: Path, options: dict[str, Any]):
     return run
 
 
-def _claims(path: Path) -> bool:
-    return path.suffix.lower() in _SUFFIXES
-
-
 @hookimpl
 def irgen_register_frontends(register):
     register(
@@ -579,7 +575,6 @@ def irgen_register_frontends(register):
             name="torch",
             suffixes=_SUFFIXES,
             load=load_torch,
-            claims=_claims,
             description="PyTorch: torch.export .pt2 programs, .pth state dicts with --model-class",
             runner=source_runner,
         )
