@@ -42,6 +42,20 @@ def assert_layers_match(out: Path, ir: dict, ref: dict[str, np.ndarray], what: s
     return worst
 
 
+def assert_layer_recomputes(out: Path, layer: dict, k: int = -1) -> None:
+    """The layer's output file ``k`` again from its ``quant`` record and the parameter
+    files (``irgen.quant.recompute``) and from its ``fused_ops`` program
+    (``irgen.reference.run_layer``): each equal to it, dtype included."""
+    from irgen import quant, reference
+
+    inputs = reference.load_layer_inputs(out, layer)
+    params = reference.load_layer_params(out, layer)
+    exp = np.load(out / layer["outputs"][k]["file"])
+    for how, got in (("quant", quant.recompute(layer, inputs, params)),
+                     ("fused_ops", reference.run_layer(layer, inputs, params)[k])):
+        assert got.dtype == exp.dtype and np.array_equal(got, exp), (how, layer["name"])
+
+
 def assert_user_error(run: Callable[[list[str]], int], capsys, args: list[str], out: Path, *needles: str) -> str:
     """``run(args)`` exits 2 with exactly one ``irgen: error:`` line naming ``needles``; no OUT."""
     rc = run(args)
