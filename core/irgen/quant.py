@@ -221,11 +221,13 @@ def ort_softmax(x, table, y_scale: float, y_zero_point: int, dtype: str) -> np.n
     """ONNX Runtime's QLinearSoftmax over the last axis: ``e = table[x - max + 127 (int8)
     or + 255 (uint8)]``, a float32 sum in row order, ``rint(e * floor(1 / s_y) / sum) + zp``;
     int8 results above 255 become -1 and 128 wraps to -128, as the kernel's casts do."""
+    from irgen.reference import sum_in_order
+
     xi = np.asarray(x).astype(np.int64)
     signed = dtype == "int8"
     idx = ((127 if signed else 255) - xi.max(axis=-1, keepdims=True) + xi) & 255
     e = np.asarray(table, np.float32)[idx]
-    total = np.cumsum(e, axis=-1, dtype=np.float32)[..., -1:]
+    total = sum_in_order(e, axis=-1, keepdims=True)
     ys = np.floor(np.float32(1.0) / np.float32(y_scale))
     vq = np.rint((e * ys) / total).astype(np.int64) + int(y_zero_point)
     if signed:
@@ -246,9 +248,11 @@ def tflite_softmax(x, table, out_scale: float, out_zero_point: int, lo: int, hi:
     the table, which the reference resolver runs too): ``e = table[x - max + 255]``,
     a float32 sum in row order, ``p = e * (1 / (sum * out_scale))`` in float32,
     rounded half away from zero, plus the zero point, clamped."""
+    from irgen.reference import sum_in_order
+
     xi = np.asarray(x).astype(np.int64)
     e = np.asarray(table, np.float32)[xi - xi.max(axis=-1, keepdims=True) + 255]
-    total = np.cumsum(e, axis=-1, dtype=np.float32)[..., -1:]  # sequential, as the C loop
+    total = sum_in_order(e, axis=-1, keepdims=True)  # in row order, as the C loop
     inv = np.float32(1.0) / (total * np.float32(out_scale))
     p = e * inv
     r = np.floor(p)
@@ -366,11 +370,10 @@ def _recompute_torch(layer: dict[str, Any], inputs: list[np.ndarray], params: di
     deq = [(x.astype(np.int32) - int(i["zero_point"])).astype(np.float32) * np.float32(i["scale"])
            for x, i in zip(inputs, qr["inputs"])]
     if kind == "global_avg_pool_float":  # a float32 sum in row-major order (as TVM's reduction), / count
+        from irgen.reference import sum_in_order
+
         flat = deq[0].reshape(*deq[0].shape[:2], -1)
-        total = np.zeros(flat.shape[:2], np.float32)
-        for k in range(flat.shape[2]):
-            total = total + flat[:, :, k]
-        m = (total / np.float32(flat.shape[2])).reshape(*flat.shape[:2], 1, 1)
+        m = (sum_in_order(flat, axis=2) / np.float32(flat.shape[2])).reshape(*flat.shape[:2], 1, 1)
         return torch_quantize(m, out["scale"], int(out["zero_point"]), lo, hi, out["dtype"])
     if kind == "add":  # dequantize, float32 add, (relu: the clamp), quantize
         return torch_quantize(deq[0] + deq[1], out["scale"], int(out["zero_point"]), lo, hi, out["dtype"])

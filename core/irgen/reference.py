@@ -216,11 +216,11 @@ def _reduce(fn, x: np.ndarray, attrs: dict) -> np.ndarray:
     axis = attrs.get("axis")
     axis = None if axis is None else tuple(int(a) for a in axis)
     if fn is np.sum and x.dtype.kind == "f":
-        fn = _sum_in_order
+        fn = sum_in_order
     return np.asarray(fn(x, axis=axis, keepdims=bool(attrs.get("keepdims", False)))).astype(x.dtype)
 
 
-def _sum_in_order(x: np.ndarray, axis=None, keepdims: bool = False) -> np.ndarray:
+def sum_in_order(x: np.ndarray, axis=None, keepdims: bool = False) -> np.ndarray:
     """``np.sum``, but a float sum over one axis adds in index order (TVM's
     reduction loop; numpy's pairwise sum rounds differently)."""
     if x.dtype.kind != "f" or axis is None or len(np.atleast_1d(axis)) != 1 or x.ndim == 0:

@@ -319,7 +319,7 @@ def _elementwise_chain(qg, last):
     """The bindings from one dequantize(int var) to ``last`` when every one of them is an
     elementwise op on that single tensor and constants (HardSigmoid, x * 0.5 + c, ...),
     each used only inside the chain: ((int var, QTensor, dq name), [bindings in order]) or None."""
-    relax, _, _, Constant = _ops()
+    relax, _, _, _ = _ops()
     chain, b = [], last
     while b is not None and b.op in _ELEMENTWISE:
         vars_ = [a for a in b.value.args if isinstance(a, relax.Var)]
