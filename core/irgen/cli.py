@@ -70,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--calibration", type=Path, default=None, metavar="DIR",
                      help="keras frontend: quantize to full-integer int8, calibrating with DIR/*.npy (one sample each)")
     run.add_argument("--force", action="store_true", help="replace an existing OUT")
+    _add_limit_option(run)
     run.add_argument("--seed", type=int, default=0, help="seed for generated inputs (default: 0)")
     run.add_argument("--no-progress", action="store_true", help="no progress output")
     torch_opts = run.add_argument_group("torch .pth state dicts")
@@ -102,14 +103,36 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the source model, when it is no longer at the path recorded in ir.json")
     verify.add_argument("--limit", type=int, default=None, metavar="N", help="show only the N worst layers")
     verify.add_argument("--no-progress", action="store_true", help="no progress output")
+    verify.add_argument("--allow-pickle", action="store_true",
+                        help="the source check may unpickle the model (a .pth holding a whole module): RUNS "
+                             "ARBITRARY CODE from the file; a manifest's own allow_pickle is never trusted")
+    _add_limit_option(verify)
     _add_threshold_options(verify)
     verify.set_defaults(func=cmd_verify)
 
     inspect = commands.add_parser("inspect", parents=[after], help="summarize the IR in OUT")
     inspect.add_argument("out", type=Path, metavar="OUT", help="output folder of 'irgen run'")
     inspect.add_argument("--json", action="store_true", help="print the summary as JSON")
+    _add_limit_option(inspect)
     inspect.set_defaults(func=cmd_inspect)
     return parser
+
+
+def _max_bytes(text: str) -> int:
+    from irgen.safeio import parse_bytes
+
+    try:
+        return parse_bytes(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _add_limit_option(parser) -> None:
+    from irgen.safeio import DEFAULT_MAX_TENSOR_BYTES
+
+    parser.add_argument("--max-tensor-bytes", type=_max_bytes, default=DEFAULT_MAX_TENSOR_BYTES, metavar="SIZE",
+                        help="refuse any single tensor (input, constant, activation, file read back) larger than "
+                             "SIZE, e.g. 512M, 8G (default: 2G)")
 
 
 def _add_threshold_options(group) -> None:

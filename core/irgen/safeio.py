@@ -1,0 +1,244 @@
+"""Reading untrusted files safely: regular files only, paths kept inside a folder,
+sizes checked before anything is allocated.
+
+Everything irgen reads comes from outside: the model, its input files, and an
+output folder that ``irgen verify``/``irgen inspect`` are pointed at (whose
+``ir.json`` and ``manifest.json`` may have been edited by anyone). The rules:
+
+- only regular files are opened (a FIFO would block ``open`` forever, a device
+  such as ``/dev/zero`` never ends); a file is opened non-blocking and checked
+  again with ``fstat`` after opening, so a file swapped for a FIFO in between
+  cannot block either;
+- a path taken *out of* a file (a manifest entry, a tensor record's ``file``)
+  must be relative, without ``..``, and must resolve inside its folder;
+  nothing outside is opened or stat'ed;
+- a tensor's size is checked against a limit (``--max-tensor-bytes``) before
+  it is allocated, and against the file's own size before it is read.
+
+Plugins use these helpers through ``irgen.safeio``; every failure is an
+:class:`irgen.api.IrgenError` with one line naming the file or tensor.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import stat
+from pathlib import Path, PurePosixPath
+from typing import Any, Iterable
+
+from irgen.api import IrgenError
+
+#: default for ``--max-tensor-bytes``: no single tensor (input, constant,
+#: activation, file read back) may hold more than this
+DEFAULT_MAX_TENSOR_BYTES = 2 << 30
+#: the largest JSON file (ir.json, manifest.json) irgen reads back
+MAX_JSON_BYTES = 256 << 20
+
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 1000 ** 2,
+          "mib": 1 << 20, "g": 1 << 30, "gb": 1000 ** 3, "gib": 1 << 30, "t": 1 << 40, "tb": 1000 ** 4,
+          "tib": 1 << 40}
+
+
+def parse_bytes(text: str) -> int:
+    """``"512M"``, ``"2GiB"``, ``"1000000"`` -> a byte count (argparse type)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"not a size: {text!r} (e.g. 512M, 2G, 1000000)")
+    value = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if value <= 0:
+        raise ValueError(f"not a positive size: {text!r}")
+    return value
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(n) < 1024 or unit == "PiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"  # pragma: no cover
+
+
+def itemsize(dtype: Any) -> int:
+    import numpy as np
+
+    try:
+        return max(1, np.dtype(str(dtype)).itemsize)
+    except TypeError:
+        return 8  # an unknown dtype: count it as the widest
+
+
+def tensor_bytes(shape: Iterable[Any], dtype: Any = "float32") -> int:
+    """Bytes of a dense tensor; exact with Python ints (no overflow)."""
+    return math.prod(int(d) for d in shape) * itemsize(dtype)
+
+
+def check_tensor_size(what: str, shape: Iterable[Any], dtype: Any, limit: int | None) -> None:
+    """Refuse a tensor over ``limit`` bytes before it is made, naming it and its size.
+
+    ``what`` names the tensor, e.g. ``"input 'x'"`` or ``"tensor 'y' (ConstantOfShape)"``.
+    A negative dimension is refused too."""
+    shape = [int(d) for d in shape]
+    if any(d < 0 for d in shape):
+        raise IrgenError(f"{what}: negative dimension in shape {tuple(shape)}")
+    if limit is None:
+        return
+    size = tensor_bytes(shape, dtype)
+    if size > limit:
+        raise IrgenError(
+            f"{what} would hold {human_bytes(size)} (shape {tuple(shape)}, {dtype}), over the limit of "
+            f"{human_bytes(limit)}; raise it with --max-tensor-bytes if this is meant"
+        )
+
+
+# ------------------------------------------------------------------ files
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder"),
+                       (stat.S_ISLNK, "a symbolic link")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _stat(path: Path, what: str) -> os.stat_result:
+    try:
+        return os.stat(path)
+    except FileNotFoundError:
+        if os.path.islink(path):
+            raise IrgenError(f"{what} {path}: a symbolic link to nothing") from None
+        raise IrgenError(f"{what} {path}: no such file") from None
+    except OSError as err:  # ELOOP (symlink loop), ENAMETOOLONG, EACCES, ...
+        raise IrgenError(f"{what} {path}: cannot read ({err.strerror or err})") from None
+
+
+def regular_file(path: Path | str, what: str = "file") -> Path:
+    """``path`` if it is (a link to) a regular file, else one clear error."""
+    path = Path(path)
+    st = _stat(path, what)
+    if not stat.S_ISREG(st.st_mode):
+        raise IrgenError(f"{what} {path}: {_kind(st.st_mode)}, not a regular file")
+    return path
+
+
+def file_or_folder(path: Path | str, what: str = "model") -> Path:
+    """A model may be a file or a folder (a SavedModel): anything else is refused."""
+    path = Path(path)
+    st = _stat(path, what)
+    if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+        raise IrgenError(f"{what} {path}: {_kind(st.st_mode)}, not a regular file or folder")
+    return path
+
+
+def open_regular(path: Path | str, what: str = "file"):
+    """Open a regular file for binary reading without ever blocking.
+
+    The file is opened with ``O_NONBLOCK`` (a FIFO put in its place after the
+    check opens at once instead of waiting for a writer) and checked with
+    ``fstat`` on the open descriptor."""
+    path = regular_file(path, what)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as err:
+        raise IrgenError(f"{what} {path}: cannot open ({err.strerror or err})") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise IrgenError(f"{what} {path}: {_kind(st.st_mode)}, not a regular file")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
+def read_bytes(path: Path | str, what: str = "file", limit: int | None = None) -> bytes:
+    """The whole of a regular file, refusing one over ``limit`` bytes."""
+    with open_regular(path, what) as f:
+        size = os.fstat(f.fileno()).st_size
+        if limit is not None and size > limit:
+            raise IrgenError(f"{what} {path}: {human_bytes(size)}, over the limit of {human_bytes(limit)}")
+        return f.read() if limit is None else f.read(limit + 1)
+
+
+def read_json(path: Path | str, what: str, limit: int = MAX_JSON_BYTES) -> Any:
+    """A JSON document from a regular file; one clear error when it is not one."""
+    data = read_bytes(path, what, limit)
+    try:
+        return json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as err:
+        raise IrgenError(f"{what} {path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    except json.JSONDecodeError as err:
+        raise IrgenError(f"{what} {path}: not valid JSON ({err.msg} at line {err.lineno} column {err.colno})") from None
+    except RecursionError:
+        raise IrgenError(f"{what} {path}: not valid JSON (nested too deeply)") from None
+
+
+# ------------------------------------------------------------------ paths inside a folder
+
+
+def inside(root: Path | str, rel: Any, what: str = "path") -> Path:
+    """``root/rel`` for a path taken out of a file in ``root``; refuses an escape.
+
+    ``rel`` must be a non-empty relative POSIX path without ``..``, NUL or a
+    backslash, and ``root/rel`` must resolve (following symlinks) inside
+    ``root``. Nothing is opened or stat'ed outside ``root``: the lexical checks
+    come first, and the resolved path is only compared, not used, until it is
+    known to be inside."""
+    if not isinstance(rel, str) or not rel:
+        raise IrgenError(f"{what}: expected a relative file path, got {rel!r:.80}")
+    if "\x00" in rel or "\\" in rel:
+        raise IrgenError(f"{what} {rel!r:.200}: not a plain relative path")
+    pure = PurePosixPath(rel)
+    if pure.is_absolute() or ".." in pure.parts or rel.startswith("~"):
+        raise IrgenError(f"{what} {rel!r:.200}: points outside the output folder")
+    root_real = Path(os.path.realpath(root))
+    target = Path(os.path.realpath(os.path.join(root_real, *pure.parts)))
+    if target != root_real and root_real not in target.parents:
+        raise IrgenError(f"{what} {rel!r:.200}: a link that points outside the output folder")
+    return target
+
+
+def load_npy(path: Path | str, what: str = "array", limit: int | None = DEFAULT_MAX_TENSOR_BYTES):
+    """A plain ``.npy`` array: no pickle, size checked from the header first.
+
+    The header is read and checked (dtype without Python objects, size under
+    ``limit``, data no longer than the file) before the data is allocated."""
+    import numpy as np
+    from numpy.lib import format as npformat
+
+    with open_regular(path, what) as f:
+        file_size = os.fstat(f.fileno()).st_size
+        try:
+            version = npformat.read_magic(f)
+            if version not in ((1, 0), (2, 0), (3, 0)):
+                raise ValueError(f"unknown .npy version {version}")
+            shape, fortran, dtype = npformat._read_array_header(f, version, max_header_size=10000)
+        except (ValueError, OSError, EOFError, SyntaxError, TypeError) as err:
+            raise IrgenError(f"{what} {path}: not a plain .npy array ({' '.join(str(err).split())[:200]})") from None
+        if dtype.hasobject:
+            raise IrgenError(f"{what} {path}: holds Python objects (a pickle); only plain numeric arrays are read")
+        check_tensor_size(f"{what} {path}", shape, dtype, limit)
+        need = math.prod(shape) * dtype.itemsize
+        if f.tell() + need > file_size:
+            raise IrgenError(f"{what} {path}: truncated ({file_size - f.tell()} bytes of data, the header says {need})")
+        try:
+            return _read_data(f, shape, fortran, dtype)
+        except (ValueError, OSError) as err:
+            raise IrgenError(f"{what} {path}: not a plain .npy array ({' '.join(str(err).split())[:200]})") from None
+
+
+def _read_data(f, shape, fortran, dtype):
+    import numpy as np
+
+    count = math.prod(shape)
+    data = np.frombuffer(f.read(count * dtype.itemsize), dtype=dtype, count=count)
+    arr = data.reshape(shape[::-1]).transpose() if fortran else data.reshape(shape)
+    return np.array(arr, copy=True)  # writable, owns its memory
+
+
+def inside_or_self(parent: Path, child: Path) -> bool:
+    """Whether ``child`` is ``parent`` or inside it (both resolved)."""
+    p, c = Path(os.path.realpath(parent)), Path(os.path.realpath(child))
+    return c == p or p in c.parents
