@@ -275,54 +275,92 @@ def _one_line(message: Any) -> str:
     return " ".join(str(message).split())
 
 
-class _SigintWatch:
-    """Notes that SIGINT arrived, then raises KeyboardInterrupt as Python's default does.
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM (or SIGHUP) arrived: unwinds like Ctrl-C, so the partial output is removed."""
 
-    TVM's C++ code checks for signals and turns the KeyboardInterrupt raised
-    inside it into a bare ``RuntimeError``; the flag tells ``main`` that such
-    an error was really Ctrl-C.
+
+class _SignalWatch:
+    """Notes which stop signal arrived, then raises as Python's default SIGINT handler does.
+
+    SIGINT raises KeyboardInterrupt; SIGTERM and SIGHUP raise :class:`_Terminated`
+    (a KeyboardInterrupt too), so every ``with OutputFolder`` removes its
+    partial folder on the way out. TVM's C++ code checks for signals and turns
+    the exception raised inside it into a bare ``RuntimeError``; ``seen`` tells
+    ``main`` that such an error was really the signal.
     """
 
-    def __init__(self) -> None:
-        self.seen = False
-        self.previous: Any = None
+    _SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
 
-    def __enter__(self) -> "_SigintWatch":
+    def __init__(self) -> None:
+        self.seen: int | None = None
+        self.previous: dict[int, Any] = {}
+
+    def __enter__(self) -> "_SignalWatch":
         import signal
         import threading
 
-        if threading.current_thread() is threading.main_thread():
-            if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-                self.previous = signal.signal(signal.SIGINT, self._handler)
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        for name in self._SIGNALS:
+            num = getattr(signal, name, None)
+            if num is None:
+                continue
+            current = signal.getsignal(num)
+            if current in (signal.default_int_handler, signal.SIG_DFL):
+                self.previous[num] = signal.signal(num, self._handler)
         return self
 
     def _handler(self, signum, frame) -> None:
-        self.seen = True
-        raise KeyboardInterrupt
+        import signal
+
+        self.seen = signum
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise _Terminated
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + (self.seen or 2)
 
     def __exit__(self, *exc: Any) -> None:
-        if self.previous is not None:
-            import signal
+        import signal
 
-            signal.signal(signal.SIGINT, self.previous)
+        for num, handler in self.previous.items():
+            signal.signal(num, handler)
+
+
+def _stopped(watch: _SignalWatch) -> int:
+    import signal
+
+    print("irgen: interrupted" if watch.seen in (None, signal.SIGINT) else "irgen: terminated", file=sys.stderr)
+    return watch.exit_code
+
+
+def _traceback_wanted() -> bool:
+    import os
+
+    return os.environ.get("IRGEN_TRACEBACK", "").strip().lower() in {"1", "true", "yes", "on"}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the CLI; returns the exit code (2 for a user error, 130 when interrupted)."""
-    watch = _SigintWatch()
+    """Run the CLI; returns the exit code (2 for a user error, 130/143 when interrupted/terminated,
+    3 for an internal error). ``IRGEN_TRACEBACK=1`` prints the traceback of any error."""
+    watch = _SignalWatch()
     try:
         with watch:
             args = parse_args(argv)
             return int(args.func(args))
     except IrgenError as exc:
         if watch.seen:
-            print("irgen: interrupted", file=sys.stderr)
-            return 130
+            return _stopped(watch)
+        if _traceback_wanted():
+            import traceback
+
+            traceback.print_exc()
         print(f"irgen: error: {_one_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("irgen: interrupted", file=sys.stderr)
-        return 130
+        return _stopped(watch)
     except BrokenPipeError:  # `irgen inspect OUT | head`: the reader left; stop quietly, as cat does
         import os
 
@@ -330,11 +368,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 141
     except SystemExit as exc:  # argparse: --help, --version, usage errors
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    except Exception:
-        if watch.seen:  # Ctrl-C surfaced as another error (e.g. from inside TVM)
-            print("irgen: interrupted", file=sys.stderr)
-            return 130
-        raise
+    except OSError as exc:  # the file system said no (permissions, space, names): one line
+        if watch.seen:
+            return _stopped(watch)
+        if _traceback_wanted():
+            raise
+        where = f": {exc.filename}" if exc.filename else ""
+        print(f"irgen: error: {exc.strerror or _one_line(exc)}{where}", file=sys.stderr)
+        return 2
+    except MemoryError:
+        print("irgen: error: out of memory (lower --max-tensor-bytes to refuse such models up front)", file=sys.stderr)
+        return 2
+    except Exception as exc:  # noqa: BLE001  a bug: one line, the traceback on request
+        if watch.seen:  # a stop signal surfaced as another error (e.g. from inside TVM)
+            return _stopped(watch)
+        if _traceback_wanted():
+            raise
+        print(f"irgen: internal error: {type(exc).__name__}: {_one_line(exc)[:500]} "
+              f"(IRGEN_TRACEBACK=1 shows where)", file=sys.stderr)
+        return 3
 
 
 if __name__ == "__main__":

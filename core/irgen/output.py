@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import stat
 import shutil
 import struct
 import sys
@@ -14,31 +16,131 @@ from typing import Any
 from irgen.api import IrgenError
 
 
-class OutputFolder:
-    """Writes into a hidden sibling folder and renames it into place on success.
+_PARTIAL = ".irgen-partial-"
+_NAME_ROOM = 60  # bytes the hidden sibling's name adds to OUT's name
 
-    Used as a context manager: an exception (or Ctrl-C) removes the partial
-    folder, so OUT appears complete or not at all. An existing non-empty OUT
-    is an error unless ``force``; it is replaced only once the new one is
-    complete.
+
+def _process_tag(pid: int) -> str | None:
+    """``PID-STARTTIME`` of a live process (Linux), so a reused PID is not taken for the old one."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return f"{pid}-{int(fields[19])}"
+    except (OSError, IndexError, ValueError):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass
+        return f"{pid}-0"
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths atomically (Linux ``renameat2(RENAME_EXCHANGE)``); False where unsupported."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+class OutputFolder:
+    """Writes into a hidden sibling folder and puts it in place on success.
+
+    Used as a context manager: an exception, Ctrl-C or SIGTERM removes the
+    partial folder, so OUT appears complete or not at all. An existing
+    non-empty OUT is an error unless ``force``; it is replaced only once the
+    new one is complete, by one atomic exchange of the two folders (Linux), so
+    at every instant OUT is either the old folder or the new one. After a
+    SIGKILL the hidden folder stays behind; the next run on the same OUT
+    removes the hidden folders of processes that no longer run.
+
+    ``protect`` lists paths OUT must not contain (the model, the input files,
+    the current folder): replacing OUT would delete them.
     """
 
-    def __init__(self, out: Path, force: bool):
-        self.out = out
+    def __init__(self, out: Path, force: bool, protect: list[tuple[str, Path]] = ()):
+        self.out = Path(out)
         self.force = force
-        if out.exists() and not out.is_dir():
+        name = self.out.name
+        if not name or name in (".", ".."):
+            raise IrgenError(f"{out}: not a folder name to write into; name a new folder, e.g. -o {out}/irgen-out")
+        if os.path.islink(self.out):
+            try:
+                os.stat(self.out)
+            except OSError as err:
+                raise IrgenError(f"{out}: a symbolic link that leads nowhere ({err.strerror})") from None
+        final = Path(os.path.realpath(self.out))
+        for what, path in protect:
+            if path is not None and _contains(final, Path(path)):
+                raise IrgenError(f"{out}: the output folder would contain {what} {path}; "
+                                 f"irgen replaces OUT whole, so choose a folder that does not hold it")
+        try:
+            st = os.stat(final)
+        except FileNotFoundError:
+            st = None
+        except OSError as err:
+            raise IrgenError(f"{out}: cannot use as the output folder ({err.strerror})") from None
+        if st is not None and not stat.S_ISDIR(st.st_mode):
             raise IrgenError(f"{out}: exists and is not a folder")
-        if out.is_dir() and any(out.iterdir()) and not force:
+        if st is not None and any(os.scandir(final)) and not force:
             raise IrgenError(f"{out}: folder exists and is not empty (use --force to replace it)")
-        parent = out.resolve().parent
+        parent = final.parent
         if not parent.is_dir():
             raise IrgenError(f"{out}: parent folder {parent} does not exist")
-        self.tmp = parent / f".{out.name}.irgen-partial-{os.getpid()}"
+        try:
+            name_max = os.pathconf(parent, "PC_NAME_MAX")
+        except (OSError, ValueError):
+            name_max = 255
+        if len(os.fsencode(final.name)) > name_max:
+            raise IrgenError(f"{out}: the folder name is {len(os.fsencode(final.name))} bytes, "
+                             f"longer than this file system allows ({name_max})")
+        self.final = final
+        self.stem = f".{final.name[: max(1, name_max - _NAME_ROOM)]}{_PARTIAL}"
+        tag = _process_tag(os.getpid()) or str(os.getpid())
+        self.tmp = parent / f"{self.stem}{tag}"
+
+    def remove_stale(self) -> list[Path]:
+        """Remove hidden partial folders of OUT left by irgen processes that no longer run."""
+        removed = []
+        try:
+            entries = list(os.scandir(self.final.parent))
+        except OSError:
+            return removed
+        for entry in entries:
+            if not entry.name.startswith(self.stem) or not entry.is_dir(follow_symlinks=False):
+                continue
+            tag = entry.name[len(self.stem):]
+            pid, _, rest = tag.partition("-")
+            start = rest.split("-")[0]
+            if not pid.isdigit():
+                continue
+            alive = _process_tag(int(pid))
+            if alive is None or (start and alive.split("-")[1] not in ("0", start)):
+                shutil.rmtree(entry.path, ignore_errors=True)
+                removed.append(Path(entry.path))
+        return removed
 
     def __enter__(self) -> "OutputFolder":
+        self.remove_stale()
         if self.tmp.exists():
             shutil.rmtree(self.tmp)
-        self.tmp.mkdir()
+        try:
+            self.tmp.mkdir()
+        except OSError as err:
+            raise IrgenError(f"{self.out}: cannot create the output folder in {self.final.parent} ({err.strerror})") from None
         return self
 
     def path(self, rel: str) -> Path:
@@ -49,15 +151,35 @@ class OutputFolder:
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is not None:
             shutil.rmtree(self.tmp, ignore_errors=True)
+            if isinstance(exc, OSError):
+                where = f" ({exc.filename})" if exc.filename else ""
+                raise IrgenError(f"{self.out}: writing the output failed: {exc.strerror or exc}{where}; "
+                                 f"nothing was written{' and the old folder is kept' if self.final.exists() else ''}") from None
             return
-        final = self.out.resolve()
-        trash = None
+        try:
+            self._put_in_place()
+        except OSError as err:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            raise IrgenError(f"{self.out}: cannot put the output in place ({err.strerror or err})") from None
+
+    def _put_in_place(self) -> None:
+        final = self.final
         if final.exists():
-            trash = final.parent / f".{final.name}.irgen-old-{os.getpid()}"
+            if _exchange(self.tmp, final):  # tmp now holds the old folder
+                shutil.rmtree(self.tmp, ignore_errors=True)
+                return
+            trash = final.parent / f"{self.stem}{self.tmp.name[len(self.stem):]}-old"
             final.rename(trash)
-        self.tmp.rename(final)
-        if trash is not None:
+            self.tmp.rename(final)
             shutil.rmtree(trash, ignore_errors=True)
+            return
+        self.tmp.rename(final)
+
+
+def _contains(folder: Path, path: Path) -> bool:
+    """Whether ``path`` is ``folder`` or lies inside it (after resolving links)."""
+    p = Path(os.path.realpath(path))
+    return p == folder or folder in p.parents
 
 
 def sha256_file(path: Path) -> str:

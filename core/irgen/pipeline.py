@@ -23,23 +23,66 @@ import numpy as np
 from irgen import __version__
 from irgen.api import Backend, ImportedModel, InputSpec, IrgenError, Quantizer, UnsupportedOpsError
 from irgen.names import SafeNames
+from irgen.plugins import call_plugin
 from irgen.output import OutputFolder, ParamsStreamWriter, Progress, write_manifest
+from irgen.safeio import DEFAULT_MAX_TENSOR_BYTES, check_tensor_size, file_or_folder, load_npy
 
 
-def parse_input_shapes(specs: list[str]) -> dict[str, tuple[int, ...]]:
+def parse_input_shapes(specs: list[str], limit: int | None = None) -> dict[str, tuple[int, ...]]:
+    """``--input-shape NAME=D1,D2,...`` values; every dimension a positive integer, and the
+    element count within ``limit`` bytes even at one byte per element."""
     shapes = {}
     for spec in specs:
         name, sep, dims = spec.rpartition("=")
         try:
             if not sep or not name:
                 raise ValueError
-            shapes[name] = tuple(int(d) for d in dims.split(","))
+            shape = tuple(int(d) for d in dims.split(","))
         except ValueError:
             raise IrgenError(f"--input-shape {spec!r}: expected NAME=D1,D2,...") from None
+        if any(d <= 0 for d in shape):
+            raise IrgenError(f"--input-shape {spec!r}: every dimension must be a positive integer")
+        if name in shapes:
+            raise IrgenError(f"--input-shape {spec!r}: input {name!r} is given twice")
+        check_tensor_size(f"--input-shape {name}", shape, "int8", limit)
+        shapes[name] = shape
     return shapes
 
 
-def load_inputs(specs: list[InputSpec], given: list[str], seed: int) -> list[np.ndarray]:
+def check_inputs(specs: list[InputSpec], shapes: dict[str, tuple[int, ...]], limit: int | None) -> None:
+    """Every ``--input-shape`` names an input of the model and was honoured; every input fits ``limit``."""
+    declared = {s.name: s for s in specs}
+    listing = ", ".join(f"{s.name} {list(s.shape)}" for s in specs) or "none"
+    for name, shape in shapes.items():
+        if name not in declared:
+            raise IrgenError(f"--input-shape {name}=...: the model has no input {name!r} (inputs: {listing})")
+        if tuple(declared[name].shape) != tuple(shape):
+            raise IrgenError(f"--input-shape {name}={','.join(map(str, shape))}: input {name!r} has the fixed "
+                             f"shape {list(declared[name].shape)}")
+    for s in specs:
+        check_tensor_size(f"input {s.name!r}", s.shape, s.dtype, limit)
+
+
+def check_tensor_sizes(bindings, limit: int | None) -> None:
+    """Refuse the model before it is compiled when any tensor it computes is over ``limit``."""
+    from tvm import relax
+
+    if limit is None:
+        return
+    for b in bindings:
+        ty = b.var.ty
+        for info in (ty.fields if isinstance(ty, relax.TupleType) else [ty]):
+            if not isinstance(info, relax.TensorType) or info.shape is None:
+                continue
+            try:
+                dims = [int(d) for d in info.shape.values]
+            except (TypeError, AttributeError):
+                continue  # a symbolic dimension
+            check_tensor_size(f"tensor {b.name!r}", dims, info.dtype, limit)
+
+
+def load_inputs(specs: list[InputSpec], given: list[str], seed: int,
+                limit: int | None = DEFAULT_MAX_TENSOR_BYTES) -> list[np.ndarray]:
     """The model's input arrays: from ``--input`` files, else seeded random data."""
     files: dict[str, Path] = {}
     for item in given:
@@ -57,20 +100,17 @@ def load_inputs(specs: list[InputSpec], given: list[str], seed: int) -> list[np.
     for s in specs:
         if s.name in files:
             path = files[s.name]
-            if not path.is_file():
-                raise IrgenError(f"--input {path}: no such file")
-            try:
-                arr = np.load(path, allow_pickle=False)
-            except ValueError as err:
-                raise IrgenError(f"--input {path}: not a plain .npy array ({err})") from None
-            except Exception as err:
-                raise IrgenError(f"--input {path}: cannot read ({type(err).__name__}: {err})") from None
-            if not isinstance(arr, np.ndarray):
-                raise IrgenError(f"--input {path}: holds several arrays; give one .npy per input")
+            arr = load_npy(path, "--input", limit)
             if tuple(arr.shape) != tuple(s.shape):
                 raise IrgenError(f"--input {path}: shape {tuple(arr.shape)} does not match input {s.name!r} shape {tuple(s.shape)}")
             if str(arr.dtype) != s.dtype:
                 raise IrgenError(f"--input {path}: dtype {arr.dtype} does not match input {s.name!r} dtype {s.dtype}")
+            if arr.dtype.kind in "fc" and not np.isfinite(arr).all():
+                bad = int(arr.size - np.count_nonzero(np.isfinite(arr)))
+                raise IrgenError(
+                    f"--input {path}: input {s.name!r} holds {bad} NaN/Inf values; TVM's kernels and the source "
+                    f"runtimes treat them differently (max, min, relu, pooling), so such golden data would not "
+                    f"match: give finite input")
             arrays.append(np.ascontiguousarray(arr))
         elif np.issubdtype(np.dtype(s.dtype), np.floating):
             arrays.append(rng.random(s.shape, dtype=np.float32).astype(s.dtype))
@@ -98,7 +138,8 @@ def pick_quantizer(host, qg, name: str | None):
     """The scheme to realize: ``--quantizer NAME``, else the first that detects the model."""
     if name:
         return host.quantizers.get(name)
-    found = [q for _, q in sorted(host.quantizers.items(), key=lambda kv: -kv[1].priority) if q.detect(qg)]
+    found = [q for _, q in sorted(host.quantizers.items(), key=lambda kv: -kv[1].priority)
+             if call_plugin(host.quantizers, q.name, "detect the model's quantization", q.detect, qg)]
     if found:
         return found[0]
     qdq = [b.name for b in qg.bindings if b.op in ("relax.quantize", "relax.dequantize")]
@@ -124,7 +165,8 @@ def sha256_path(path: Path) -> str:
 def run_cli(args, host) -> int:
     # frontends read their own options (e.g. model_class, calibration) from here
     options = {k: v for k, v in vars(args).items() if k not in ("func", "command")}
-    options["input_shapes"] = parse_input_shapes(getattr(args, "input_shape", []) or [])
+    options["input_shapes"] = parse_input_shapes(getattr(args, "input_shape", []) or [],
+                                                 options.get("max_tensor_bytes", DEFAULT_MAX_TENSOR_BYTES))
     run(
         host,
         model=Path(args.model),
@@ -181,7 +223,7 @@ def _form_layers(host, imported: ImportedModel, be: Backend, quantizer: str | No
     scheme = pick_quantizer(host, qg, quantizer)
     if scheme is not None:
         progress.stage(f"quantization scheme {scheme.name}")
-        scheme.realize(qg)
+        call_plugin(host.quantizers, scheme.name, "realize the model's quantization", scheme.realize, qg)
         mod, quant = qg.module(), qg.quant
     func, bindings = main_bindings(relax.transform.FoldConstant()(mod))
     main_out = func.body.body
@@ -367,26 +409,36 @@ def run(
     written into a hidden sibling folder that becomes ``out`` only when complete.
     """
     progress = progress or Progress(enabled=False)
-    if not model.exists():
-        raise IrgenError(f"{model}: no such file")
+    options = dict(options or {})
+    limit = options.setdefault("max_tensor_bytes", DEFAULT_MAX_TENSOR_BYTES)
+    file_or_folder(model, "model")
     if opt_level not in range(5):
         raise IrgenError(f"--opt-level {opt_level}: must be 0..4")
     fe = pick_frontend(host, model, frontend)
     be: Backend = host.backends.get(backend)
     ser = host.serializers.get(serializer)
-    folder = OutputFolder(out, force)
+    protect = [("the model", model), ("the current folder", Path.cwd())]
+    protect += [("the input file", Path(i.partition("=")[2] if "=" in i and not Path(i).exists() else i)) for i in inputs]
+    if options.get("calibration"):
+        protect.append(("the calibration folder", Path(options["calibration"])))
+    folder = OutputFolder(out, force, protect)
 
     progress.stage(f"import {model.name} ({fe.name} frontend)")
-    imported: ImportedModel = fe.load(model, options or {})
-    arrays = load_inputs(imported.inputs, list(inputs), seed)
+    imported: ImportedModel = call_plugin(host.frontends, fe.name, "import", fe.load, model, options)
+    check_inputs(imported.inputs, options.get("input_shapes") or {}, limit)
+    arrays = load_inputs(imported.inputs, list(inputs), seed, limit)
 
     import tvm  # heavy: after the cheap checks
 
     from irgen.ir import IR_VERSION
 
+    from irgen.graph import main_bindings
+
+    check_tensor_sizes(main_bindings(imported.mod)[1], limit)  # before constant folding allocates anything
     with folder:
         folder.path("graph/model.relax.txt").write_text(imported.mod.script(show_meta=False))
         graph = _form_layers(host, imported, be, quantizer, progress)
+        check_tensor_sizes(graph.bindings, limit)
         names = _name(graph, imported)
         records = _layer_records(graph, imported, names, be)
         write = _tensor_writer(folder, be)
@@ -425,7 +477,7 @@ def run(
                        for p in done["params"].values()},
         }
         folder.path("graph/shape_dtype.json").write_text(json.dumps(shape_dtype, indent=1) + "\n")
-        ser.write(ir, folder.tmp)
+        call_plugin(host.serializers, ser.name, "write the IR", ser.write, ir, folder.tmp)
         write_manifest(
             folder,
             {
@@ -436,7 +488,7 @@ def run(
                 "command": shlex.join(command) if command else None,
                 "cwd": str(Path.cwd()),
                 "model": ir["model"],
-                "frontend_options": frontend_options(options or {}),
+                "frontend_options": frontend_options(options),
             },
         )
     progress.done(f"wrote {out} ({len(graph.layers)} layers, {len(kernels)} kernels)")

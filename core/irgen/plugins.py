@@ -4,7 +4,9 @@ Plugins come from the ``irgen`` entry-point group (installed distributions)
 and from ``irgen --plugin MODULE_OR_FILE``; ``no:NAME`` (in ``--plugin``, the
 ``blocked`` argument or ``IRGEN_BLOCK_PLUGINS=a,b``) blocks one by name, as
 ``pytest -p no:NAME`` does. A plugin that fails to import is reported by name
-on stderr and skipped, or is fatal under ``strict`` / ``IRGEN_PLUGINS_STRICT=1``.
+on stderr and skipped, or is fatal under ``strict`` / ``IRGEN_PLUGINS_STRICT=1``;
+so is one whose import or registration hook does not finish within
+``IRGEN_PLUGIN_TIMEOUT`` seconds (default 60): a hanging plugin cannot hang irgen.
 
 This module never imports tvm, torch, tensorflow or onnx.
 """
@@ -31,6 +33,9 @@ from irgen.api import Backend, Frontend, IrgenError, Quantizer, Serializer
 ENTRY_POINT_GROUP = "irgen"
 BLOCK_ENV = "IRGEN_BLOCK_PLUGINS"
 STRICT_ENV = "IRGEN_PLUGINS_STRICT"
+TIMEOUT_ENV = "IRGEN_PLUGIN_TIMEOUT"
+#: seconds a plugin may take to import or to register (``IRGEN_PLUGIN_TIMEOUT``; 0: no bound)
+DEFAULT_PLUGIN_TIMEOUT = 60.0
 
 T = TypeVar("T")
 
@@ -120,6 +125,47 @@ def _env_names(var: str) -> set[str]:
     return {n.strip() for n in os.environ.get(var, "").split(",") if n.strip()}
 
 
+class PluginTimeout(Exception):
+    """A plugin took longer than ``IRGEN_PLUGIN_TIMEOUT`` seconds to import or register."""
+
+
+def _timeout_seconds() -> float:
+    try:
+        return max(0.0, float(os.environ.get(TIMEOUT_ENV, DEFAULT_PLUGIN_TIMEOUT)))
+    except ValueError:
+        raise IrgenError(f"{TIMEOUT_ENV}={os.environ.get(TIMEOUT_ENV)!r}: expected a number of seconds") from None
+
+
+class _TimeBound:
+    """Raise :class:`PluginTimeout` in the main thread after ``seconds`` (SIGALRM; a no-op elsewhere)."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.previous: Any = None
+        self.armed = False
+
+    def __enter__(self) -> "_TimeBound":
+        import signal
+        import threading
+
+        if self.seconds > 0 and hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread():
+            if signal.getitimer(signal.ITIMER_REAL)[0] == 0:  # nobody else's alarm is running
+                self.previous = signal.signal(signal.SIGALRM, self._expired)
+                signal.setitimer(signal.ITIMER_REAL, self.seconds)
+                self.armed = True
+        return self
+
+    def _expired(self, signum, frame) -> None:
+        raise PluginTimeout(f"did not finish within {self.seconds:g} s ({TIMEOUT_ENV})")
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.armed:
+            import signal
+
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, self.previous)
+
+
 def _is_file_spec(spec: str) -> bool:
     return spec.endswith(".py") or "/" in spec or os.sep in spec
 
@@ -182,9 +228,9 @@ class PluginHost:
 
     def _load_extra(self, spec: str) -> None:
         if _is_file_spec(spec):
-            path = Path(spec)
-            if not path.is_file():
-                raise IrgenError(f"--plugin '{spec}': no such file")
+            from irgen.safeio import regular_file
+
+            path = regular_file(spec, "--plugin")
             self._add(PluginInfo(path.stem, "--plugin"), lambda: _import_file(path))
             return
         self._add(PluginInfo(spec, "--plugin"), lambda: _import_module(spec))
@@ -199,10 +245,11 @@ class PluginHost:
             other = self._infos[info.name].source
             raise IrgenError(f"two plugins named '{info.name}' (from {other} and {info.source})")
         try:
-            plugin = importer()
+            with _TimeBound(_timeout_seconds()):
+                plugin = importer()
         except IrgenError:
             raise
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:
             self._fail(info, "failed to load", exc)
             return
         if self.pm.is_registered(plugin):
@@ -244,8 +291,9 @@ class PluginHost:
                 found: list[Any] = []
                 hook_args = {"register": found.append}
                 try:
-                    impl.function(*(hook_args[arg] for arg in impl.argnames))
-                except Exception as exc:
+                    with _TimeBound(_timeout_seconds()):
+                        impl.function(*(hook_args[arg] for arg in impl.argnames))
+                except (Exception, SystemExit) as exc:
                     name = impl.plugin_name
                     info = self._infos.get(name) or PluginInfo(name, "api")
                     self.pm.unregister(impl.plugin)
@@ -326,3 +374,27 @@ def _import_file(path: Path) -> ModuleType:
         sys.modules.pop(module_name, None)
         raise
     return module
+
+
+class PluginError(IrgenError):
+    """A plugin's own code failed; the message names the plugin and what it was doing."""
+
+
+def call_plugin(registry: Registry[Any], name: str, action: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` for the ``registry`` entry ``name``: a failure that is not
+    already an :class:`IrgenError` becomes one line naming the plugin that owns ``name``
+    (the original exception stays as ``__cause__`` for ``IRGEN_TRACEBACK=1``)."""
+    try:
+        return fn(*args, **kwargs)
+    except IrgenError:
+        raise
+    except RecursionError as exc:
+        raise PluginError(f"{registry.kind} {name!r} (plugin '{registry.owner(name)}') could not {action}: "
+                          f"the input is nested too deeply (RecursionError)") from exc
+    except MemoryError as exc:
+        raise PluginError(f"{registry.kind} {name!r} (plugin '{registry.owner(name)}') could not {action}: "
+                          f"out of memory") from exc
+    except Exception as exc:  # noqa: BLE001  a plugin's own failure, reported with its name
+        raise PluginError(f"{registry.kind} {name!r} (plugin '{registry.owner(name)}') could not {action}: "
+                          f"{_one_line(exc)[:500]}") from exc
+

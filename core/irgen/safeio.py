@@ -212,9 +212,12 @@ def load_npy(path: Path | str, what: str = "array", limit: int | None = DEFAULT_
         file_size = os.fstat(f.fileno()).st_size
         try:
             version = npformat.read_magic(f)
-            if version not in ((1, 0), (2, 0), (3, 0)):
-                raise ValueError(f"unknown .npy version {version}")
-            shape, fortran, dtype = npformat._read_array_header(f, version, max_header_size=10000)
+            if version == (1, 0):
+                shape, fortran, dtype = npformat.read_array_header_1_0(f, max_header_size=10000)
+            elif version == (2, 0):
+                shape, fortran, dtype = npformat.read_array_header_2_0(f, max_header_size=10000)
+            else:  # 3.0 (utf-8 field names) and unknown versions: numpy's own reader decides
+                shape, fortran, dtype = _header_reader()(f, version, max_header_size=10000)
         except (ValueError, OSError, EOFError, SyntaxError, TypeError) as err:
             raise IrgenError(f"{what} {path}: not a plain .npy array ({' '.join(str(err).split())[:200]})") from None
         if dtype.hasobject:
@@ -227,6 +230,14 @@ def load_npy(path: Path | str, what: str = "array", limit: int | None = DEFAULT_
             return _read_data(f, shape, fortran, dtype)
         except (ValueError, OSError) as err:
             raise IrgenError(f"{what} {path}: not a plain .npy array ({' '.join(str(err).split())[:200]})") from None
+
+
+def _header_reader():
+    try:
+        from numpy.lib._format_impl import _read_array_header
+    except ImportError:  # numpy 1.x
+        from numpy.lib.format import _read_array_header
+    return _read_array_header
 
 
 def _read_data(f, shape, fortran, dtype):
