@@ -128,7 +128,8 @@ class OutputFolder:
             if not pid.isdigit():
                 continue
             alive = _process_tag(int(pid))
-            if alive is None or (start and alive.split("-")[1] not in ("0", start)):
+            started = alive.split("-")[1] if alive else None
+            if alive is None or (start not in ("", "0") and started not in ("0", start)):  # dead, or PID reused
                 shutil.rmtree(entry.path, ignore_errors=True)
                 removed.append(Path(entry.path))
         return removed

@@ -337,16 +337,27 @@ def _compile_and_capture(folder: OutputFolder, graph: _Graph, imported: Imported
     done = [0]
     total = sum(len(v) for v in wanted.values())
 
-    def on_output(ki: int, j: int, tensor) -> None:
-        arr = tensor.numpy()  # a copy: the VM reuses this storage later
-        writer.add(debug.kernel_node_name(ki, j), tensor)
-        for n in wanted.get((ki, j), []):
-            tensor_files[n] = write(stems[n], arr)
-            shapes[n] = (tuple(arr.shape), str(arr.dtype))
-            done[0] += 1
-            progress.step("layers", done[0], total)
+    failed: list[BaseException] = []
 
-    execute.run(exe, arrays, kernels, on_output)
+    def on_output(ki: int, j: int, tensor) -> None:
+        try:
+            arr = tensor.numpy()  # a copy: the VM reuses this storage later
+            writer.add(debug.kernel_node_name(ki, j), tensor)
+            for n in wanted.get((ki, j), []):
+                tensor_files[n] = write(stems[n], arr)
+                shapes[n] = (tuple(arr.shape), str(arr.dtype))
+                done[0] += 1
+                progress.step("layers", done[0], total)
+        except (OSError, IrgenError) as err:  # TVM would wrap it in a RuntimeError: keep the original
+            failed.append(err)
+            raise
+
+    try:
+        execute.run(exe, arrays, kernels, on_output)
+    except Exception:
+        if failed:
+            raise failed[0] from None
+        raise
     writer.close()
     folder.path("debug/_tvmdbg_graph_dump.json").write_text(json.dumps(debug.to_json(), indent=1) + "\n")
     return tensor_files, shapes, out_vars, kernels
