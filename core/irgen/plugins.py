@@ -230,7 +230,10 @@ class PluginHost:
         if _is_file_spec(spec):
             from irgen.safeio import regular_file
 
-            path = regular_file(spec, "--plugin")
+            path = Path(spec)
+            if not path.exists():
+                raise IrgenError(f"--plugin '{spec}': no such file")
+            regular_file(path, "--plugin")
             self._add(PluginInfo(path.stem, "--plugin"), lambda: _import_file(path))
             return
         self._add(PluginInfo(spec, "--plugin"), lambda: _import_module(spec))
