@@ -111,7 +111,7 @@ def load_inputs(specs: list[InputSpec], given: list[str], seed: int,
                     f"--input {path}: input {s.name!r} holds {bad} NaN/Inf values; TVM's kernels and the source "
                     f"runtimes treat them differently (max, min, relu, pooling), so such golden data would not "
                     f"match: give finite input")
-            arrays.append(np.ascontiguousarray(arr))
+            arrays.append(np.array(arr, order="C"))  # keeps 0-d inputs 0-d
         elif np.issubdtype(np.dtype(s.dtype), np.floating):
             arrays.append(rng.random(s.shape, dtype=np.float32).astype(s.dtype))
         elif np.issubdtype(np.dtype(s.dtype), np.integer):

@@ -173,6 +173,8 @@ def read_json(path: Path | str, what: str, limit: int = MAX_JSON_BYTES) -> Any:
         raise IrgenError(f"{what} {path}: not valid JSON ({err.msg} at line {err.lineno} column {err.colno})") from None
     except RecursionError:
         raise IrgenError(f"{what} {path}: not valid JSON (nested too deeply)") from None
+    except ValueError as err:  # an integer of more than sys.get_int_max_str_digits() digits
+        raise IrgenError(f"{what} {path}: not valid JSON ({' '.join(str(err).split())[:120]})") from None
 
 
 # ------------------------------------------------------------------ paths inside a folder
@@ -184,8 +186,9 @@ def inside(root: Path | str, rel: Any, what: str = "path") -> Path:
     ``rel`` must be a non-empty relative POSIX path without ``..``, NUL or a
     backslash, and ``root/rel`` must resolve (following symlinks) inside
     ``root``. Nothing is opened or stat'ed outside ``root``: the lexical checks
-    come first, and the resolved path is only compared, not used, until it is
-    known to be inside."""
+    come first, then the path is resolved one component at a time from
+    ``root``, and a symbolic link whose target leaves ``root`` is refused from
+    its text (``readlink``), before anything at the target is looked at."""
     if not isinstance(rel, str) or not rel:
         raise IrgenError(f"{what}: expected a relative file path, got {rel!r:.80}")
     if "\x00" in rel or "\\" in rel:
@@ -193,11 +196,55 @@ def inside(root: Path | str, rel: Any, what: str = "path") -> Path:
     pure = PurePosixPath(rel)
     if pure.is_absolute() or ".." in pure.parts or rel.startswith("~"):
         raise IrgenError(f"{what} {rel!r:.200}: points outside the output folder")
-    root_real = Path(os.path.realpath(root))
-    target = Path(os.path.realpath(os.path.join(root_real, *pure.parts)))
-    if target != root_real and root_real not in target.parents:
-        raise IrgenError(f"{what} {rel!r:.200}: a link that points outside the output folder")
-    return target
+    root_real = os.path.realpath(root)
+    return Path(_resolve_inside(root_real, list(pure.parts), f"{what} {rel!r:.200}"))
+
+
+def _within(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def _resolve_inside(root: str, parts: list[str], what: str) -> str:
+    """``root`` joined with ``parts``, symbolic links resolved as the kernel would, as long
+    as every step stays inside ``root`` (else IrgenError); only paths inside ``root`` are
+    passed to ``lstat``/``readlink``."""
+    escape = IrgenError(f"{what}: a link that points outside the output folder")
+    current, pending, hops = root, list(parts), 0
+    while pending:
+        name = pending.pop(0)
+        if name in ("", "."):
+            continue
+        if name == "..":  # only from a link's target: applied to the resolved folder
+            current = os.path.dirname(current)
+            if not _within(current, root):
+                raise escape
+            continue
+        candidate = os.path.join(current, name)
+        try:
+            st = os.lstat(candidate)
+        except OSError:  # not there (or not a folder): the rest stays as written
+            rest = os.path.normpath(os.path.join(candidate, *pending))
+            if not _within(rest, root):
+                raise escape from None
+            return rest
+        if not stat.S_ISLNK(st.st_mode):
+            current = candidate
+            continue
+        hops += 1
+        if hops > 40:  # a loop: leave it to the open, which fails with ELOOP
+            return os.path.join(candidate, *pending)
+        try:
+            target = os.readlink(candidate)
+        except OSError:
+            return os.path.join(candidate, *pending)
+        tparts = list(PurePosixPath(target).parts)
+        if os.path.isabs(target):
+            norm = os.path.normpath(target)
+            if ".." in tparts or not _within(norm, root):
+                raise escape
+            current, tparts = root, list(PurePosixPath(os.path.relpath(norm, root)).parts)
+        pending = tparts + pending
+    return current
 
 
 def load_npy(path: Path | str, what: str = "array", limit: int | None = DEFAULT_MAX_TENSOR_BYTES):
@@ -218,7 +265,7 @@ def load_npy(path: Path | str, what: str = "array", limit: int | None = DEFAULT_
                 shape, fortran, dtype = npformat.read_array_header_2_0(f, max_header_size=10000)
             else:  # 3.0 (utf-8 field names) and unknown versions: numpy's own reader decides
                 shape, fortran, dtype = _header_reader()(f, version, max_header_size=10000)
-        except (ValueError, OSError, EOFError, SyntaxError, TypeError) as err:
+        except Exception as err:  # noqa: BLE001  numpy's header parser raises many kinds (even tokenize.TokenError)
             raise IrgenError(f"{what} {path}: not a plain .npy array ({' '.join(str(err).split())[:200]})") from None
         if dtype.hasobject:
             raise IrgenError(f"{what} {path}: holds Python objects (a pickle); only plain numeric arrays are read")
