@@ -448,3 +448,23 @@ def test_internal_error_is_one_line_and_traceback_on_request(model, tmp_path, mo
     monkeypatch.setenv("IRGEN_TRACEBACK", "1")
     with pytest.raises(ZeroDivisionError):
         _cli(capsys, "run", model, "-o", out, "--no-progress")
+
+
+@pytest.mark.parametrize("kind", ["link-out", "fifo", "device-link"])
+def test_folder_model_with_hostile_entries(tmp_path, kind) -> None:
+    """A SavedModel folder is checked whole before any frontend reads a file of it."""
+    model = tmp_path / "saved"
+    (model / "variables").mkdir(parents=True)
+    (model / "saved_model.pb").write_bytes(b"\x08\x01")
+    with Sentinel(tmp_path / "outside") as s:
+        bad = model / "variables" / "variables.data-00000-of-00001"
+        if kind == "link-out":
+            bad.symlink_to(s.secret)
+        elif kind == "fifo":
+            os.mkfifo(bad)
+        else:
+            bad.symlink_to("/dev/zero")
+        out = tmp_path / "out"
+        proc = irgen("run", model, "-o", out, "--no-progress", timeout=60)
+        assert_refused(proc, out, "variables.data-00000-of-00001")
+        s.assert_untouched()

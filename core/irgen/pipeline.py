@@ -25,7 +25,8 @@ from irgen.api import Backend, ImportedModel, InputSpec, IrgenError, Quantizer, 
 from irgen.names import SafeNames
 from irgen.plugins import call_plugin
 from irgen.output import OutputFolder, ParamsStreamWriter, Progress, write_manifest
-from irgen.safeio import DEFAULT_MAX_TENSOR_BYTES, check_tensor_size, file_or_folder, load_npy
+from irgen.safeio import (DEFAULT_MAX_TENSOR_BYTES, check_tensor_size, file_or_folder, load_npy, open_regular,
+                          regular_tree)
 
 
 def parse_input_shapes(specs: list[str], limit: int | None = None) -> dict[str, tuple[int, ...]]:
@@ -154,9 +155,9 @@ def pick_quantizer(host, qg, name: str | None):
 
 def sha256_path(path: Path) -> str:
     h = hashlib.sha256()
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    files = regular_tree(path) if path.is_dir() else [path]
     for p in files:
-        with open(p, "rb") as f:
+        with open_regular(p, "model") as f:
             for chunk in iter(lambda: f.read(1 << 20), b""):
                 h.update(chunk)
     return h.hexdigest()
@@ -422,7 +423,8 @@ def run(
     progress = progress or Progress(enabled=False)
     options = dict(options or {})
     limit = options.setdefault("max_tensor_bytes", DEFAULT_MAX_TENSOR_BYTES)
-    file_or_folder(model, "model")
+    if file_or_folder(model, "model").is_dir():
+        regular_tree(model)  # every file of a folder model, checked before a frontend reads any
     if opt_level not in range(5):
         raise IrgenError(f"--opt-level {opt_level}: must be 0..4")
     fe = pick_frontend(host, model, frontend)

@@ -134,6 +134,37 @@ def file_or_folder(path: Path | str, what: str = "model") -> Path:
     return path
 
 
+def regular_tree(folder: Path | str, what: str = "model folder", max_entries: int = 100_000) -> list[Path]:
+    """The files of a folder model (a SavedModel), all checked before any is read.
+
+    Every entry must be a regular file or a folder; a link must lead to one of
+    those inside ``folder``. Returns the files, sorted, for hashing."""
+    root = Path(folder)
+    real_root = Path(os.path.realpath(root))
+    files: list[Path] = []
+    count = 0
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        for name in sorted(dirnames) + sorted(filenames):
+            count += 1
+            if count > max_entries:
+                raise IrgenError(f"{what} {root}: more than {max_entries} entries")
+            p = Path(dirpath) / name
+            if os.path.islink(p):
+                target = Path(os.path.realpath(p))
+                if target != real_root and real_root not in target.parents:
+                    raise IrgenError(f"{what} {root}: {p.relative_to(root)} is a link that leads outside the folder")
+            try:
+                st = os.stat(p)
+            except OSError as err:
+                raise IrgenError(f"{what} {root}: {p.relative_to(root)}: {err.strerror or err}") from None
+            if stat.S_ISREG(st.st_mode):
+                if name in filenames or os.path.islink(p):
+                    files.append(p)
+            elif not stat.S_ISDIR(st.st_mode):
+                raise IrgenError(f"{what} {root}: {p.relative_to(root)} is {_kind(st.st_mode)}, not a regular file")
+    return sorted(files)
+
+
 def open_regular(path: Path | str, what: str = "file"):
     """Open a regular file for binary reading without ever blocking.
 
@@ -173,7 +204,7 @@ def read_json(path: Path | str, what: str, limit: int = MAX_JSON_BYTES) -> Any:
         raise IrgenError(f"{what} {path}: not valid JSON ({err.msg} at line {err.lineno} column {err.colno})") from None
     except RecursionError:
         raise IrgenError(f"{what} {path}: not valid JSON (nested too deeply)") from None
-    except ValueError as err:  # an integer of more than sys.get_int_max_str_digits() digits
+    except KeyError as err:  # an integer of more than sys.get_int_max_str_digits() digits
         raise IrgenError(f"{what} {path}: not valid JSON ({' '.join(str(err).split())[:120]})") from None
 
 
@@ -197,7 +228,10 @@ def inside(root: Path | str, rel: Any, what: str = "path") -> Path:
     if pure.is_absolute() or ".." in pure.parts or rel.startswith("~"):
         raise IrgenError(f"{what} {rel!r:.200}: points outside the output folder")
     root_real = os.path.realpath(root)
-    return Path(_resolve_inside(root_real, list(pure.parts), f"{what} {rel!r:.200}"))
+    target = Path(os.path.realpath(os.path.join(root_real, *pure.parts)))
+    if target != Path(root_real) and Path(root_real) not in target.parents:
+        raise IrgenError(f"{what} {rel!r:.200}: a link that points outside the output folder")
+    return target
 
 
 def _within(path: str, root: str) -> bool:
