@@ -12,74 +12,57 @@ from pathlib import Path
 from typing import Any
 
 from irgen import hookimpl
-from irgen.api import Frontend, ImportedModel, InputSpec, IrgenError, Provenance, UnsupportedOpsError
+from irgen.api import Frontend, ImportedModel, IrgenError, Provenance, UnsupportedOpsError
+
+from . import checks, loader
+from .inline import inline_constant_ifs
+from .loader import all_graphs, one_line
 
 __version__ = "0.1.0"
 
 
-def _load_model(path: Path):
-    import onnx
-    from google.protobuf.message import DecodeError
-    from onnx import external_data_helper
+def prepare(path: Path, options: dict[str, Any], for_tvm: bool = True):
+    """The model in ``path``, checked and ready for import, and its input specs.
 
-    try:
-        model = onnx.load(str(path), load_external_data=False)
-    except (DecodeError, ValueError, RuntimeError, OSError) as err:
-        raise IrgenError(f"{path}: not a readable ONNX model ({type(err).__name__}: {err})") from None
-    if not model.graph.node:
-        raise IrgenError(f"{path}: not a readable ONNX model (the graph has no nodes)")
-    # external data: only files inside the model's folder
-    base = path.resolve().parent
-    tensors = [t for t in external_data_helper._get_all_tensors(model) if external_data_helper.uses_external_data(t)]
-    for t in tensors:
-        info = {e.key: e.value for e in t.external_data}
-        target = (base / info.get("location", "")).resolve()
-        if base not in target.parents:
-            raise IrgenError(f"{path}: tensor {t.name!r} points to external data outside the model's folder: {info.get('location')!r}")
-        if not target.is_file():
-            raise IrgenError(f"{path}: external data file of tensor {t.name!r} is missing: {info.get('location')!r}")
-    if tensors:
-        external_data_helper.load_external_data_for_model(model, str(base))
-    return model
+    Every check runs before TVM's importer (which folds constants, so a size
+    bomb would be allocated while importing): the file and its external data
+    (:mod:`.loader`), the graph's structure and tensors, ``onnx.checker``, the
+    ops TVM knows, ``--input-shape``, and the size of every tensor whose shape
+    is known statically (:mod:`.checks`). ``If`` nodes with a constant
+    condition are replaced by their branch (:mod:`.inline`). ``for_tvm=False``
+    (ONNX Runtime, which runs any op and any If) skips the op check and keeps
+    an If with a condition computed at run time."""
+    path = Path(path)
+    limit = checks.default_limit(options)
+    model = loader.load_model(path, limit)
+    checks.check_structure(model, path)
+    checks.check_tensors(model, path, limit)
+    if for_tvm:
+        _check_ops(model, path)
+    checks.run_checker(checks.skeleton(model), path)
+    inline_constant_ifs(model, path, refuse_dynamic=for_tvm)
+    specs = checks.input_specs(model, options.get("input_shapes") or {}, limit, path)
+    checks.check_sizes(model, checks.skeleton(model), specs, limit, path)
+    return model, specs
+
+
+def _load_model(path: Path, options: dict[str, Any] | None = None, for_tvm: bool = True):
+    """The checked model (see :func:`prepare`)."""
+    return prepare(path, options or {}, for_tvm)[0]
 
 
 def _check_ops(model, path: Path) -> None:
     from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
 
     known = set(_get_convert_map()) | {"If", "Constant"}
-    missing = sorted({n.op_type for n in model.graph.node if n.op_type not in known})
+    missing = sorted({n.op_type for g in all_graphs(model.graph) for n in g.node if n.op_type not in known})
     if missing:
-        raise UnsupportedOpsError(f"onnx frontend ({path.name})", missing)
-
-
-def _input_specs(model, shapes: dict[str, tuple[int, ...]]) -> list[InputSpec]:
-    from onnx import helper
-
-    inits = {t.name for t in model.graph.initializer}
-    specs = []
-    for vi in model.graph.input:
-        if vi.name in inits:
-            continue
-        tt = vi.type.tensor_type
-        dtype = str(helper.tensor_dtype_to_np_dtype(tt.elem_type))
-        if vi.name in shapes:
-            shape = tuple(shapes[vi.name])
-        else:
-            dims = []
-            for d in tt.shape.dim:
-                if d.HasField("dim_value") and d.dim_value > 0:
-                    dims.append(int(d.dim_value))
-                else:
-                    raise IrgenError(
-                        f"input {vi.name!r} has an open dimension {d.dim_param or '?'!r}; "
-                        f"give it with --input-shape {vi.name}=1,..."
-                    )
-            shape = tuple(dims)
-        specs.append(InputSpec(vi.name, shape, dtype))
-    return specs
+        raise UnsupportedOpsError(f"onnx frontend ({path.name})", [loader.q(m)[1:-1] for m in missing[:50]])
 
 
 def load_onnx(path: Path, options: dict[str, Any]) -> ImportedModel:
+    import contextlib
+    import io
     import warnings
 
     import tvm
@@ -88,9 +71,7 @@ def load_onnx(path: Path, options: dict[str, Any]) -> ImportedModel:
 
     from irgen.names import SafeNames, identifier
 
-    model = _load_model(path)
-    _check_ops(model, path)
-    specs = _input_specs(model, options.get("input_shapes") or {})
+    model, specs = prepare(path, options)
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
     provenance = Provenance()
     namer = SafeNames(lambda n: "t_" + identifier(n))
@@ -137,18 +118,21 @@ def load_onnx(path: Path, options: dict[str, Any]) -> ImportedModel:
     shape_dict = {s.name: list(s.shape) for s in specs}
     dtype_dict = {s.name: s.dtype for s in specs}
     importer = NamingImporter(shape_dict, dtype_dict, keep_params_in_input=False, sanitize=True)
-    try:
-        with warnings.catch_warnings():
+    try:  # the importer prints "Error converting operator ..." on stdout before raising
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
             warnings.simplefilter("ignore")
             mod = importer.from_onnx(model.graph, opset)
-    except IrgenError:
-        raise
-    except tvm.error.OpNotImplemented as err:
-        raise IrgenError(f"onnx frontend ({path.name}): {err}") from None
-    except Exception as err:  # the importer's own errors name the op in their text
-        node = NamingImporter.current
-        where = f"node {node.name!r} ({node.op_type})" if node is not None else "the graph"
-        raise IrgenError(f"onnx frontend ({path.name}): cannot import {where}: {type(err).__name__}: {err}") from None
+    except BaseException as err:
+        _close_builder(importer.bb)
+        if isinstance(err, IrgenError) or not isinstance(err, Exception):
+            raise
+        if isinstance(err, tvm.error.OpNotImplemented):
+            raise IrgenError(f"onnx frontend ({path.name}): {one_line(err)}") from None
+        node = NamingImporter.current  # the importer's own errors name the op in their text
+        where = f"node {loader.q(node.name)} ({node.op_type})" if node is not None else "the graph"
+        raise IrgenError(
+            f"onnx frontend ({path.name}): cannot import {where}: {type(err).__name__}: {one_line(err)}"
+        ) from None
     mod = relax.transform.Normalize()(mod)
     return ImportedModel(
         mod=mod,
@@ -157,6 +141,16 @@ def load_onnx(path: Path, options: dict[str, Any]) -> ImportedModel:
         frontend="onnx",
         output_names=[o.name for o in model.graph.output],
     )
+
+
+def _close_builder(bb) -> None:
+    """End the binding block and scope an importer failure left open in ``bb``; TVM
+    otherwise logs "BlockBuilder destroyed with remaining blocks!" on stderr later."""
+    try:
+        bb._end_block()
+    except Exception:  # noqa: BLE001  no block open: the failure came before the function
+        return
+    bb.end_scope()
 
 
 def source_runner(path: Path, options: dict[str, Any]):
@@ -171,7 +165,7 @@ def source_runner(path: Path, options: dict[str, Any]):
         import onnxruntime as ort
     except ImportError as err:
         raise IrgenError(f"onnx source check needs onnxruntime ({err})") from None
-    model = _load_model(path)
+    model = _load_model(path, options, for_tvm=False)
     try:
         model = onnx.shape_inference.infer_shapes(model)
     except Exception:  # noqa: BLE001  fall back to untyped outputs
