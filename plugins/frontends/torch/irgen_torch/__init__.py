@@ -13,6 +13,14 @@ Two kinds of files:
   A ``.pth`` that holds a whole pickled module is refused unless
   ``--allow-pickle`` is given: unpickling runs arbitrary code from the file.
 
+Both are untrusted input (:mod:`irgen_torch.loader`): only regular files are
+opened; a ``.pt2`` is inspected before torch reads it (:mod:`irgen_torch.archive`:
+member and tensor sizes, pickled members, symbolic expressions torch would
+``eval``, AOTInductor code) and loaded under a guard that keeps torch from
+unpickling anything but plain tensors (:mod:`irgen_torch.guard`), unless
+``--allow-pickle`` says the file is trusted. A ``.pt2`` program's input shapes
+are fixed: ``--input-shape`` must name one of its inputs with its exact shape.
+
 The graph is translated without ATen decomposition, so FX node names and ops
 (``aten.conv2d.default``, ...) are the ones ``ExportedProgram.graph`` shows.
 TVM's importer names its bindings ``lv``, ``lv1``, ...; this frontend renames
@@ -23,164 +31,19 @@ the binding that holds each FX node's result after the FX node
 
 from __future__ import annotations
 
-import importlib
-import json
-import pickle
-import sys
 import warnings
-import zipfile
 from pathlib import Path
 from typing import Any
 
 from irgen import hookimpl
 from irgen.api import Frontend, ImportedModel, InputSpec, IrgenError, Provenance, UnsupportedOpsError
+from irgen.safeio import regular_file
+
+from .loader import load_pt2, load_pth
 
 __version__ = "0.1.0"
 
 _SUFFIXES = (".pt2", ".pth", ".pt")
-
-
-# ---------------------------------------------------------------- loading
-
-
-def _load_pt2(path: Path):
-    import torch
-
-    try:
-        import torch.ao.quantization.fx._decomposed  # noqa: F401  registers quantized_decomposed ops
-    except Exception:  # noqa: BLE001
-        pass
-    try:
-        return torch.export.load(str(path))
-    except Exception as err:  # noqa: BLE001  torch raises many kinds on a bad archive
-        msg = " ".join(str(err).split())[:300]
-        raise IrgenError(f"{path}: not a readable torch.export program ({type(err).__name__}: {msg})") from None
-
-
-def _import_class(spec: str | None, path: Path):
-    if not spec:
-        raise IrgenError(f"{path}: a .pth state dict needs --model-class package.module:Class")
-    if spec.count(":") != 1 or not all(spec.split(":")):
-        raise IrgenError(f"--model-class {spec!r}: expected package.module:Class")
-    mod_name, qual = spec.split(":")
-    added = False
-    cwd = str(Path.cwd())
-    if "" not in sys.path and cwd not in sys.path:  # the current directory, as `python -m` does
-        sys.path.append(cwd)
-        added = True
-    try:
-        module = importlib.import_module(mod_name)
-    except ImportError as err:
-        raise IrgenError(
-            f"--model-class {spec!r}: cannot import module {mod_name!r} ({err}); "
-            f"it must be importable (installed, on PYTHONPATH or in the current directory)"
-        ) from None
-    except Exception as err:  # noqa: BLE001  the module's own import-time error
-        raise IrgenError(f"--model-class {spec!r}: importing {mod_name!r} failed: {type(err).__name__}: {err}") from None
-    finally:
-        if added:
-            sys.path.remove(cwd)
-    obj: Any = module
-    for part in qual.split("."):
-        if not hasattr(obj, part):
-            raise IrgenError(f"--model-class {spec!r}: module {mod_name!r} has no attribute {qual!r}")
-        obj = getattr(obj, part)
-    import torch
-
-    if not (isinstance(obj, type) and issubclass(obj, torch.nn.Module)):
-        raise IrgenError(f"--model-class {spec!r}: not a torch.nn.Module subclass")
-    return obj
-
-
-def _is_state_dict(obj) -> bool:
-    import torch
-
-    return isinstance(obj, dict) and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items())
-
-
-def _keys_msg(kind: str, keys: list[str], limit: int = 5) -> str:
-    shown = ", ".join(keys[:limit]) + (f", ... ({len(keys) - limit} more)" if len(keys) > limit else "")
-    return f"{kind} keys ({len(keys)}): {shown}"
-
-
-def _load_pth(path: Path, options: dict[str, Any]):
-    """Build the model from a .pth file; returns an ExportedProgram."""
-    import torch
-
-    allow_pickle = bool(options.get("allow_pickle"))
-    try:
-        state = torch.load(str(path), map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as err:
-        if not allow_pickle:
-            first = " ".join(str(err).split()).split(". ")[0][:200]
-            raise IrgenError(
-                f"{path}: not a plain state dict (the weights-only loader refused it: {first}); "
-                f"loading a pickled module runs arbitrary code from the file: pass --allow-pickle only if you trust it"
-            ) from None
-        state = None
-    except (RuntimeError, OSError, EOFError, zipfile.BadZipFile, ValueError) as err:
-        msg = " ".join(str(err).split())[:300]
-        raise IrgenError(f"{path}: not a readable torch file ({type(err).__name__}: {msg})") from None
-
-    if state is None:  # --allow-pickle: the user trusts the file
-        try:
-            obj = torch.load(str(path), map_location="cpu", weights_only=False)
-        except Exception as err:  # noqa: BLE001
-            msg = " ".join(str(err).split())[:300]
-            raise IrgenError(f"{path}: cannot unpickle ({type(err).__name__}: {msg})") from None
-        if isinstance(obj, torch.nn.Module):
-            model = obj
-        elif _is_state_dict(obj):
-            state = obj
-            model = None
-        else:
-            raise IrgenError(f"{path}: holds a {type(obj).__name__}, neither a torch.nn.Module nor a state dict")
-    else:
-        if isinstance(state, dict) and "state_dict" in state and _is_state_dict(state["state_dict"]):
-            state = state["state_dict"]
-        if not _is_state_dict(state):
-            raise IrgenError(f"{path}: holds a {type(state).__name__}, not a state dict of tensors")
-        model = None
-
-    if model is None:
-        cls = _import_class(options.get("model_class"), path)
-        kwargs = options.get("model_args") or {}
-        if isinstance(kwargs, str):  # raw --model-args text
-            try:
-                kwargs = json.loads(kwargs)
-            except json.JSONDecodeError as err:
-                raise IrgenError(f"--model-args: not valid JSON ({err})") from None
-        if not isinstance(kwargs, dict):
-            raise IrgenError("--model-args: must be a JSON object of constructor keyword arguments")
-        try:
-            model = cls(**kwargs)
-        except Exception as err:  # noqa: BLE001
-            raise IrgenError(f"--model-class {options.get('model_class')!r}: constructing it with {kwargs!r} failed: {type(err).__name__}: {err}") from None
-        want = set(model.state_dict())
-        missing = sorted(want - set(state))
-        unexpected = sorted(set(state) - want)
-        if missing or unexpected:
-            parts = ([_keys_msg("missing", missing)] if missing else []) + ([_keys_msg("unexpected", unexpected)] if unexpected else [])
-            raise IrgenError(f"{path}: state dict does not fit {options.get('model_class')}: {'; '.join(parts)}")
-        try:
-            model.load_state_dict(state, strict=True)
-        except RuntimeError as err:  # shape mismatches
-            msg = " ".join(str(err).split())[:300]
-            raise IrgenError(f"{path}: state dict does not fit {options.get('model_class')}: {msg}") from None
-    model.eval()
-
-    shapes = options.get("input_shapes") or {}
-    if len(shapes) != 1:
-        raise IrgenError(f"{path}: give the example input shape with exactly one --input-shape NAME=DIMS (got {len(shapes)})")
-    (name, shape), = shapes.items()
-    example = torch.zeros(*shape, dtype=torch.float32)
-    try:
-        with torch.no_grad():
-            ep = torch.export.export(model, (example,))
-    except Exception as err:  # noqa: BLE001
-        msg = " ".join(str(err).split())[:300]
-        raise IrgenError(f"{path}: torch.export.export failed on an input of shape {tuple(shape)}: {type(err).__name__}: {msg}") from None
-    return ep, name
 
 
 # ---------------------------------------------------------------- translation
@@ -511,19 +374,27 @@ def translate(ep, where: str, input_names: list[str] | None = None) -> ImportedM
     return ImportedModel(mod=mod, inputs=specs, provenance=provenance, frontend="torch", output_names=outs)
 
 
+def _check_input_shapes(specs: list[InputSpec], shapes: dict[str, tuple[int, ...]]) -> None:
+    """A ``.pt2`` program's input shapes are fixed: every ``--input-shape`` must name one of its
+    inputs and give exactly its shape."""
+    declared = {s.name: s for s in specs}
+    for name, shape in shapes.items():
+        given = f"--input-shape {name}={','.join(map(str, shape))}"
+        if name not in declared:
+            listing = ", ".join(f"{s.name!r} {tuple(s.shape)}" for s in specs) or "none"
+            raise IrgenError(f"{given}: the model has no input {name!r} (its inputs: {listing})")
+        if tuple(declared[name].shape) != tuple(shape):
+            raise IrgenError(f"{given}: the model's input {name!r} has the fixed shape {tuple(declared[name].shape)}")
+
+
 def load_torch(path: Path, options: dict[str, Any]) -> ImportedModel:
     where = f"torch frontend ({path.name})"
-    if path.is_dir():
-        raise IrgenError(f"{path}: is a folder, not a .pt2/.pth file")
+    regular_file(path, "model")  # a FIFO or a device is refused before torch opens it
     if path.suffix.lower() == ".pt2":
-        ep = _load_pt2(path)
-        shapes = options.get("input_shapes") or {}
-        imported = translate(ep, where)
-        for s in imported.inputs:
-            if s.name in shapes and tuple(shapes[s.name]) != tuple(s.shape):
-                raise IrgenError(f"input {s.name!r}: the program was exported for shape {s.shape}, not {tuple(shapes[s.name])}")
-        return imported
-    ep, name = _load_pth(path, options)
+        ep = load_pt2(path, options)
+        _check_input_shapes(_user_inputs(ep), options.get("input_shapes") or {})
+        return translate(ep, where)
+    ep, name = load_pth(path, options)
     return translate(ep, where, [name])  # the input is called what --input-shape calls it
 
 
@@ -557,7 +428,8 @@ def source_runner(path: Path, options: dict[str, Any]):
         import torch
     except ImportError as err:
         raise IrgenError(f"torch source check needs torch ({err})") from None
-    ep = _load_pt2(path) if path.suffix.lower() == ".pt2" else _load_pth(path, options)[0]
+    regular_file(path, "model")
+    ep = load_pt2(path, options) if path.suffix.lower() == ".pt2" else load_pth(path, options)[0]
     names = [s.name for s in _user_inputs(ep)]
 
     def run(inputs: dict[str, Any], tensors: list[str]) -> dict[str, Any]:
