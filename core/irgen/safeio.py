@@ -204,7 +204,7 @@ def read_json(path: Path | str, what: str, limit: int = MAX_JSON_BYTES) -> Any:
         raise IrgenError(f"{what} {path}: not valid JSON ({err.msg} at line {err.lineno} column {err.colno})") from None
     except RecursionError:
         raise IrgenError(f"{what} {path}: not valid JSON (nested too deeply)") from None
-    except KeyError as err:  # an integer of more than sys.get_int_max_str_digits() digits
+    except ValueError as err:  # an integer of more than sys.get_int_max_str_digits() digits
         raise IrgenError(f"{what} {path}: not valid JSON ({' '.join(str(err).split())[:120]})") from None
 
 
@@ -228,10 +228,7 @@ def inside(root: Path | str, rel: Any, what: str = "path") -> Path:
     if pure.is_absolute() or ".." in pure.parts or rel.startswith("~"):
         raise IrgenError(f"{what} {rel!r:.200}: points outside the output folder")
     root_real = os.path.realpath(root)
-    target = Path(os.path.realpath(os.path.join(root_real, *pure.parts)))
-    if target != Path(root_real) and Path(root_real) not in target.parents:
-        raise IrgenError(f"{what} {rel!r:.200}: a link that points outside the output folder")
-    return target
+    return Path(_resolve_inside(root_real, list(pure.parts), f"{what} {rel!r:.200}"))
 
 
 def _within(path: str, root: str) -> bool:
