@@ -379,7 +379,10 @@ def test_torch_pth_source_uses_recorded_options(tmp_path, capsys, monkeypatch):
     assert manifest["frontend_options"] == {"input_shapes": {"x": [1, 3, 8, 8]}, "model_class": "torch_classes:Net",
                                             "model_args": '{"width": 6}'}
     ir = json.loads((tmp_path / "out" / "ir.json").read_text())
-    code, r = _verify_json(capsys, tmp_path / "out", "--mode", "source")
+    # importing the recorded --model-class runs code: only with the user's consent
+    code, _, err = _verify(capsys, tmp_path / "out", "--mode", "source")
+    assert code == 2 and "--model-class 'torch_classes:Net'" in err and "--allow-pickle" in err, err
+    code, r = _verify_json(capsys, tmp_path / "out", "--mode", "source", "--allow-pickle")
     assert code == 0, r["problems"]
     assert all(row["checks"]["source"]["status"] == "pass" for row in r["layers"]) and len(r["layers"]) == len(ir["layers"])
 

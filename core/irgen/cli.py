@@ -205,7 +205,10 @@ def _thresholds(args: argparse.Namespace):
 
 def run_verify(args: argparse.Namespace, out: Path, modes: list[str] | None, model: Path | None,
                as_json: bool = False, report: Path | None = None) -> dict[str, Any]:
-    """Verify ``out`` and print the table (or JSON); ``modes`` None: all that can run."""
+    """Verify ``out`` and print the table (or JSON); ``modes`` None: all that can run.
+
+    The report is written atomically (a temporary file renamed over ``report``), so a
+    symbolic link planted at that path is replaced, never followed."""
     from irgen.verify import format_table
 
     import contextlib
@@ -222,43 +225,54 @@ def run_verify(args: argparse.Namespace, out: Path, modes: list[str] | None, mod
         except ImportError:
             print("irgen: note: HTML report not written (irgen.report is not available)", file=sys.stderr)
         else:
-            path = write_report(result, report)
+            try:
+                path = write_report(result, report)
+            except OSError as err:
+                raise IrgenError(f"cannot write the report {report}: {err.strerror or _one_line(err)}") from None
             if not args.no_progress:
                 print(f"wrote {path}", file=sys.stderr)
     return result
 
 
 def _verify_quietly(args: argparse.Namespace, out: Path, modes: list[str] | None, model: Path | None) -> dict[str, Any]:
+    from irgen.irfile import read_ir
     from irgen.output import Progress
-    from irgen.verify import MODES, isolated_source_runner, verify_output
+    from irgen.safeio import DEFAULT_MAX_TENSOR_BYTES
+    from irgen.verify import MODES, verify_output
 
+    read_ir(out)  # a missing or malformed OUT: one error before plugins and runtimes load
     progress = Progress(enabled=not args.no_progress)
-    if not (out / "ir.json").is_file():
-        raise IrgenError(f"{out}: not an irgen output folder (no ir.json)")
-    runner = None
+    limit = getattr(args, "max_tensor_bytes", None) or DEFAULT_MAX_TENSOR_BYTES
     optional = modes is None or "all" in modes
-    if optional:
-        modes = list(MODES)
-    if "source" in modes:
-        ir = json.loads((out / "ir.json").read_text())
-        try:
-            runner, model = isolated_source_runner(out, ir, model, load_host(args), plugins=args.plugin or [],
-                                                   strict=args.strict_plugins)
-        except IrgenError as err:
-            if not optional:
-                raise
-            modes.remove("source")
-            print(f"irgen: note: source check skipped: {_one_line(err).removeprefix('source check: ')}", file=sys.stderr)
-    result = verify_output(out, modes=modes, thresholds=_thresholds(args), source_runner=runner, model=model,
-                           progress=progress, source_optional=optional)
+    modes = list(MODES) if optional else list(modes)
+    # The source check takes nothing that runs code from OUT's manifest: allow_pickle (and the
+    # consent to import a recorded --model-class) only from this command line. `irgen run --verify`
+    # passes the run's own frontend options: the user typed them.
+    options = None
+    if getattr(args, "command", None) == "run":
+        from irgen.pipeline import parse_input_shapes
+
+        options = {"input_shapes": parse_input_shapes(args.input_shape or [], limit), "model_class": args.model_class,
+                   "model_args": args.model_args, "calibration": args.calibration}
+    result = verify_output(out, modes=modes, thresholds=_thresholds(args), model=model, progress=progress,
+                           source_optional=optional, allow_pickle=bool(getattr(args, "allow_pickle", False)),
+                           frontend_options=options, max_tensor_bytes=limit,
+                           host=load_host(args) if "source" in modes else None, plugins=args.plugin or [],
+                           strict=args.strict_plugins)
     for note in result.get("notes") or []:
-        print(f"irgen: note: {note}", file=sys.stderr)
+        print(f"irgen: note: {_one_line(note)}", file=sys.stderr)
     return result
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    import os
+
     out = args.out
-    report = None if args.no_report else (args.report or out.parent / f"{out.name}.report.html")
+    if args.no_report:
+        report = None
+    else:  # default: OUT.report.html beside OUT (OUT as given, '.' and trailing parts resolved without links)
+        plain = Path(os.path.abspath(out))
+        report = args.report or plain.parent / f"{plain.name}.report.html"
     result = run_verify(args, out, args.mode, args.model, as_json=args.json, report=report)
     return 0 if result["passed"] else 1
 

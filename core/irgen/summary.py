@@ -1,12 +1,22 @@
 """``irgen inspect``: a summary of an output folder's IR (layers, ops, dtypes,
-quantization schemes, parameter and activation files and bytes)."""
+quantization schemes, parameter and activation files and bytes).
+
+The folder is untrusted: ``ir.json`` is read with :func:`irgen.irfile.read_ir`
+(validated), and every file it names is confined to OUT with
+:func:`irgen.safeio.inside` before it is stat'ed; a path out of OUT, or a file
+that is not a regular one (a FIFO, a device), is an error. A file that is not
+there counts 0 bytes."""
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
-from irgen.verify import load_ir
+from irgen.api import IrgenError
+from irgen.irfile import read_ir, tensor_records
+from irgen.safeio import inside
 
 __all__ = ["inspect_output", "format_inspect"]
 
@@ -14,12 +24,27 @@ __all__ = ["inspect_output", "format_inspect"]
 def inspect_output(out_dir: str | Path) -> dict[str, Any]:
     """A summary of an output folder's IR: layers, ops, dtypes, quant schemes, bytes."""
     out = Path(out_dir)
-    ir = load_ir(out_dir)
+    ir = read_ir(out_dir)
     layers = ir["layers"]
+    sizes: dict[str, int] = {}
+    for where, _, rec in tensor_records(ir):
+        rel = rec.get("file")
+        if rel is None or rel in sizes:
+            continue
+        path = inside(out, rel, f"{out / 'ir.json'}: {where}.file")
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            sizes[rel] = 0
+            continue
+        except OSError as err:
+            raise IrgenError(f"{out / 'ir.json'}: {where}.file {path}: cannot read ({err.strerror or err})") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise IrgenError(f"{out / 'ir.json'}: {where}.file {path}: not a regular file")
+        sizes[rel] = st.st_size
 
     def size(rel: str | None) -> int:
-        p = out / rel if rel else None
-        return p.stat().st_size if p is not None and p.is_file() else 0
+        return sizes.get(rel, 0) if rel else 0
 
     ops: dict[str, int] = {}
     dtypes: dict[str, int] = {}

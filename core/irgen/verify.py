@@ -30,9 +30,10 @@ frontends when ``source`` runs.
 
 from __future__ import annotations
 
+import hashlib
 import heapq
-import json
 import math
+import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -41,7 +42,9 @@ from typing import Any, Callable
 import numpy as np
 
 from irgen.api import IrgenError
-from irgen.output import sha256_file
+from irgen.irfile import read_ir, read_manifest, tensor_records
+from irgen.safeio import (DEFAULT_MAX_TENSOR_BYTES, check_tensor_size, file_or_folder, inside, load_npy,
+                          open_regular, regular_file)
 
 __all__ = ["Thresholds", "verify_output", "compare", "format_table", "MODES"]
 
@@ -213,19 +216,58 @@ def quant_consistency(layer: dict) -> str | None:
     return None
 
 
+class _Files:
+    """The tensor files ``ir.json`` names: each confined to OUT (:func:`irgen.safeio.inside`)
+    and read with :func:`irgen.safeio.load_npy` (no pickle, a regular file, the size
+    under ``limit``). A record whose ``file`` points outside OUT is *refused*: it is
+    never opened, and its layer fails verification with the reason."""
+
+    def __init__(self, out: Path, ir: dict, limit: int | None):
+        self.out, self.limit = out, limit
+        self.where: dict[int, str] = {}
+        self.refused: dict[int, tuple[str | None, str]] = {}  # id(record) -> (owning layer, why)
+        for path, owner, rec in tensor_records(ir):
+            self.where[id(rec)] = path
+            if rec.get("file") is not None:
+                try:
+                    inside(out, rec["file"], f"ir.json: {path}.file")
+                except IrgenError as err:
+                    self.refused[id(rec)] = (owner, _one_line(err))
+
+    def why_refused(self, *records: dict) -> str | None:
+        for rec in records:
+            if id(rec) in self.refused:
+                return self.refused[id(rec)][1]
+        return None
+
+    def layer_refused(self, layer: dict) -> str | None:
+        """Why a layer cannot be checked (one of its files points outside OUT), or None."""
+        return self.why_refused(*(layer.get("inputs") or []), *layer["outputs"],
+                                *(layer.get("params") or {}).values())
+
+    def load(self, rec: dict) -> np.ndarray:
+        at = f"ir.json: {self.where.get(id(rec), '?')}"
+        if rec.get("file") is None:
+            raise IrgenError(f"{self.out / 'ir.json'}: {self.where.get(id(rec), '?')}: tensor {rec['name']!r:.100} "
+                             f"has no file")
+        path = inside(self.out, rec["file"], f"{at}.file")
+        arr = load_npy(path, f"tensor {rec['name']!r:.100} ({at})", self.limit)
+        if arr.dtype.kind not in "biuf":
+            raise IrgenError(f"tensor {rec['name']!r:.100} ({at}) {path}: dtype {arr.dtype} is not a numeric tensor")
+        return arr
+
+
 class _Layers:
     """Runs one layer in numpy: ``recompute`` for quantized layers, ``fused_ops`` otherwise."""
 
-    def __init__(self, out: Path):
-        self.out = out
+    def __init__(self, files: _Files):
+        self.files = files
         self._params: dict[str, dict[str, np.ndarray]] = {}
 
     def params(self, layer: dict) -> dict[str, np.ndarray]:
-        from irgen.reference import load_layer_params
-
         name = layer["name"]
         if name not in self._params:
-            self._params[name] = load_layer_params(self.out, layer)
+            self._params[name] = {role: self.files.load(rec) for role, rec in (layer.get("params") or {}).items()}
         return self._params[name]
 
     def run(self, layer: dict, inputs: list[np.ndarray]) -> tuple[list[np.ndarray], str | None]:
@@ -258,6 +300,10 @@ class _Layers:
         return outs, note
 
 
+def _one_line(message: Any) -> str:
+    return " ".join(str(message).split())
+
+
 # ------------------------------------------------------------------ manifest
 
 
@@ -277,71 +323,188 @@ def _file_owners(ir: dict) -> dict[str, str | None]:
     return owners
 
 
-def check_manifest(out: Path, ir: dict) -> list[dict[str, Any]]:
-    """A problem for every manifest file that is missing or whose sha256 changed."""
-    path = out / "manifest.json"
-    if not path.is_file():
+def _sha256_open(f) -> str:
+    h = hashlib.sha256()
+    for chunk in iter(lambda: f.read(1 << 20), b""):
+        h.update(chunk)
+    return h.hexdigest()
+
+
+def check_manifest(out: Path, ir: dict, manifest: Any = ...) -> list[dict[str, Any]]:
+    """A problem for every manifest file that is missing, changed, not a regular file or
+    not inside OUT (a ``../`` path, an absolute one or a link out of OUT: such an entry is
+    reported, never opened). ``manifest``: the validated ``manifest.json`` (None when OUT
+    has none; default: read it)."""
+    if manifest is ...:
+        manifest = read_manifest(out)
+    if manifest is None:
         return [{"layer": None, "check": "manifest", "message": "manifest.json is missing"}]
-    try:
-        files = json.loads(path.read_text())["files"]
-    except (ValueError, KeyError) as err:
-        return [{"layer": None, "check": "manifest", "message": f"manifest.json is unreadable ({err})"}]
     owners = _file_owners(ir)
     problems = []
-    for f in files:
-        p = out / f["path"]
-        layer = owners.get(f["path"])
-        who = f" (layer {layer})" if layer else (" (model input)" if f["path"] in owners else "")
-        if not p.is_file():
-            problems.append({"layer": layer, "check": "manifest", "message": f"{f['path']}{who} is missing"})
-        elif p.stat().st_size != f["size"] or sha256_file(p) != f["sha256"]:
+    for i, f in enumerate(manifest["files"]):
+        rel = f["path"]
+        layer = owners.get(rel)
+        who = f" (layer {layer})" if layer else (" (model input)" if rel in owners else "")
+        try:
+            p = inside(out, rel, f"manifest.json: files[{i}].path")
+        except IrgenError as err:
+            problems.append({"layer": None, "check": "manifest", "message": _one_line(err)})
+            continue
+        if not os.path.lexists(p):
+            problems.append({"layer": layer, "check": "manifest", "message": f"{rel}{who} is missing"})
+            continue
+        try:
+            with open_regular(p, f"manifest.json: files[{i}]") as fh:
+                changed = os.fstat(fh.fileno()).st_size != f["size"] or _sha256_open(fh) != f["sha256"]
+        except IrgenError as err:
+            problems.append({"layer": layer, "check": "manifest", "message": f"{_one_line(err)}{who}"})
+            continue
+        if changed:
             problems.append({"layer": layer, "check": "manifest",
-                             "message": f"{f['path']}{who} changed after generation (sha256 differs from manifest.json)"})
+                             "message": f"{rel}{who} changed after generation (sha256 differs from manifest.json)"})
     return problems
 
 
 # ------------------------------------------------------------------ source runtime
 
 
-def resolve_source(out: Path, ir: dict, model: Path | None = None, host=None):
-    """(frontend, model path, frontend options) of the model ``out`` was generated
-    from, checked without loading it; raises IrgenError when it is not there."""
+@dataclass
+class SourceModel:
+    """What the source check runs: the frontend, the model and the frontend options,
+    plus notes for the user and whether the model's sha256 is the one in ``ir.json``
+    (None: ``ir.json`` records none)."""
+
+    frontend: Any
+    path: Path
+    options: dict[str, Any]
+    notes: list[str]
+    sha256_matches: bool | None = None
+
+
+def model_sha256(path: Path) -> str:
+    """The sha256 ``irgen run`` records for a model: a file's bytes, or a folder's regular
+    files in sorted order; read without blocking on a FIFO or a device."""
+    h = hashlib.sha256()
+    try:
+        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    except OSError as err:
+        raise IrgenError(f"source model {path}: cannot read ({err.strerror or err})") from None
+    for p in files:
+        with open_regular(p, "source model") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def _manifest_options(manifest: dict | None, path: Path, allow_pickle: bool, limit: int | None,
+                      notes: list[str]) -> dict[str, Any]:
+    """The frontend options recorded in ``manifest.json``, taken only as far as they are safe.
+
+    The manifest is untrusted: ``allow_pickle`` is never taken from it (the source
+    check unpickles only with ``--allow-pickle`` on the verify command line), and
+    ``model_class`` (importing a module runs its code) is used only with that same
+    consent. ``input_shapes`` are checked against the tensor size limit, and a
+    ``calibration`` folder must be a folder of regular files; using it is noted."""
+    rec = (manifest or {}).get("frontend_options") or {}
+    opts: dict[str, Any] = {}
+    if rec.get("allow_pickle") and not allow_pickle:
+        raise IrgenError(f"source check: OUT was generated with --allow-pickle (the model {path.name} is a pickled "
+                         f"module, and unpickling it runs code from the file); pass --allow-pickle to irgen verify "
+                         f"only if you trust that file")
+    if rec.get("model_class"):
+        if not allow_pickle:
+            raise IrgenError(f"source check: manifest.json names --model-class {rec['model_class']!r:.100}, and "
+                             f"importing it runs that module's code; pass --allow-pickle to irgen verify only if you "
+                             f"trust OUT and its model")
+        opts["model_class"] = rec["model_class"]
+        if rec.get("model_args") is not None:
+            opts["model_args"] = rec["model_args"]
+    if rec.get("input_shapes"):
+        for name, dims in rec["input_shapes"].items():
+            check_tensor_size(f"manifest.json: input {name!r:.100}", dims, "float32", limit)
+        opts["input_shapes"] = {k: tuple(v) for k, v in rec["input_shapes"].items()}
+    if rec.get("calibration"):
+        cal = Path(rec["calibration"])
+        if not file_or_folder(cal, "calibration folder (from manifest.json)").is_dir():
+            raise IrgenError(f"source check: calibration folder {cal} (from manifest.json): not a folder")
+        for f in sorted(cal.glob("*.npy")):
+            regular_file(f, "calibration file (from manifest.json)")
+        opts["calibration"] = cal
+        notes.append(f"source check: calibration data from {cal} (recorded in manifest.json)")
+    return opts
+
+
+def resolve_source(out: Path, ir: dict, model: Path | None = None, host=None, *, manifest: Any = ...,
+                   allow_pickle: bool = False, options: dict[str, Any] | None = None,
+                   max_tensor_bytes: int | None = DEFAULT_MAX_TENSOR_BYTES) -> SourceModel:
+    """The model ``out`` was generated from, its frontend and options, checked without loading it;
+    raises IrgenError when it is not there or may not be run.
+
+    ``model``: a model the user named (``--model``); otherwise the path recorded in
+    ``ir.json`` (relative to the recorded ``cwd``), which is used only when its sha256
+    is the one ``ir.json`` records. ``options``: frontend options the user gave
+    (``irgen run --verify``), used as they are; None: the ones recorded in
+    ``manifest.json``, as far as :func:`_manifest_options` allows. ``allow_pickle``
+    comes from the command line only."""
     from irgen.plugins import PluginHost
 
-    manifest = {}
-    if (out / "manifest.json").is_file():
-        manifest = json.loads((out / "manifest.json").read_text())
-    path = Path(model) if model is not None else Path(ir["model"]["path"])
-    if not path.is_absolute() and not path.exists() and manifest.get("cwd"):
-        path = Path(manifest["cwd"]) / path
-    if not path.exists():
-        raise IrgenError(f"source check: model {path} not found (give its path with --model PATH)")
+    if manifest is ...:
+        manifest = read_manifest(out)
+    notes: list[str] = []
+    if model is not None:
+        path = Path(model)
+    else:
+        recorded = (ir.get("model") or {}).get("path")
+        if not recorded:
+            raise IrgenError("source check: ir.json records no model path (give the model with --model PATH)")
+        path = Path(recorded)
+        cwd = (manifest or {}).get("cwd")
+        if not path.is_absolute() and cwd and not os.path.lexists(path):
+            path = Path(cwd) / path
+    try:
+        file_or_folder(path, "source check: model")
+    except IrgenError as err:
+        raise IrgenError(f"{_one_line(err)} (give its path with --model PATH)") from None
+    want = (ir.get("model") or {}).get("sha256")
+    matches = None
+    if want:
+        matches = model_sha256(path) == want
+    if model is None and not matches:
+        why = "its sha256 differs from the one ir.json records" if want else "ir.json records no sha256 to check it by"
+        raise IrgenError(f"source check: model {path} is not known to be the file OUT was generated from ({why}); "
+                         f"give that model with --model PATH")
     host = host or PluginHost().load()
-    name = ir["producer"]["frontend"]
+    name = (ir.get("producer") or {}).get("frontend")
+    if not name:
+        raise IrgenError("source check: ir.json records no frontend (producer.frontend)")
     if name not in host.frontends.names():
-        raise IrgenError(f"source check: frontend {name!r} is not installed")
-    options = dict(manifest.get("frontend_options") or {})
-    if options.get("input_shapes"):
-        options["input_shapes"] = {k: tuple(v) for k, v in options["input_shapes"].items()}
-    if options.get("calibration"):
-        options["calibration"] = Path(options["calibration"])
-    return host.frontends.get(name), path, options
+        raise IrgenError(f"source check: frontend {name!r:.100} is not installed")
+    if options is None:
+        opts = _manifest_options(manifest, path, allow_pickle, max_tensor_bytes, notes)
+    else:
+        opts = {k: v for k, v in options.items() if v is not None}
+    opts["allow_pickle"] = bool(allow_pickle)
+    opts["max_tensor_bytes"] = max_tensor_bytes
+    return SourceModel(host.frontends.get(name), path, opts, notes, matches)
 
 
-def source_runner_for(out: Path, ir: dict, model: Path | None = None, host=None) -> tuple[Callable, Path]:
+def source_runner_for(out: Path, ir: dict, model: Path | None = None, host=None, **kwargs) -> tuple[Callable, Path]:
     """The source runtime of the model ``out`` was generated from, in this process;
-    raises IrgenError when unavailable."""
-    frontend, path, options = resolve_source(out, ir, model, host)
-    return frontend.source_runner(path, options), path
+    raises IrgenError when unavailable (``kwargs``: see :func:`resolve_source`)."""
+    src = resolve_source(out, ir, model, host, **kwargs)
+    return src.frontend.source_runner(src.path, src.options), src.path
 
 
-def _source_child(conn, out: str, model: str, plugins: list[str], strict: bool, feeds, wanted) -> None:
-    """Body of the process :func:`isolated_source_runner` starts."""
+def _source_child(conn, frontend: str, model: str, options: dict, plugins: list[str], strict: bool, feeds,
+                  wanted) -> None:
+    """Body of the process :func:`isolated_source_runner` starts: it runs the model the
+    parent resolved and checked, with the options the parent decided (it reads nothing
+    from OUT itself)."""
     try:
         from irgen.plugins import PluginHost
 
         host = PluginHost().load(extra=plugins, strict=strict)
-        runner, _ = source_runner_for(Path(out), load_ir(out), Path(model), host)
+        runner = host.frontends.get(frontend).source_runner(Path(model), options)
         conn.send(("ok", runner(feeds, wanted)))
     except Exception as err:  # noqa: BLE001  reported by the parent, one line
         conn.send(("error", str(err) if isinstance(err, IrgenError) else f"source check: {type(err).__name__}: {err}"))
@@ -350,20 +513,24 @@ def _source_child(conn, out: str, model: str, plugins: list[str], strict: bool, 
 
 
 def isolated_source_runner(out: Path, ir: dict, model: Path | None = None, host=None,
-                           plugins: list[str] | tuple = (), strict: bool = False) -> tuple[Callable, Path]:
+                           plugins: list[str] | tuple = (), strict: bool = False,
+                           **kwargs) -> tuple[Callable, SourceModel]:
     """Like :func:`source_runner_for`, but the runtime runs in a child process, so a
     runtime that aborts or crashes on a model (the TFLite interpreter does on some)
-    becomes an IrgenError naming the signal instead of ending ``irgen``."""
+    becomes an IrgenError naming the signal instead of ending ``irgen``. Returns
+    (runner, the :class:`SourceModel` it runs)."""
     import multiprocessing
     import signal
 
-    frontend, path, _ = resolve_source(out, ir, model, host)
+    src = resolve_source(out, ir, model, host, **kwargs)
+    frontend, path = src.frontend, src.path
 
     def run(feeds: dict[str, Any], wanted: list[str]) -> dict[str, Any]:
         ctx = multiprocessing.get_context("spawn")  # no fork: the parent may hold TVM's or torch's threads
         recv, send = ctx.Pipe(duplex=False)
         child = ctx.Process(target=_source_child, daemon=True,
-                            args=(send, str(out), str(path), list(plugins), strict, feeds, list(wanted)))
+                            args=(send, frontend.name, str(path), src.options, list(plugins), strict, feeds,
+                                  list(wanted)))
         child.start()
         send.close()
         try:
@@ -381,66 +548,84 @@ def isolated_source_runner(out: Path, ir: dict, model: Path | None = None, host=
             raise IrgenError(payload)
         return payload
 
-    return run, path
+    return run, src
 
 
 # ------------------------------------------------------------------ verify
 
 
 def load_ir(out_dir: str | Path) -> dict[str, Any]:
-    """``OUT/ir.json``, or an IrgenError saying why it cannot be read."""
-    path = Path(out_dir) / "ir.json"
-    if not path.is_file():
-        raise IrgenError(f"{out_dir}: not an irgen output folder (no ir.json)")
-    try:
-        ir = json.loads(path.read_text())
-        if not isinstance(ir.get("layers"), list):
-            raise ValueError("no 'layers' list")
-    except (ValueError, AttributeError) as err:
-        raise IrgenError(f"{path}: unreadable ({err})") from None
-    return ir
-
-
-def _load(out: Path, rec: dict) -> np.ndarray:
-    from irgen.reference import _safe_path
-
-    return np.load(_safe_path(out, rec["file"]), allow_pickle=False)
+    """``OUT/ir.json``, validated; an IrgenError saying why it cannot be read
+    (:func:`irgen.irfile.read_ir`)."""
+    return read_ir(out_dir)
 
 
 def verify_output(out_dir: str | Path, *, modes=MODES, thresholds: Thresholds | None = None,
                   source_runner: Callable | None = None, model: str | Path | None = None,
-                  progress=None, source_optional: bool = False) -> dict[str, Any]:
+                  progress=None, source_optional: bool = False, allow_pickle: bool = False,
+                  frontend_options: dict[str, Any] | None = None,
+                  max_tensor_bytes: int | None = DEFAULT_MAX_TENSOR_BYTES, host=None,
+                  plugins: list[str] | tuple = (), strict: bool = False) -> dict[str, Any]:
     """Verify the output folder ``out_dir``; returns the result dict (see README, ``irgen verify``).
 
     ``source_runner(inputs, tensors)`` runs the source model (default: built from
     the frontend recorded in ``ir.json``, the model at ``model`` or the recorded
     path, run in a child process); ``progress`` is an :class:`irgen.output.Progress`
-    or None. With ``source_optional`` a source runtime that fails or crashes skips
-    the ``source`` check with a note (``result["notes"]``) instead of raising.
+    or None. With ``source_optional`` a source model or runtime that is missing,
+    refused or crashes skips the ``source`` check with a note (``result["notes"]``)
+    instead of raising.
+
+    The folder is untrusted input. ``ir.json`` and ``manifest.json`` are validated
+    (:mod:`irgen.irfile`; a malformed one raises IrgenError naming the field); every
+    file either names is confined to OUT (a path out of it is a problem, never
+    opened); tensor files are read with :func:`irgen.safeio.load_npy` under
+    ``max_tensor_bytes``. The source check trusts nothing from the folder that runs
+    code: ``allow_pickle`` comes only from the caller (``irgen verify --allow-pickle``),
+    and so does the consent to import a ``model_class`` recorded in ``manifest.json``;
+    ``frontend_options`` given by the caller (``irgen run --verify``: the run's own
+    options) are used instead of the recorded ones. The model at the recorded path
+    runs only when its sha256 is the one ``ir.json`` records; see :func:`resolve_source`.
     """
     t0 = time.perf_counter()
     notes: list[str] = []
-    out = Path(out_dir).resolve()
     th = thresholds or Thresholds()
     bad = set(modes) - set(MODES)
     if bad:
         raise IrgenError(f"unknown verify mode(s): {', '.join(sorted(bad))}")
     modes = [m for m in MODES if m in modes]
-    ir = load_ir(out_dir)
+    ir = read_ir(out_dir)
+    out = Path(out_dir).resolve()
+    manifest = read_manifest(out)
     layers = ir["layers"]
     say = progress.stage if progress is not None else (lambda text: None)
     step = progress.step if progress is not None else (lambda text, i, n: None)
 
     model_path = Path(model) if model is not None else None
+    model_sha_ok: bool | None = None
     if "source" in modes and source_runner is None:
         say("load the source model")
-        source_runner, model_path = isolated_source_runner(out, ir, model_path)
+        try:
+            source_runner, src = isolated_source_runner(
+                out, ir, model_path, host, plugins, strict, manifest=manifest, allow_pickle=allow_pickle,
+                options=frontend_options, max_tensor_bytes=max_tensor_bytes)
+        except IrgenError as err:
+            if not source_optional:
+                raise
+            notes.append(f"source check skipped: {_one_line(err).removeprefix('source check: ')}")
+            modes = [m for m in modes if m != "source"]
+        else:
+            model_path, model_sha_ok = src.path, src.sha256_matches
+            notes += src.notes
 
-    problems: list[dict[str, Any]] = []
+    files = _Files(out, ir, max_tensor_bytes)
+    problems: list[dict[str, Any]] = [{"layer": owner, "check": "files", "message": why}
+                                      for owner, why in files.refused.values()]
     say("check manifest.json checksums")
-    problems += check_manifest(out, ir)
+    problems += check_manifest(out, ir, manifest)
+    graph_inputs = ir.get("inputs") or []
+    inputs_refused = files.why_refused(*graph_inputs)
 
-    runner = _Layers(out)
+    runner = _Layers(files)
     checks: dict[str, dict[str, dict | None]] = {l["name"]: {m: None for m in MODES} for l in layers}
     worst: list = []  # heap of (badness, n, layer, check, golden, reference) for histograms
     counter = [0]
@@ -457,13 +642,24 @@ def verify_output(out_dir: str | Path, *, modes=MODES, thresholds: Thresholds | 
             elif item[:2] > worst[0][:2]:
                 heapq.heapreplace(worst, item)
 
+    def refused(layer: dict, mode: str) -> bool:
+        """Record a failure when one of the layer's files points outside OUT (it is not read)."""
+        why = files.layer_refused(layer)
+        if why is not None:
+            record(layer, mode, _status_metric("fail", layer["outputs"][0]["name"], f"not checked: {why}"))
+        return why is not None
+
     def compare_outputs(layer: dict, mode: str, outs: list[np.ndarray], note: str | None, scaled: bool) -> None:
         for k, rec in enumerate(layer["outputs"]):
-            golden = _load(out, rec)
+            golden = files.load(rec)
             if k >= len(outs):
                 record(layer, mode, _status_metric("unsupported", rec["name"], f"the reference computes no output {k}"))
                 continue
-            m = compare(outs[k], golden, integer=_is_int(golden.dtype), th=th, scaled=scaled, tensor=rec["name"])
+            try:
+                m = compare(outs[k], golden, integer=_is_int(golden.dtype), th=th, scaled=scaled, tensor=rec["name"])
+            except Exception as err:  # noqa: BLE001  values computed from an edited record
+                record(layer, mode, _status_metric("fail", rec["name"], f"cannot compare: {type(err).__name__}: {err}"))
+                continue
             if k == 0 and note:
                 m.update(status="fail", message=f"{m['message']}; {note}" if m["message"] else note)
             record(layer, mode, m, golden, outs[k])
@@ -477,7 +673,9 @@ def verify_output(out_dir: str | Path, *, modes=MODES, thresholds: Thresholds | 
             return runner.run(layer, inputs())
         except UnsupportedLayer as err:
             record(layer, mode, _status_metric("unsupported", first, str(err)))
-        except (OSError, ValueError, KeyError, IndexError, TypeError) as err:
+        except IrgenError:
+            raise
+        except Exception as err:  # noqa: BLE001  anything an edited ir.json makes the reference do
             record(layer, mode, _status_metric("fail", first, f"cannot run: {type(err).__name__}: {err}"))
         return None
 
@@ -493,38 +691,47 @@ def verify_output(out_dir: str | Path, *, modes=MODES, thresholds: Thresholds | 
             ins.append(np.asarray(v))
         try:
             got = runner.run(layer, ins)[0][0]
-        except (UnsupportedLayer, ValueError, KeyError, IndexError, TypeError):
+            if _is_int(value.dtype) and not _is_int(got.dtype):  # a dequantize: in LSB, as ``value`` is
+                got = _to_float_source(got, got, layer, 0)[0]
+            lm = compare(value, got, integer=True, th=th, lsb_limit=th.max_lsb)
+        except IrgenError:
+            raise
+        except Exception:  # noqa: BLE001  UnsupportedLayer, or an edited record
             return None
-        if _is_int(value.dtype) and not _is_int(got.dtype):  # a dequantize: in LSB, as ``value`` is
-            got = _to_float_source(got, got, layer, 0)[0]
-        lm = compare(value, got, integer=True, th=th, lsb_limit=th.max_lsb)
         return {"exact_share": lm["exact_share"], "max_lsb": lm["max_lsb"]}
 
     if "single" in modes:
         say(f"single: {len(layers)} layers on their golden inputs")
         for i, layer in enumerate(layers, 1):
-            got = attempt(layer, "single", lambda: [_load(out, r) for r in layer.get("inputs") or []])
-            if got is not None:
-                compare_outputs(layer, "single", *got, scaled=False)
+            if not refused(layer, "single"):
+                got = attempt(layer, "single", lambda: [files.load(r) for r in layer.get("inputs") or []])
+                if got is not None:
+                    compare_outputs(layer, "single", *got, scaled=False)
             step("layers", i, len(layers))
 
-    if "entire" in modes:
+    if "entire" in modes and inputs_refused:
+        notes.append(f"entire check skipped: {inputs_refused}")
+    elif "entire" in modes:
         say(f"entire: {len(layers)} layers chained from the model input")
-        values: dict[str, np.ndarray] = {t["name"]: _load(out, t) for t in ir.get("inputs") or []}
+        values: dict[str, np.ndarray] = {t["name"]: files.load(t) for t in graph_inputs}
+        graph_outputs = {t["name"] for t in ir.get("outputs") or []}
         uses: dict[str, int] = {}
         for layer in layers:
             for r in layer.get("inputs") or []:
                 uses[r["name"]] = uses.get(r["name"], 0) + 1
         for i, layer in enumerate(layers, 1):
+            if refused(layer, "entire"):
+                step("layers", i, len(layers))
+                continue
             inputs, from_golden = [], []
             for r in layer.get("inputs") or []:
                 if r["name"] in values:
                     inputs.append(values[r["name"]])
                 else:  # its producer could not run: carry on from the golden file, and say so
-                    inputs.append(_load(out, r))
+                    inputs.append(files.load(r))
                     from_golden.append(r["name"])
                 uses[r["name"]] -= 1
-                if uses[r["name"]] == 0 and r["name"] not in {t["name"] for t in ir.get("outputs") or []}:
+                if uses[r["name"]] == 0 and r["name"] not in graph_outputs:
                     values.pop(r["name"], None)
             got = attempt(layer, "entire", lambda: inputs)
             if got is not None:
@@ -540,31 +747,35 @@ def verify_output(out_dir: str | Path, *, modes=MODES, thresholds: Thresholds | 
             step("layers", i, len(layers))
 
     model_info = dict(ir.get("model") or {})
-    if "source" in modes:
+    if "source" in modes and inputs_refused:
+        notes.append(f"source check skipped: {inputs_refused}")
+    elif "source" in modes:
         say("source: run the model in its own runtime")
         if model_path is not None:
             model_info["path"] = str(model_path)
-            if model_path.exists() and model_info.get("sha256"):
-                from irgen.pipeline import sha256_path
-
-                if sha256_path(model_path) != model_info["sha256"]:
-                    problems.append({"layer": None, "check": "source",
-                                     "message": f"model {model_path} is not the file OUT was generated from (sha256 differs)"})
-        feeds = {t["name"]: _load(out, t) for t in ir.get("inputs") or []}
-        wanted = sorted({s for l in layers for s in (l.get("source") or {}).get("outputs") or []})
+            if model_sha_ok is None and model_info.get("sha256") and os.path.exists(model_path):
+                model_sha_ok = model_sha256(model_path) == model_info["sha256"]
+            if model_sha_ok is False:
+                problems.append({"layer": None, "check": "source",
+                                 "message": f"model {model_path} is not the file OUT was generated from (sha256 differs)"})
+        feeds = {t["name"]: files.load(t) for t in graph_inputs}
+        wanted = sorted({s for l in layers for s in (l.get("source") or {}).get("outputs") or [] if s is not None})
         try:
             values = source_runner(feeds, wanted)
         except IrgenError as err:
             if not source_optional:
                 raise
-            notes.append(f"source check skipped: {' '.join(str(err).split()).removeprefix('source check: ')}")
+            notes.append(f"source check skipped: {_one_line(err).removeprefix('source check: ')}")
             modes = [m for m in modes if m != "source"]
             values = None
         if values is not None:
-            src_of = {t["name"]: t["name"] for t in ir.get("inputs") or []}
+            src_of = {t["name"]: t["name"] for t in graph_inputs}
             for layer in layers:
                 src_of.update(zip((r["name"] for r in layer["outputs"]), (layer.get("source") or {}).get("outputs") or []))
             for i, layer in enumerate(layers, 1):
+                if refused(layer, "source"):
+                    step("layers", i, len(layers))
+                    continue
                 srcs = (layer.get("source") or {}).get("outputs") or []
                 for k, rec in enumerate(layer["outputs"]):
                     src = srcs[k] if k < len(srcs) else None
@@ -572,13 +783,19 @@ def verify_output(out_dir: str | Path, *, modes=MODES, thresholds: Thresholds | 
                         record(layer, "source", _status_metric("missing", rec["name"],
                                                                f"source tensor {src!r} is not available in the source runtime" if src else "no source tensor"))
                         continue
-                    golden = _load(out, rec)
-                    value, integer = _to_float_source(np.asarray(values[src]), golden, layer, k)
-                    if integer and not _is_int(golden.dtype):
-                        golden, _ = _to_float_source(golden, golden, layer, k)
-                    if not integer and _is_int(value.dtype) != _is_int(golden.dtype):
-                        value = value.astype(np.float64)
-                    m = compare(value, golden, integer=integer, th=th, scaled=True, lsb_limit=th.max_lsb, tensor=rec["name"])
+                    golden = files.load(rec)
+                    try:
+                        value, integer = _to_float_source(np.asarray(values[src]), golden, layer, k)
+                        if integer and not _is_int(golden.dtype):
+                            golden, _ = _to_float_source(golden, golden, layer, k)
+                        if not integer and _is_int(value.dtype) != _is_int(golden.dtype):
+                            value = value.astype(np.float64)
+                        m = compare(value, golden, integer=integer, th=th, scaled=True, lsb_limit=th.max_lsb,
+                                    tensor=rec["name"])
+                    except Exception as err:  # noqa: BLE001  an edited quant record
+                        record(layer, "source", _status_metric("fail", rec["name"],
+                                                               f"cannot compare: {type(err).__name__}: {err}"))
+                        continue
                     m["source_tensor"] = src
                     if integer and k == 0 and layer.get("quant") is not None:
                         m["local"] = _local(layer, values, src_of, value)
@@ -610,7 +827,7 @@ def verify_output(out_dir: str | Path, *, modes=MODES, thresholds: Thresholds | 
             "name": layer["name"],
             "op": layer["op"],
             "dtype": dtype,
-            "integer": bool(dtype) and _is_int(np.dtype(dtype)),
+            "integer": _is_int_name(dtype),
             "scheme": (layer.get("quant") or {}).get("scheme"),
             "inputs": [r.get("producer") or "input" for r in layer.get("inputs") or []],
             "checks": c,
@@ -622,7 +839,7 @@ def verify_output(out_dir: str | Path, *, modes=MODES, thresholds: Thresholds | 
             continue
         histograms[name] = _histogram(golden, ref, mode)
     passed = n_fail == 0 and (n_unsup == 0 or th.allow_unsupported) and not any(
-        p["check"] in ("manifest",) or p["layer"] is None for p in problems)
+        p["check"] in _FOLDER_CHECKS or p["layer"] is None for p in problems)
     return {
         "irgen_verify": 1,
         "out": str(out),
@@ -639,6 +856,18 @@ def verify_output(out_dir: str | Path, *, modes=MODES, thresholds: Thresholds | 
         "layers": rows,
         "histograms": histograms,
     }
+
+
+#: problems with the folder itself rather than a layer's numbers: any of them fails verification
+_FOLDER_CHECKS = ("manifest", "files")
+
+
+def _is_int_name(dtype: Any) -> bool:
+    """Whether a dtype name from ir.json is an integer type (False for an unknown name)."""
+    try:
+        return bool(dtype) and _is_int(np.dtype(str(dtype)))
+    except (TypeError, ValueError):
+        return False
 
 
 def _histogram(golden: np.ndarray, ref: np.ndarray, mode: str) -> dict[str, Any]:
@@ -710,7 +939,7 @@ def format_table(result: dict, limit: int | None = None) -> str:
         text.append(f"... {len(rows) - limit} more layers")
     text += notes
     for p in result["problems"]:
-        if p["check"] == "manifest" or p["layer"] is None:
+        if p["check"] in _FOLDER_CHECKS or p["layer"] is None:
             text.append(f"  {p['check']}: {p['message']}")
     s = result["summary"]
     verdict = "PASS" if result["passed"] else "FAIL"
