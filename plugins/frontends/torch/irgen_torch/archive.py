@@ -33,6 +33,7 @@ import json
 import os
 import pickletools
 import re
+import struct
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,8 +44,9 @@ from irgen.safeio import MAX_JSON_BYTES, check_tensor_size, human_bytes
 
 #: archives with more members than this are refused
 MAX_MEMBERS = 100_000
-#: a compressed member may not declare more than this many times its compressed size
-MAX_RATIO = 100
+#: a compressed member may not declare more than this many times its compressed size (torch
+#: itself never compresses; weights deflate to ~90 %, JSON to ~10 %)
+MAX_RATIO = 50
 
 # the records torch.export.pt2_archive reads (torch.export.pt2_archive.constants)
 ARCHIVE_FORMAT = "archive_format"
@@ -433,7 +435,11 @@ def inspect_pt2(f, path: Path, limit: int | None, allow_pickle: bool) -> Archive
             ar.records = {i.filename.lower(): i for i in infos}
         if ar.legacy or ARCHIVE_FORMAT not in ar.records:
             return _inspect_legacy(zf, ar, where, limit, allow_pickle)
+        if ar.records[ARCHIVE_FORMAT].file_size > 64:
+            raise IrgenError(f"{where}: archive_format record of {ar.records[ARCHIVE_FORMAT].file_size} bytes, "
+                             f"not a torch.export archive")
         fmt = _read(zf, ar.records[ARCHIVE_FORMAT], where)
+        _cross_check(f, ar, where)
         if fmt != b"pt2":
             raise IrgenError(f"{where}: archive_format is {fmt[:20]!r}, not a torch.export archive")
         # torch takes every record under models/ for a program and cuts five characters (".json")
@@ -467,6 +473,47 @@ def inspect_pt2(f, path: Path, limit: int | None, allow_pickle: bool) -> Archive
                 _check_payload_config(zf, ar, CONSTANTS_CONFIG.format(name), CONSTANTS_DIR, "constant", where, limit,
                                       allow_pickle)
         return ar
+
+
+def _data_offset(f, info: zipfile.ZipInfo) -> int | None:
+    f.seek(info.header_offset)
+    head = f.read(30)
+    if len(head) != 30 or head[:4] != b"PK\x03\x04":
+        return None
+    name_len, extra_len = struct.unpack("<HH", head[26:30])
+    return info.header_offset + 30 + name_len + extra_len
+
+
+def _cross_check(f, ar: Archive, where: str) -> None:
+    """torch reads the archive with its own zip reader (miniz): it must see exactly the members
+    checked here, with the same sizes and data offsets, or a crafted zip could show the two
+    readers different contents."""
+    import torch
+
+    f.seek(0)
+    try:
+        reader = torch._C.PyTorchFileReader(f)
+        names = reader.get_all_records()
+    except Exception as err:  # noqa: BLE001  c10::Error and kin
+        raise IrgenError(f"{where}: torch's zip reader cannot read it ({one_line(err)})") from None
+    python_side = {r for r in ar.records if not r.endswith(".debug_pkl")}
+    seen = set()
+    for rec in names:
+        info = ar.records.get(rec.lower())
+        if info is None or info.filename != ar.prefix + rec:
+            raise IrgenError(f"{where}: torch's zip reader sees a member {rec!r} that Python's does not "
+                             f"(a crafted zip directory?)")
+        seen.add(rec.lower())
+        try:
+            size, offset = reader.get_record_size(rec), reader.get_record_offset(rec)
+        except Exception as err:  # noqa: BLE001
+            raise IrgenError(f"{where}: archive member {info.filename!r} cannot be read ({one_line(err)})") from None
+        if size != info.file_size or offset != _data_offset(f, info):
+            raise IrgenError(f"{where}: torch's zip reader and Python's disagree about archive member "
+                             f"{info.filename!r} (a crafted zip directory?)")
+    if python_side - seen:
+        extra = sorted(ar.records[r].filename for r in python_side - seen)[0]
+        raise IrgenError(f"{where}: archive member {extra!r} is not seen by torch's zip reader (a crafted zip directory?)")
 
 
 def _inspect_legacy(zf, ar: Archive, where: str, limit: int | None, allow_pickle: bool) -> Archive:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from irgen.api import IrgenError
-from irgen.safeio import DEFAULT_MAX_TENSOR_BYTES, open_regular
+from irgen.safeio import DEFAULT_MAX_TENSOR_BYTES, check_tensor_size, open_regular
 
 from .archive import TRUST, inspect_pt2, inspect_pth, one_line
 from .guard import PickledDataError, no_code_from_file, quiet_torch
@@ -202,6 +202,7 @@ def load_pth(path: Path, options: dict[str, Any]):
     if len(shapes) != 1:
         raise IrgenError(f"{path}: give the example input shape with exactly one --input-shape NAME=DIMS (got {len(shapes)})")
     (name, shape), = shapes.items()
+    check_tensor_size(f"--input-shape {name}", shape, "float32", _limit(options))  # before torch.zeros makes it
     example = torch.zeros(*shape, dtype=torch.float32)
     try:
         with torch.no_grad():
