@@ -24,6 +24,18 @@ magnitude). Source comparison of integer tensors allows ``max_lsb`` units.
 Besides, every file listed in ``manifest.json`` must still have its sha256; a
 changed file is reported with the layer that owns it.
 
+The output folder is untrusted input. ``ir.json`` and ``manifest.json`` are read
+by :mod:`irgen.irfile` (validated; a bad field is an IrgenError naming its JSON
+path). Every file path taken out of them is confined to OUT with
+:func:`irgen.safeio.inside`: one that leads out (``../``, absolute, a symbolic
+link) is a problem that fails verification and is never opened or stat'ed.
+Tensor files are read with :func:`irgen.safeio.load_npy` (no pickle, regular
+files only, under ``max_tensor_bytes``). Nothing from the folder decides to run
+code in the ``source`` check: ``allow_pickle`` comes only from the caller
+(``irgen verify --allow-pickle``), a ``model_class`` recorded in the manifest is
+imported only with that same consent, and the model at the recorded path runs
+only when its sha256 is the one ``ir.json`` records (:func:`resolve_source`).
+
 This module imports only numpy; the source runtimes are imported by the
 frontends when ``source`` runs.
 """
@@ -44,7 +56,7 @@ import numpy as np
 from irgen.api import IrgenError
 from irgen.irfile import read_ir, read_manifest, tensor_records
 from irgen.safeio import (DEFAULT_MAX_TENSOR_BYTES, check_tensor_size, file_or_folder, inside, load_npy,
-                          open_regular, regular_file)
+                          open_regular, regular_file, regular_tree)
 
 __all__ = ["Thresholds", "verify_output", "compare", "format_table", "MODES"]
 
@@ -382,13 +394,11 @@ class SourceModel:
 
 
 def model_sha256(path: Path) -> str:
-    """The sha256 ``irgen run`` records for a model: a file's bytes, or a folder's regular
-    files in sorted order; read without blocking on a FIFO or a device."""
+    """The sha256 ``irgen run`` records for a model (as ``irgen.pipeline.sha256_path``, without
+    importing TVM): a file's bytes, or a folder's regular files in sorted order
+    (:func:`irgen.safeio.regular_tree`); read without blocking on a FIFO or a device."""
     h = hashlib.sha256()
-    try:
-        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-    except OSError as err:
-        raise IrgenError(f"source model {path}: cannot read ({err.strerror or err})") from None
+    files = regular_tree(path, "source model folder") if path.is_dir() else [path]
     for p in files:
         with open_regular(p, "source model") as f:
             for chunk in iter(lambda: f.read(1 << 20), b""):
