@@ -15,52 +15,76 @@ imported.
 
 from __future__ import annotations
 
+import gc
+import struct
 import warnings
 from pathlib import Path
 from typing import Any
 
 from irgen import hookimpl
 from irgen.api import Frontend, ImportedModel, InputSpec, IrgenError, Provenance, UnsupportedOpsError
+from irgen_tensorflow.tflite_check import TYPES as _TYPES
+from irgen_tensorflow.tflite_check import Unreadable, check_model
 
 __version__ = "0.1.0"
 
-_IDENTIFIER = b"TFL3"
-# TFLite TensorType -> numpy dtype name (tflite/TensorType.py)
-_TYPES = {
-    0: "float32", 1: "float16", 2: "int32", 3: "uint8", 4: "int64", 5: "string", 6: "bool",
-    7: "int16", 8: "complex64", 9: "int8", 10: "float64", 11: "complex128", 12: "uint64",
-    13: "resource", 14: "variant", 15: "uint32", 16: "uint16", 17: "int4",
-}
 _WEIGHT_QUANT = {"int8", "uint8", "int4"}
+# errors the flatbuffer reader raises on bytes that are not what the schema says
+_READER_ERRORS = (struct.error, IndexError, ValueError, TypeError, OverflowError, UnicodeDecodeError,
+                  AttributeError, MemoryError)
 
 
-def _load_model(path: Path):
-    try:
-        buf = path.read_bytes()
-    except OSError as err:
-        raise IrgenError(f"{path}: cannot read ({err.strerror or err})") from None
-    return _parse_model(buf, str(path))
+def max_tensor_bytes(options: dict[str, Any]) -> int | None:
+    """``--max-tensor-bytes`` from the frontend options (the default limit when a
+    caller passes no such option)."""
+    from irgen.safeio import DEFAULT_MAX_TENSOR_BYTES
+
+    return options.get("max_tensor_bytes", DEFAULT_MAX_TENSOR_BYTES)
 
 
-def _parse_model(buf: bytes, label: str):
-    """The ``tflite.Model`` in ``buf``; ``label`` names it in errors (a path)."""
+def _load_model(path: Path, limit: int | None = None):
+    from irgen import safeio
+
+    buf = safeio.read_bytes(path, "model")  # a regular file only: never a FIFO or a device
+    return _parse_model(buf, str(path), limit)
+
+
+def _parse_model(buf: bytes, label: str, limit: int | None = None):
+    """The ``tflite.Model`` in ``buf``, checked (:func:`tflite_check.check_model`);
+    ``label`` names it in errors (a path); ``limit`` is ``--max-tensor-bytes``."""
     import tflite
 
-    if len(buf) < 8 or buf[4:8] != _IDENTIFIER:
-        raise IrgenError(f"{label}: not a TFLite model (no 'TFL3' flatbuffer identifier at bytes 4..8)")
     try:
-        model = tflite.Model.GetRootAsModel(buf, 0)
-        n = model.SubgraphsLength()
-        if n < 1:
-            raise ValueError("the model has no subgraph")
-        sg = model.Subgraphs(0)
-        if sg.OperatorsLength() < 1:
-            raise ValueError("the main subgraph has no operators")
-        for i in range(sg.TensorsLength()):  # touch every tensor: a truncated file fails here
-            sg.Tensors(i).ShapeAsNumpy()
-    except Exception as err:  # flatbuffers raises plain struct/index errors on garbage
-        raise IrgenError(f"{label}: not a readable TFLite model ({type(err).__name__}: {err})") from None
-    return model
+        check_model(buf, limit, label)
+        return tflite.Model.GetRootAsModel(buf, 0)
+    except Unreadable as err:
+        raise IrgenError(f"{label}: not a readable TFLite model ({err})") from None
+    except IrgenError:
+        raise
+    except _READER_ERRORS as err:
+        raise IrgenError(f"{label}: not a readable TFLite model ({type(err).__name__}: {_short(err)})") from None
+
+
+def _short(err: BaseException, n: int = 300) -> str:
+    return (" ".join(str(err).split()) or type(err).__name__)[:n]
+
+
+def _from_reader(err: BaseException) -> bool:
+    """Whether ``err`` came out of the flatbuffer reader (bytes the schema did not expect)."""
+    if isinstance(err, (struct.error, UnicodeDecodeError)):
+        return True
+    tb = err.__traceback__
+    last = None
+    while tb is not None:
+        last = tb.tb_frame.f_code.co_filename
+        tb = tb.tb_next
+    if last is None:
+        return False
+    import flatbuffers
+    import tflite
+
+    readers = (Path(flatbuffers.__file__).parent, Path(tflite.__file__).parent)
+    return any(Path(last).parent == d for d in readers)
 
 
 def _tensor_name(subgraph, idx: int) -> str:
@@ -123,55 +147,130 @@ def _is_const(converter, subgraph, idx: int) -> bool:
     return buf is not None and buf.DataLength() > 0
 
 
-def _input_specs(model, shapes: dict[str, tuple[int, ...]]) -> list[InputSpec]:
+def _input_specs(model, shapes: dict[str, tuple[int, ...]], limit: int | None = None) -> list[InputSpec]:
+    """The main subgraph's inputs. ``shapes`` (``--input-shape``) may only name
+    inputs of the model and only set its open dimensions (-1 in the tensor's
+    shape signature); a TFLite model's other dimensions are fixed."""
+    from irgen.safeio import check_tensor_size
+
     sg = model.Subgraphs(0)
-    specs = []
+    declared = []
     for k in range(sg.InputsLength()):
         idx = sg.Inputs(k)
         t = sg.Tensors(idx)
-        name = _tensor_name(sg, idx)
+        shape = tuple(int(d) for d in t.ShapeAsNumpy()) if t.ShapeLength() else ()
+        sig = tuple(int(d) for d in t.ShapeSignatureAsNumpy()) if t.ShapeSignatureLength() else shape
+        declared.append((_tensor_name(sg, idx), t, shape, sig))
+    names = [d[0] for d in declared]
+    for name in shapes:
+        if name not in names:
+            listed = ", ".join(f"{n!r} {_dims(sig)}" for n, _, _, sig in declared) or "none"
+            raise IrgenError(f"--input-shape {name}: the model has no input {name!r} (its inputs: {listed})")
+    specs = []
+    for name, t, shape, sig in declared:
         dtype = _TYPES.get(t.Type(), f"type{t.Type()}")
         if dtype not in ("float32", "float16", "int8", "uint8", "int16", "int32", "int64", "bool"):
             raise IrgenError(f"input {name!r} has TFLite type {dtype}, which irgen cannot feed")
+        unranked = not sig and not t.HasRank()
         if name in shapes:
-            shape = tuple(int(d) for d in shapes[name])
-        else:
-            shape = tuple(int(d) for d in t.ShapeAsNumpy()) if t.ShapeLength() else ()
-            sig = [int(d) for d in t.ShapeSignatureAsNumpy()] if t.ShapeSignatureLength() else list(shape)
-            if any(d < 0 for d in shape) or (any(d < 0 for d in sig) and not shape):
-                raise IrgenError(f"input {name!r} has an open dimension; give it with --input-shape {name}=1,...")
+            want = tuple(int(d) for d in shapes[name])
+            fits = unranked or (len(want) == len(sig) and all(w == d or d < 0 for w, d in zip(want, sig)))
+            if not fits:
+                open_ = [i for i, d in enumerate(sig) if d < 0]
+                given = f"--input-shape {name}={','.join(map(str, want))}"
+                if not open_:
+                    raise IrgenError(f"{given}: input {name!r} has the fixed shape {_dims(sig)} in the model")
+                raise IrgenError(f"{given}: input {name!r} has the shape {_dims(sig)} in the model; only its "
+                                 "-1 dimensions can be set")
+            shape = want
+        elif any(d < 0 for d in shape) or (any(d < 0 for d in sig) and not shape):
+            raise IrgenError(f"input {name!r} has an open dimension; give it with --input-shape {name}=1,...")
+        check_tensor_size(f"input {name!r}", shape, dtype, limit)
         specs.append(InputSpec(name, shape, dtype))
     return specs
+
+
+def _dims(shape) -> str:
+    return "(" + ", ".join(str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
 
 
 def load_tflite(path: Path, options: dict[str, Any]) -> ImportedModel:
     if options.get("calibration") is not None:
         raise IrgenError(f"{path}: --calibration is for Keras files and SavedModel folders; a .tflite model is already converted")
-    return import_tflite(_load_model(path), f"tflite frontend ({path.name})", options, "tflite")
+    model = _load_model(Path(path), max_tensor_bytes(options))
+    return import_tflite(model, f"tflite frontend ({Path(path).name})", options, "tflite", label=str(path))
 
 
-def import_tflite(model, where: str, options: dict[str, Any], frontend: str) -> ImportedModel:
+def import_tflite(model, where: str, options: dict[str, Any], frontend: str, label: str | None = None) -> ImportedModel:
     """Import a parsed ``tflite.Model`` (see :func:`_parse_model`) into Relax.
 
     ``where`` prefixes errors (e.g. ``"tflite frontend (m.tflite)"``); ``frontend``
-    is the name recorded in the IR. The ``keras`` frontend converts to TFLite and
-    comes through here too.
+    is the name recorded in the IR; ``label`` names the file in "not a readable
+    TFLite model" errors (default ``where``). The ``keras`` frontend converts to
+    TFLite and comes through here too.
+
+    Every failure is one :class:`IrgenError`; what TVM's C++ code logs on the way
+    (e.g. a half-built BlockBuilder's warning) is kept off stderr.
     """
+    from irgen_tensorflow.quiet import captured_fds, captured_text
+
+    label = label or where
+    state: dict[str, Any] = {"current": None, "main_bb": []}
+    failure: IrgenError | None = None
+    with captured_fds() as log:
+        try:
+            result = _import(model, where, options, frontend, state)
+        except IrgenError as err:
+            failure = err
+        except Exception as err:  # noqa: BLE001  the reader's and the importer's errors: one line
+            failure = _import_error(err, where, label, state["current"])
+        if failure is not None:
+            # free the half-built BlockBuilders now, while their C++ warning is captured
+            failure = failure.with_traceback(None)
+            failure.__context__ = failure.__cause__ = None
+            state.clear()
+            gc.collect()
+        else:
+            noise = captured_text(log)
+    if failure is not None:
+        raise failure from None
+    if noise.strip():
+        import sys
+
+        sys.stderr.write(noise)
+    return result
+
+
+def _import_error(err: Exception, where: str, label: str, current) -> IrgenError:
     import tvm
+
+    at = f"op {current[0]} ({current[1]})" if current else None
+    if _from_reader(err):
+        return IrgenError(f"{label}: not a readable TFLite model ({at + ': ' if at else ''}"
+                          f"{type(err).__name__}: {_short(err)})")
+    if isinstance(err, tvm.error.OpNotImplemented):
+        return IrgenError(f"{where}{f' (op {current[0]})' if current else ''}: {_short(err)}")
+    if isinstance(err, RecursionError):
+        return IrgenError(f"{where}: cannot import {at or 'the graph'}: nested too deeply")
+    return IrgenError(f"{where}: cannot import {at or 'the graph'}: {type(err).__name__}: {_short(err)}")
+
+
+def _import(model, where: str, options: dict[str, Any], frontend: str, state: dict[str, Any]) -> ImportedModel:
     from tvm import relax
     from tvm.relax.frontend.tflite import tflite_frontend as tf_fe
 
     from irgen.names import SafeNames, identifier
 
+    limit = max_tensor_bytes(options)
     subgraph = model.Subgraphs(0)
     checker = tf_fe.OperatorConverter(model, subgraph, tf_fe.ExprTable(), relax.BlockBuilder())
     _check_ops(checker, subgraph, where)
-    specs = _input_specs(model, options.get("input_shapes") or {})
+    specs = _input_specs(model, options.get("input_shapes") or {}, limit)
 
     provenance = Provenance()
     namer = SafeNames(lambda n: "t_" + identifier(n))
     param_names = [namer(s.name) for s in specs]  # inputs first: they keep the plain names
-    current: list[Any] = [None]  # (op name, op type) being converted
+    main_bb: list[Any] = state["main_bb"]
 
     class NamingConverter(tf_fe.OperatorConverter):
         """Binds each TFLite operator's results to variables named after its output tensors."""
@@ -196,7 +295,7 @@ def import_tflite(model, where: str, options: dict[str, Any], frontend: str) -> 
                 here = (f"{code}_{op_idx}", code)
                 top = self.bb is main_bb[0]
                 if top:
-                    current[0] = here
+                    state["current"] = here
                 ret = self.convert_map[code](op=op)
                 if ret is None:  # prefetched: the output is optimized out
                     continue
@@ -217,25 +316,14 @@ def import_tflite(model, where: str, options: dict[str, Any], frontend: str) -> 
                 for n, f in zip(names, fields):
                     self.exp_tab.set_expr(n, self._emit(f, n, here))
 
-    main_bb: list[Any] = []
-
     shape_dict = {s.name: tuple(s.shape) for s in specs}
     dtype_dict = {s.name: s.dtype for s in specs}
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            mod = tf_fe.from_tflite(model, shape_dict, dtype_dict, op_converter=NamingConverter)
-    except IrgenError:
-        raise
-    except tvm.error.OpNotImplemented as err:
-        at = f" (op {current[0][0]})" if current[0] else ""
-        raise IrgenError(f"{where}{at}: {' '.join(str(err).split())}") from None
-    except Exception as err:  # noqa: BLE001  the importer's errors: name the op
-        at = f"op {current[0][0]} ({current[0][1]})" if current[0] else "the graph"
-        msg = " ".join(str(err).split()) or type(err).__name__
-        raise IrgenError(f"{where}: cannot import {at}: {type(err).__name__}: {msg[:300]}") from None
-
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mod = tf_fe.from_tflite(model, shape_dict, dtype_dict, op_converter=NamingConverter)
+    state["current"] = None
     mod = _finish_main(mod, param_names)
+    _check_sizes(mod, provenance, limit, where)
     return ImportedModel(
         mod=mod,
         inputs=specs,
@@ -243,6 +331,45 @@ def import_tflite(model, where: str, options: dict[str, Any], frontend: str) -> 
         frontend=frontend,
         output_names=[_tensor_name(subgraph, subgraph.Outputs(k)) for k in range(subgraph.OutputsLength())],
     )
+
+
+def _check_sizes(mod, provenance: Provenance, limit: int | None, where: str) -> None:
+    """Every tensor the imported graph computes, by the shapes TVM inferred, under
+    ``--max-tensor-bytes`` (a constant such as a PAD amount or a RESHAPE target
+    can make a tensor far larger than its TFLite tensor declares)."""
+    from tvm import relax
+
+    from irgen.safeio import check_tensor_size
+
+    if limit is None:
+        return
+
+    def tensors(ty):
+        if isinstance(ty, relax.TensorType):
+            yield ty
+        elif isinstance(ty, relax.TupleType):
+            for f in ty.fields:
+                yield from tensors(f)
+
+    bindings = [b for block in mod["main"].body.blocks for b in block.bindings]
+    owner = None  # an unnamed binding belongs to the next named one (the op it was emitted for)
+    owners: list[Any] = [None] * len(bindings)
+    for k in range(len(bindings) - 1, -1, -1):
+        owner = provenance.by_var.get(bindings[k].var.name) or owner
+        owners[k] = owner
+    for binding, src in zip(bindings, owners):
+        for info in tensors(binding.var.ty):
+            shape = getattr(info.shape, "values", None)
+            if shape is None or not all(hasattr(d, "value") for d in shape):
+                continue  # symbolic: checked when the input shapes are known
+            name = binding.var.name
+            if name in provenance.by_var:
+                what = f"{where}: tensor {src[2]!r} (op {src[0]})"
+            elif src is not None:
+                what = f"{where}: a tensor computed for op {src[0]}"
+            else:
+                what = f"{where}: tensor {name!r} of the imported graph"
+            check_tensor_size(what, [int(d.value) for d in shape], str(info.dtype), limit)
 
 
 def _finish_main(mod, param_names: list[str]):
@@ -303,7 +430,13 @@ def interpreter_runner(content: bytes, where: str):
 
 
 def source_runner(path: Path, options: dict[str, Any]):
-    return interpreter_runner(Path(path).read_bytes(), f"tflite frontend ({Path(path).name})")
+    """The TFLite interpreter on the model file, checked as :func:`load_tflite` checks it."""
+    from irgen import safeio
+
+    path = Path(path)
+    content = safeio.read_bytes(path, "model")  # a regular file only: never a FIFO or a device
+    _parse_model(content, str(path), max_tensor_bytes(options))
+    return interpreter_runner(content, f"tflite frontend ({path.name})")
 
 
 @hookimpl

@@ -1,0 +1,272 @@
+"""Checking an untrusted ``.tflite`` flatbuffer before anything reads it.
+
+The ``tflite`` package (and TVM's importer on top of it) reads a flatbuffer
+without verifying it: an offset past the end raises a bare ``struct.error``, an
+index out of range silently reads whatever bytes are there. :func:`check_model`
+walks every table the importer reads (model, operator codes, subgraphs, tensors,
+quantization, sparsity, operators and the header of their option tables,
+buffers) with bounds checks, then checks what the bytes mean: every tensor,
+operator-code, buffer and subgraph index in range, names in UTF-8, no negative
+dimension, constant data of the size its shape says, buffer ``offset``/``size``
+(models over 2 GB) inside the file, and every tensor's size under
+``--max-tensor-bytes``.
+
+A structural fault raises :class:`Unreadable` (the caller turns it into
+``<file>: not a readable TFLite model (...)``); a size over the limit raises
+the :class:`irgen.api.IrgenError` of :func:`irgen.safeio.check_tensor_size`.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from typing import Iterator
+
+from irgen.safeio import check_tensor_size
+
+IDENTIFIER = b"TFL3"
+
+# TFLite TensorType -> numpy dtype name (tflite/TensorType.py)
+TYPES = {
+    0: "float32", 1: "float16", 2: "int32", 3: "uint8", 4: "int64", 5: "string", 6: "bool",
+    7: "int16", 8: "complex64", 9: "int8", 10: "float64", 11: "complex128", 12: "uint64",
+    13: "resource", 14: "variant", 15: "uint32", 16: "uint16", 17: "int4",
+}
+# bytes per element of the types above (int4 packs two in a byte: count it as one;
+# string/resource/variant have no fixed size: count one byte per element)
+_ITEMSIZE = {
+    "float32": 4, "float16": 2, "int32": 4, "uint8": 1, "int64": 8, "bool": 1, "int16": 2,
+    "complex64": 8, "int8": 1, "float64": 8, "complex128": 16, "uint64": 8, "uint32": 4, "uint16": 2,
+}
+_SIZE_DTYPE = {"int4": "int8", "string": "uint8", "resource": "uint8", "variant": "uint8"}
+
+
+class Unreadable(Exception):
+    """The flatbuffer is malformed; the message says where."""
+
+
+class _Table:
+    __slots__ = ("pos", "vt", "vtsize", "objsize")
+
+    def __init__(self, pos: int, vt: int, vtsize: int, objsize: int):
+        self.pos, self.vt, self.vtsize, self.objsize = pos, vt, vtsize, objsize
+
+
+class _Reader:
+    """Bounds-checked reads of flatbuffer tables, vectors and strings."""
+
+    def __init__(self, buf: bytes):
+        self.buf = buf
+        self.n = len(buf)
+
+    def need(self, pos: int, size: int, what: str) -> None:
+        if pos < 0 or size < 0 or pos + size > self.n:
+            raise Unreadable(f"{what}: bytes {pos}..{pos + size} lie outside the file ({self.n} bytes)")
+
+    def _get(self, fmt: str, pos: int, what: str):
+        self.need(pos, struct.calcsize(fmt), what)
+        return struct.unpack_from(fmt, self.buf, pos)[0]
+
+    def table(self, pos: int, what: str) -> _Table:
+        self.need(pos, 4, what)
+        vt = pos - struct.unpack_from("<i", self.buf, pos)[0]
+        self.need(vt, 4, f"{what} (vtable)")
+        vtsize, objsize = struct.unpack_from("<HH", self.buf, vt)
+        if vtsize < 4 or vtsize % 2 or objsize < 4:
+            raise Unreadable(f"{what}: malformed vtable (size {vtsize}, table size {objsize})")
+        self.need(vt, vtsize, f"{what} (vtable)")
+        self.need(pos, objsize, what)
+        tab = _Table(pos, vt, vtsize, objsize)
+        for voff in range(4, vtsize, 2):  # every field inside the table
+            off = struct.unpack_from("<H", self.buf, vt + voff)[0]
+            if off and (off < 4 or off >= objsize):
+                raise Unreadable(f"{what}: field {(voff - 4) // 2} at offset {off} outside the table ({objsize} bytes)")
+        return tab
+
+    def field(self, tab: _Table, slot: int, size: int, what: str) -> int | None:
+        voff = 4 + 2 * slot
+        if voff >= tab.vtsize:
+            return None
+        off = struct.unpack_from("<H", self.buf, tab.vt + voff)[0]
+        if not off:
+            return None
+        if off + size > tab.objsize:
+            raise Unreadable(f"{what}: field {slot} runs past the end of its table")
+        return tab.pos + off
+
+    def scalar(self, tab: _Table, slot: int, fmt: str, default, what: str):
+        p = self.field(tab, slot, struct.calcsize(fmt), what)
+        return default if p is None else struct.unpack_from(fmt, self.buf, p)[0]
+
+    def ref(self, tab: _Table, slot: int, what: str) -> int | None:
+        p = self.field(tab, slot, 4, what)
+        if p is None:
+            return None
+        target = p + struct.unpack_from("<I", self.buf, p)[0]
+        self.need(target, 4, what)
+        return target
+
+    def vector(self, tab: _Table, slot: int, elem: int, what: str) -> tuple[int, int]:
+        """(start, length) of a vector field; (0, 0) when absent."""
+        t = self.ref(tab, slot, what)
+        if t is None:
+            return 0, 0
+        length = struct.unpack_from("<I", self.buf, t)[0]
+        self.need(t + 4, length * elem, f"{what} ({length} elements)")
+        return t + 4, length
+
+    def ints(self, tab: _Table, slot: int, what: str, fmt: str = "<i") -> list[int]:
+        start, length = self.vector(tab, slot, struct.calcsize(fmt), what)
+        return [v[0] for v in struct.iter_unpack(fmt, self.buf[start:start + length * struct.calcsize(fmt)])]
+
+    def string(self, tab: _Table, slot: int, what: str) -> str | None:
+        t = self.ref(tab, slot, what)
+        if t is None:
+            return None
+        length = struct.unpack_from("<I", self.buf, t)[0]
+        self.need(t + 4, length, what)
+        try:
+            return self.buf[t + 4:t + 4 + length].decode("utf-8")
+        except UnicodeDecodeError:
+            raise Unreadable(f"{what}: not UTF-8 text") from None
+
+    def tables(self, tab: _Table, slot: int, what: str) -> Iterator[_Table]:
+        start, length = self.vector(tab, slot, 4, what)
+        for i in range(length):
+            p = start + 4 * i
+            yield self.table(p + struct.unpack_from("<I", self.buf, p)[0], f"{what} {i}")
+
+    def subtable(self, tab: _Table, slot: int, what: str) -> _Table | None:
+        t = self.ref(tab, slot, what)
+        return None if t is None else self.table(t, what)
+
+
+def _shape_text(shape) -> str:
+    return str(tuple(int(d) for d in shape))
+
+
+def check_model(buf: bytes, limit: int | None, where: str) -> None:
+    """Check the flatbuffer ``buf`` (see the module doc). ``where`` prefixes size errors."""
+    r = _Reader(buf)
+    if len(buf) < 8:
+        raise Unreadable(f"{len(buf)} bytes, too short for a flatbuffer")
+    if buf[4:8] != IDENTIFIER:
+        raise Unreadable("no 'TFL3' flatbuffer identifier at bytes 4..8")
+    root = r._get("<I", 0, "root offset")
+    model = r.table(root, "the model table")
+
+    # operator codes
+    n_codes = 0
+    for i, oc in enumerate(r.tables(model, 1, "operator code")):
+        r.scalar(oc, 0, "<b", 0, f"operator code {i}")
+        r.string(oc, 1, f"operator code {i} custom name")
+        r.scalar(oc, 2, "<i", 1, f"operator code {i}")
+        r.scalar(oc, 3, "<i", 0, f"operator code {i}")
+        n_codes += 1
+
+    # buffers: (data length, external offset/size) by index
+    buffers: list[int] = []
+    for i, b in enumerate(r.tables(model, 4, "buffer")):
+        _, length = r.vector(b, 0, 1, f"buffer {i} data")
+        offset = r.scalar(b, 1, "<Q", 0, f"buffer {i}")
+        size = r.scalar(b, 2, "<Q", 0, f"buffer {i}")
+        if offset > 1 or size:
+            if offset + size > len(buf):
+                raise Unreadable(f"buffer {i}: offset {offset} + size {size} points past the end of the file "
+                                 f"({len(buf)} bytes)")
+            length = -1  # data outside the flatbuffer proper
+        buffers.append(length)
+    r.string(model, 3, "the model description")
+
+    subgraphs = list(r.tables(model, 2, "subgraph"))
+    if not subgraphs:
+        raise Unreadable("the model has no subgraph")
+    for s, sg in enumerate(subgraphs):
+        _check_subgraph(r, s, sg, n_codes, buffers, len(subgraphs), limit, where)
+    if r.vector(subgraphs[0], 3, 4, "subgraph 0 operators")[1] < 1:
+        raise Unreadable("the main subgraph has no operators")
+
+
+def _check_subgraph(r: _Reader, s: int, sg: _Table, n_codes: int, buffers: list[int], n_subgraphs: int,
+                    limit: int | None, where: str) -> None:
+    at = f"subgraph {s}"
+    r.string(sg, 4, f"{at} name")
+    names: list[str] = []
+    for t, tensor in enumerate(r.tables(sg, 0, f"{at} tensor")):
+        tat = f"{at} tensor {t}"
+        shape = r.ints(tensor, 0, f"{tat} shape")
+        ttype = r.scalar(tensor, 1, "<b", 0, tat)
+        buf_idx = r.scalar(tensor, 2, "<I", 0, tat)
+        name = r.string(tensor, 3, f"{tat} name") or ""
+        names.append(name)
+        quant = r.subtable(tensor, 4, f"{tat} quantization")
+        if quant is not None:
+            for slot, elem in ((0, 4), (1, 4), (2, 4), (3, 8)):
+                r.vector(quant, slot, elem, f"{tat} quantization")
+            r.scalar(quant, 4, "<B", 0, f"{tat} quantization")
+            r.subtable(quant, 5, f"{tat} quantization details")
+            r.scalar(quant, 6, "<i", 0, f"{tat} quantization")
+        sparsity = r.subtable(tensor, 6, f"{tat} sparsity")
+        if sparsity is not None:
+            r.ints(sparsity, 0, f"{tat} sparsity")
+            r.ints(sparsity, 1, f"{tat} sparsity")
+            for k, dim in enumerate(r.tables(sparsity, 2, f"{tat} sparsity dimension")):
+                for type_slot in (2, 4):  # array_segments, array_indices: a union of int vectors
+                    kind = r.scalar(dim, type_slot, "<B", 0, f"{tat} sparsity dimension {k}")
+                    seg = r.subtable(dim, type_slot + 1, f"{tat} sparsity dimension {k}")
+                    if seg is not None:
+                        r.vector(seg, 0, {1: 4, 2: 2, 3: 1}.get(kind, 1), f"{tat} sparsity dimension {k}")
+        signature = r.ints(tensor, 7, f"{tat} shape signature")
+        label = f"tensor {name!r}" if name else f"tensor {t} of {at}"
+        if any(d < 0 for d in shape):
+            raise Unreadable(f"{label}: negative dimension in shape {_shape_text(shape)}")
+        if any(d < -1 for d in signature):
+            raise Unreadable(f"{label}: dimension below -1 in shape signature {_shape_text(signature)}")
+        dtype = TYPES.get(ttype)
+        if dtype is None:
+            raise Unreadable(f"{label}: unknown tensor type {ttype}")
+        if buf_idx >= max(len(buffers), 1):
+            raise Unreadable(f"{label}: buffer index {buf_idx} out of range (the model has {len(buffers)} buffers)")
+        check_tensor_size(f"{where}: {label}", shape, _SIZE_DTYPE.get(dtype, dtype), limit)
+        data = buffers[buf_idx] if buffers else 0
+        if data == -1:
+            raise Unreadable(f"{label}: its data lies outside the flatbuffer (buffer {buf_idx} offset/size, a model "
+                             "over 2 GB), which TVM's TFLite importer cannot read")
+        if data > 0 and sparsity is None and dtype in _ITEMSIZE:
+            need = math.prod(shape) * _ITEMSIZE[dtype]
+            if data != need:
+                raise Unreadable(f"{label}: its buffer holds {data} bytes, its shape {_shape_text(shape)} {dtype} "
+                                 f"needs {need}")
+    n = len(names)
+
+    def index(i: int, what: str, optional: bool = False) -> None:
+        if optional and i == -1:
+            return
+        if not 0 <= i < n:
+            raise Unreadable(f"{what}: tensor index {i} out of range ({at} has {n} tensors)")
+
+    for k in r.ints(sg, 1, f"{at} inputs"):
+        index(k, f"{at} input")
+    for k in r.ints(sg, 2, f"{at} outputs"):
+        index(k, f"{at} output")
+    for o, op in enumerate(r.tables(sg, 3, f"{at} operator")):
+        oat = f"operator {o} of {at}"
+        code = r.scalar(op, 0, "<I", 0, oat)
+        if code >= n_codes:
+            raise Unreadable(f"{oat}: operator code index {code} out of range (the model has {n_codes} operator codes)")
+        for k in r.ints(op, 1, f"{oat} inputs"):
+            index(k, f"{oat} input", optional=True)
+        for k in r.ints(op, 2, f"{oat} outputs"):
+            index(k, f"{oat} output", optional=True)
+        r.scalar(op, 3, "<B", 0, oat)
+        r.subtable(op, 4, f"{oat} options")
+        r.vector(op, 5, 1, f"{oat} custom options")
+        r.vector(op, 7, 1, f"{oat} mutating inputs")
+        for k in r.ints(op, 8, f"{oat} intermediates"):
+            index(k, f"{oat} intermediate", optional=True)
+        big_off = r.scalar(op, 9, "<Q", 0, oat)
+        big_size = r.scalar(op, 10, "<Q", 0, oat)
+        if (big_off or big_size) and big_off + big_size > r.n:
+            raise Unreadable(f"{oat}: custom options at offset {big_off} + size {big_size} point past the end of the file")
+        r.scalar(op, 11, "<B", 0, oat)
+        r.subtable(op, 12, f"{oat} options")
