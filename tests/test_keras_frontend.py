@@ -202,7 +202,7 @@ def test_bad_calibration_folders(saved, tmp_path, capsys):
     pickled = tmp_path / "pickled"
     pickled.mkdir()
     np.save(pickled / "p.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
-    assert_user_error(_irgen, capsys, args + [str(pickled)], out, "p.npy", "not a plain .npy")
+    assert_user_error(_irgen, capsys, args + [str(pickled)], out, "p.npy", "pickle")
     garbage = tmp_path / "garbage"
     garbage.mkdir()
     (garbage / "g.npy").write_bytes(b"not an npy file at all")

@@ -6,15 +6,18 @@ The model is converted in-process with ``tf.lite.TFLiteConverter`` into a
 ``source`` names are the TFLite tensor names (which carry the Keras layer names).
 
 Float by default. ``--calibration DIR`` (a folder of ``.npy`` files, one sample
-each, read with ``allow_pickle=False``) makes a full-integer int8 model instead:
+each, read with :func:`irgen.safeio.load_npy`: no pickle, size checked) makes a full-integer int8 model instead:
 the files are the representative dataset, int8 inputs and outputs, builtin int8
 kernels only (``TFLITE_BUILTINS_INT8``); the ``tflite-int8`` scheme then picks it up.
 
 Loading a Keras file must not run code from the file: the model config is read
-first and Lambda layers (serialized Python bytecode) and layers from outside the
-``keras`` package (custom classes) are refused before Keras sees the file; Keras
-itself then loads with ``safe_mode=True``. A SavedModel holds TF graphs only:
-loading it runs no Python code from the folder.
+first and Lambda layers (serialized Python bytecode), serialized lambdas, layers
+from outside the ``keras`` package (custom classes) and layers that open a path
+named in the config are refused before Keras sees the file; Keras itself then
+loads with ``safe_mode=True``. A SavedModel holds TF graphs only: loading it runs
+no Python code from the folder (it must be a folder of regular files, with no
+link leading out of it). The model path is checked before anything opens it: a
+FIFO or a device is refused, never waited on.
 
 TensorFlow is imported only when a model is loaded (optional extra
 ``irgen-tensorflow[keras]``).
@@ -22,18 +25,25 @@ TensorFlow is imported only when a model is loaded (optional extra
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import sys
-import tempfile
+import stat
 import warnings
 from pathlib import Path
 from typing import Any, Iterator
 
+from irgen import safeio
 from irgen.api import ImportedModel, IrgenError
+from irgen_tensorflow.quiet import captured_fds as _captured_fds
+from irgen_tensorflow.quiet import captured_text, quiet_tensorflow
 
 KERAS_SUFFIXES = (".keras", ".h5", ".hdf5")
+#: the largest ``config.json``/``metadata.json`` read out of a ``.keras`` file
+MAX_CONFIG_BYTES = 64 << 20
+#: a ``.keras`` member may not expand more than this many times (a zip bomb)
+MAX_ZIP_RATIO = 200
+#: the most entries a SavedModel folder may hold
+MAX_SAVED_MODEL_ENTRIES = 100_000
 
 
 def claims(path: Path) -> bool:
@@ -45,7 +55,7 @@ def claims(path: Path) -> bool:
 
 
 def _tf():
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    quiet_tensorflow()  # before TensorFlow is imported: its C++ and absl logs stay off stderr
     try:
         import tensorflow as tf
     except ImportError:
@@ -53,32 +63,49 @@ def _tf():
             "the keras frontend needs TensorFlow: pip install 'irgen-tensorflow[keras]' (tensorflow-cpu)"
         ) from None
     tf.get_logger().setLevel("ERROR")
+    try:
+        import absl.logging
+
+        absl.logging.set_verbosity(absl.logging.ERROR)
+    except ImportError:  # pragma: no cover
+        pass
     return tf
 
 
-@contextlib.contextmanager
-def _captured_fds() -> Iterator[Any]:
-    """Route fd 1 and 2 into a temp file: the converter's C++/MLIR chatter.
+# ---------------------------------------------------------------- the model path
 
-    Yields the file, so an error can be built from what was written.
-    """
-    sys.stdout.flush()
-    sys.stderr.flush()
-    with tempfile.TemporaryFile() as log:
-        saved = (os.dup(1), os.dup(2))
-        try:
-            os.dup2(log.fileno(), 1)
-            os.dup2(log.fileno(), 2)
-            yield log
-        finally:
+
+def _check_path(path: Path) -> None:
+    """A Keras file must be a regular file; a SavedModel a folder of regular files.
+
+    Nothing else is opened: a FIFO or a device would block or never end, and a
+    link inside a SavedModel folder that leads out of it would make TensorFlow
+    read a file the user did not give."""
+    safeio.file_or_folder(path, "model")
+    if not path.is_dir():
+        safeio.regular_file(path, "model")
+        return
+    safeio.regular_file(path / "saved_model.pb", "SavedModel file")
+    root = Path(os.path.realpath(path))
+    count = 0
+    for dirpath, dirnames, filenames in os.walk(path):  # links to folders are not followed, but checked
+        for name in dirnames + filenames:
+            count += 1
+            if count > MAX_SAVED_MODEL_ENTRIES:
+                raise IrgenError(f"model {path}: more than {MAX_SAVED_MODEL_ENTRIES} files in the SavedModel folder")
+            entry = Path(dirpath) / name
             try:
-                sys.stdout.flush()
-                sys.stderr.flush()
-            finally:
-                os.dup2(saved[0], 1)
-                os.dup2(saved[1], 2)
-                os.close(saved[0])
-                os.close(saved[1])
+                st = os.lstat(entry)
+            except OSError as err:
+                raise IrgenError(f"SavedModel file {entry}: cannot read ({err.strerror or err})") from None
+            if stat.S_ISLNK(st.st_mode):
+                real = Path(os.path.realpath(entry))
+                if real != root and root not in real.parents:
+                    raise IrgenError(f"SavedModel file {entry}: a link that points outside the SavedModel folder")
+                safeio.file_or_folder(entry, "SavedModel file")  # a link to nothing, or to a FIFO
+                st = os.stat(entry)
+            if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+                safeio.regular_file(entry, "SavedModel file")  # raises, naming what it is
 
 
 # ---------------------------------------------------------------- safety checks
@@ -90,89 +117,132 @@ def _keras_config(path: Path) -> Any:
         import zipfile
 
         try:
-            with zipfile.ZipFile(path) as z:
+            with safeio.open_regular(path, "model") as f, zipfile.ZipFile(f) as z:
+                _check_zip(path, z)
                 return json.loads(z.read("config.json"))
-        except (zipfile.BadZipFile, KeyError, OSError, ValueError) as err:
-            raise IrgenError(f"{path}: not a readable .keras file ({type(err).__name__}: {err})") from None
+        except IrgenError:
+            raise
+        except (zipfile.BadZipFile, KeyError, OSError, ValueError, EOFError, NotImplementedError,
+                RuntimeError, RecursionError) as err:  # RuntimeError: an encrypted member
+            msg = " ".join(str(err).split())[:200]
+            raise IrgenError(f"{path}: not a readable .keras file ({type(err).__name__}: {msg})") from None
     try:
         import h5py
     except ImportError:
         raise IrgenError(f"{path}: reading HDF5 Keras files needs h5py") from None
     try:
-        with h5py.File(path, "r") as f:
+        with safeio.open_regular(path, "model") as raw, h5py.File(raw, "r") as f:
             cfg = f.attrs.get("model_config")
-    except (OSError, ValueError) as err:
+    except IrgenError:
+        raise
+    except Exception as err:  # noqa: BLE001  h5py raises OSError, ValueError, KeyError, TypeError...
         raise IrgenError(f"{path}: not a readable HDF5 Keras file ({' '.join(str(err).split())[:200]})") from None
     if cfg is None:
         raise IrgenError(f"{path}: HDF5 file without a Keras model config (weights only?)")
     if isinstance(cfg, bytes):
         cfg = cfg.decode("utf-8", errors="replace")
+    if not isinstance(cfg, str) or len(cfg) > MAX_CONFIG_BYTES:
+        raise IrgenError(f"{path}: the Keras model config is not a JSON text of at most {MAX_CONFIG_BYTES >> 20} MiB")
     try:
         return json.loads(cfg)
-    except ValueError as err:
-        raise IrgenError(f"{path}: unreadable Keras model config ({err})") from None
+    except (ValueError, RecursionError) as err:
+        raise IrgenError(f"{path}: unreadable Keras model config ({' '.join(str(err).split())[:200]})") from None
+
+
+def _check_zip(path: Path, z) -> None:
+    """Sizes a ``.keras`` archive declares, before anything is decompressed."""
+    for info in z.infolist():
+        if info.filename in ("config.json", "metadata.json") and info.file_size > MAX_CONFIG_BYTES:
+            raise IrgenError(f"{path}: {info.filename} would be {safeio.human_bytes(info.file_size)}, "
+                             f"over {MAX_CONFIG_BYTES >> 20} MiB")
+        if info.file_size > (1 << 20) and info.file_size > MAX_ZIP_RATIO * max(info.compress_size, 1):
+            raise IrgenError(f"{path}: member {info.filename!r} would expand from "
+                             f"{safeio.human_bytes(info.compress_size)} to {safeio.human_bytes(info.file_size)} "
+                             "(a zip bomb?)")
 
 
 def _walk_layers(cfg: Any) -> Iterator[dict]:
-    if isinstance(cfg, dict):
-        if "class_name" in cfg:
-            yield cfg
-        for v in cfg.values():
-            yield from _walk_layers(v)
-    elif isinstance(cfg, list):
-        for v in cfg:
-            yield from _walk_layers(v)
+    """Every object with a ``class_name`` in the config, in document order
+    (iterative: a deeply nested config cannot exhaust the Python stack)."""
+    stack = [cfg]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            if "class_name" in node:
+                yield node
+            stack.extend(reversed(list(node.values())))
+        elif isinstance(node, list):
+            stack.extend(reversed(node))
+
+
+#: classes that run Python code from the file (Lambda: marshalled bytecode;
+#: ``__lambda__``: a serialized lambda, e.g. as an activation) or read files the
+#: user did not give (TFSMLayer loads a SavedModel from a path in the config)
+_REFUSED = {"lambda": "a Lambda layer (serialized Python code)", "__lambda__": "a serialized Python lambda",
+            "tfsmlayer": "a TFSMLayer (it loads a SavedModel from a path stored in the file)"}
+#: config keys whose string value is a path Keras would open
+_PATH_KEYS = {"filepath", "vocabulary", "vocabulary_path", "path", "file_path"}
 
 
 def _refuse_code(path: Path, cfg: Any) -> None:
     for obj in _walk_layers(cfg):
         cls = str(obj.get("class_name"))
-        name = (obj.get("config") or {}).get("name") if isinstance(obj.get("config"), dict) else None
-        label = f"layer {name!r}" if name else f"object {cls}"
-        if cls == "Lambda" or cls.endswith(">Lambda"):
-            raise IrgenError(
-                f"{path}: {label} is a Lambda layer (serialized Python code); irgen does not load it. "
-                "Replace it with built-in layers, or convert the model to .tflite yourself"
-            )
+        config = obj.get("config") if isinstance(obj.get("config"), dict) else {}
+        name = config.get("name")
+        label = f"layer {name!r}" if isinstance(name, str) and name else f"object {cls!r}"
+        for key in (cls, str(obj.get("registered_name") or "")):
+            short = key.rsplit(">", 1)[-1].rsplit(".", 1)[-1].lower()
+            if short in _REFUSED:
+                raise IrgenError(
+                    f"{path}: {label} is {_REFUSED[short]}; irgen does not load it. "
+                    "Replace it with built-in layers, or convert the model to .tflite yourself"
+                )
         module = obj.get("module")
         if isinstance(module, str) and module and not (module == "keras" or module.startswith("keras.")):
             raise IrgenError(
                 f"{path}: {label} is a custom class {cls!r} from module {module!r}; irgen loads built-in Keras layers only"
             )
+        for key in _PATH_KEYS & set(config):
+            if isinstance(config[key], str) and config[key]:
+                raise IrgenError(f"{path}: {label} names a file {config[key][:100]!r} in its {key!r}; "
+                                 "irgen reads only the model file it is given")
 
 
 # ---------------------------------------------------------------- calibration
 
 
 def _calibration_files(folder: Any) -> list[Path]:
+    """The ``.npy`` entries of ``folder`` in name order (each checked when it is read)."""
     folder = Path(folder)
     if not folder.is_dir():
         raise IrgenError(f"--calibration {folder}: not a folder")
-    files = sorted(p for p in folder.iterdir() if p.suffix.lower() == ".npy" and p.is_file())
+    try:
+        files = sorted(p for p in folder.iterdir() if p.suffix.lower() == ".npy")
+    except OSError as err:
+        raise IrgenError(f"--calibration {folder}: cannot list ({err.strerror or err})") from None
     if not files:
         raise IrgenError(f"--calibration {folder}: no .npy files (one sample per file)")
     return files
 
 
-def _calibration(folder: Any, shape: tuple[int, ...]) -> list:
-    """The samples in sorted file-name order, float32, shaped like the model input."""
+def _calibration(folder: Any, shape: tuple[int, ...], limit: int | None) -> list:
+    """The samples in sorted file-name order, float32, shaped like the model input.
+
+    Each file is read with :func:`irgen.safeio.load_npy`: a regular file only (a
+    FIFO is refused, not waited on), no pickle, its size checked from the header
+    against ``--max-tensor-bytes`` before the data is read."""
     import numpy as np
 
     samples = []
     for f in _calibration_files(folder):
-        try:
-            a = np.load(f, allow_pickle=False)
-        except ValueError as err:
-            raise IrgenError(f"--calibration {f}: not a plain .npy array ({' '.join(str(err).split())[:150]})") from None
-        except (OSError, EOFError) as err:
-            raise IrgenError(f"--calibration {f}: cannot read ({type(err).__name__}: {err})") from None
-        if not isinstance(a, np.ndarray) or a.dtype.kind not in "fiu":
-            raise IrgenError(f"--calibration {f}: dtype {getattr(a, 'dtype', type(a))} is not numeric")
+        a = safeio.load_npy(f, "--calibration file", limit)
+        if a.dtype.kind not in "fiu":
+            raise IrgenError(f"--calibration file {f}: dtype {a.dtype} is not numeric")
         if tuple(a.shape) != tuple(shape):
             if len(shape) >= 1 and shape[0] == 1 and tuple(a.shape) == tuple(shape[1:]):
                 a = a[None]
             else:
-                raise IrgenError(f"--calibration {f}: shape {tuple(a.shape)}, the model input needs {tuple(shape)}")
+                raise IrgenError(f"--calibration file {f}: shape {tuple(a.shape)}, the model input needs {tuple(shape)}")
         samples.append(a.astype(np.float32))
     return samples
 
@@ -189,7 +259,40 @@ def _input_shape(shape: Any, where: str) -> tuple[int, ...]:
 # ---------------------------------------------------------------- conversion
 
 
-def _converter(tf, path: Path):
+def _weight_sizes(path: Path, cfg: Any, limit: int | None) -> None:
+    """Refuse a weight over ``limit`` before Keras allocates it.
+
+    Keras builds the model from its config, initializing every weight, before it
+    reads the stored values: a config with ``units=10**9`` would allocate that
+    much. Here the model is first built in a ``StatelessScope`` that defers
+    initialization, so the weights' shapes are known without allocating them.
+    A config that cannot be built this way is left to the real load."""
+    if limit is None:
+        return
+    import keras
+    from keras.src.backend.common import global_state
+    from keras.src.saving import serialization_lib
+
+    from irgen.safeio import check_tensor_size
+
+    try:
+        with keras.StatelessScope(initialize_variables=False), serialization_lib.SafeModeScope(True):
+            if path.suffix.lower() == ".keras":
+                model = serialization_lib.deserialize_keras_object(cfg, safe_mode=True)
+            else:
+                from keras.src.legacy.saving import saving_utils
+
+                model = saving_utils.model_from_config(cfg)
+            weights = [(w.path, tuple(w.shape), w.dtype) for w in model.weights]
+    except Exception:  # noqa: BLE001  the real load reports it
+        return
+    finally:
+        global_state.set_global_attribute("uninitialized_variables", [])  # never initialized
+    for name, shape, dtype in weights:
+        check_tensor_size(f"{path}: weight {name!r}", shape, dtype, limit)
+
+
+def _converter(tf, path: Path, cfg: Any = None, limit: int | None = None):
     """(converter, input shapes) for a Keras file or SavedModel folder."""
     if path.is_dir():
         try:
@@ -204,7 +307,7 @@ def _converter(tf, path: Path):
             msg = " ".join(str(err).split())[:300]
             raise IrgenError(f"{path}: not a readable SavedModel ({type(err).__name__}: {msg})") from None
         return conv, shapes
-    _refuse_code(path, _keras_config(path))
+    _weight_sizes(path, cfg, limit)
     try:
         model = tf.keras.models.load_model(str(path), compile=False, safe_mode=True)
     except Exception as err:  # noqa: BLE001  Keras raises many kinds
@@ -226,18 +329,25 @@ def _conversion_error(path: Path, err: Exception, log: str) -> IrgenError:
     return IrgenError(f"keras frontend ({path.name}): TFLite conversion failed: {type(err).__name__}: {first[:300]}")
 
 
-def convert(path: Path, calibration: Any = None) -> bytes:
-    """The ``.tflite`` flatbuffer of the model at ``path`` (float, or int8 with ``calibration``)."""
+def convert(path: Path, calibration: Any = None, limit: int | None = safeio.DEFAULT_MAX_TENSOR_BYTES) -> bytes:
+    """The ``.tflite`` flatbuffer of the model at ``path`` (float, or int8 with ``calibration``);
+    ``limit`` is ``--max-tensor-bytes`` (calibration samples)."""
+    path = Path(path)
+    _check_path(path)  # fail fast, before TensorFlow loads
+    cfg = None
+    if not path.is_dir():
+        cfg = _keras_config(path)
+        _refuse_code(path, cfg)
     if calibration is not None:
-        _calibration_files(calibration)  # fail fast, before TensorFlow loads
+        _calibration_files(calibration)
     with _captured_fds() as log, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         tf = _tf()  # its import prints to fd 2 too
-        conv, shapes = _converter(tf, path)
+        conv, shapes = _converter(tf, path, cfg, limit)
         if calibration is not None:
             if len(shapes) != 1:
                 raise IrgenError(f"--calibration: the model has {len(shapes)} inputs; only single-input models are supported")
-            samples = _calibration(calibration, _input_shape(shapes[0], f"keras frontend ({path.name})"))
+            samples = _calibration(calibration, _input_shape(shapes[0], f"keras frontend ({path.name})"), limit)
 
             def representative():
                 for s in samples:
@@ -253,23 +363,24 @@ def convert(path: Path, calibration: Any = None) -> bytes:
         except IrgenError:
             raise
         except Exception as err:  # noqa: BLE001  ConverterError and friends
-            log.seek(0)
-            raise _conversion_error(path, err, log.read().decode(errors="replace")) from None
+            raise _conversion_error(path, err, captured_text(log)) from None
 
 
 def load_keras(path: Path, options: dict[str, Any]) -> ImportedModel:
-    from irgen_tensorflow import _parse_model, import_tflite
+    from irgen_tensorflow import _parse_model, import_tflite, max_tensor_bytes
 
     path = Path(path)
     where = f"keras frontend ({path.name})"
-    buf = convert(path, options.get("calibration"))
-    model = _parse_model(buf, f"{path} (converted to TFLite)")
-    return import_tflite(model, where, options, "keras")
+    limit = max_tensor_bytes(options)
+    buf = convert(path, options.get("calibration"), limit)
+    label = f"{path} (converted to TFLite)"
+    return import_tflite(_parse_model(buf, label, limit), where, options, "keras", label=label)
 
 
 def source_runner(path: Path, options: dict[str, Any]):
     """The model converted as :func:`load_keras` converts it, in the TFLite interpreter."""
-    from irgen_tensorflow import interpreter_runner
+    from irgen_tensorflow import interpreter_runner, max_tensor_bytes
 
     path = Path(path)
-    return interpreter_runner(convert(path, options.get("calibration")), f"keras frontend ({path.name})")
+    return interpreter_runner(convert(path, options.get("calibration"), max_tensor_bytes(options)),
+                              f"keras frontend ({path.name})")
