@@ -26,8 +26,6 @@ TensorFlow is imported only when a model is loaded (optional extra
 from __future__ import annotations
 
 import json
-import os
-import stat
 import warnings
 from pathlib import Path
 from typing import Any, Iterator
@@ -86,26 +84,7 @@ def _check_path(path: Path) -> None:
         safeio.regular_file(path, "model")
         return
     safeio.regular_file(path / "saved_model.pb", "SavedModel file")
-    root = Path(os.path.realpath(path))
-    count = 0
-    for dirpath, dirnames, filenames in os.walk(path):  # links to folders are not followed, but checked
-        for name in dirnames + filenames:
-            count += 1
-            if count > MAX_SAVED_MODEL_ENTRIES:
-                raise IrgenError(f"model {path}: more than {MAX_SAVED_MODEL_ENTRIES} files in the SavedModel folder")
-            entry = Path(dirpath) / name
-            try:
-                st = os.lstat(entry)
-            except OSError as err:
-                raise IrgenError(f"SavedModel file {entry}: cannot read ({err.strerror or err})") from None
-            if stat.S_ISLNK(st.st_mode):
-                real = Path(os.path.realpath(entry))
-                if real != root and root not in real.parents:
-                    raise IrgenError(f"SavedModel file {entry}: a link that points outside the SavedModel folder")
-                safeio.file_or_folder(entry, "SavedModel file")  # a link to nothing, or to a FIFO
-                st = os.stat(entry)
-            if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
-                safeio.regular_file(entry, "SavedModel file")  # raises, naming what it is
+    safeio.regular_tree(path, "SavedModel folder", MAX_SAVED_MODEL_ENTRIES)
 
 
 # ---------------------------------------------------------------- safety checks
