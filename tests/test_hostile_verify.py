@@ -283,6 +283,18 @@ def test_model_input_file_out_of_out(case):
     assert "entire check skipped" in proc.stderr and "source check skipped" in proc.stderr, proc.stderr
 
 
+def test_control_characters_in_names_do_not_reach_the_terminal(case):
+    """A layer name and op with an escape sequence and a newline: shown escaped in both tables."""
+    ir = case.ir()
+    ir["layers"][0]["name"] = "evil\x1b[2J\nname"
+    ir["layers"][1]["op"] = "op\x07\r"
+    case.write("ir.json", ir)
+    for proc in (case.verify("--mode", "single"), case.inspect()):
+        _no_traceback(proc)
+        assert "\x1b" not in proc.stdout and "\x07" not in proc.stdout and "\r" not in proc.stdout, proc.stdout
+        assert "evil\\x1b[2J\\nname" in proc.stdout and "op\\x07\\r" in proc.stdout, proc.stdout
+
+
 # ------------------------------------------------------------------ hostile data files
 
 

@@ -17,6 +17,7 @@ from typing import Any
 from irgen.api import IrgenError
 from irgen.irfile import read_ir, tensor_records
 from irgen.safeio import inside
+from irgen.verify import printable
 
 __all__ = ["inspect_output", "format_inspect"]
 
@@ -109,10 +110,12 @@ def format_inspect(info: dict[str, Any]) -> str:
         f"activations: {info['activation_files']} files, {info['activation_bytes']} bytes ({_human(info['activation_bytes'])})",
         "",
     ]
+    lines = [printable(line) for line in lines]  # names from ir.json: no control characters reach the terminal
     table = [("LAYER", "OP", "DTYPE", "SCHEME", "OUTPUT SHAPE", "PARAM BYTES", "ACT BYTES")]
     for r in info["layer_table"]:
-        table.append((r["name"], r["op"], r["dtype"], r["scheme"] or "-", "x".join(map(str, r["output_shape"] or [])) or "-",
-                      str(r["param_bytes"]), str(r["activation_bytes"])))
+        table.append(tuple(map(printable, (r["name"], r["op"], r["dtype"], r["scheme"] or "-",
+                                           "x".join(map(str, r["output_shape"] or [])) or "-",
+                                           r["param_bytes"], r["activation_bytes"]))))
     widths = [min(40, max(len(row[i]) for row in table)) for i in range(len(table[0]))]
     lines += ["  ".join(c[:w].ljust(w) for c, w in zip(row, widths)).rstrip() for row in table]
     return "\n".join(lines)

@@ -919,6 +919,13 @@ def _badness(row: dict) -> tuple:
     return (rank, share, -err)
 
 
+def printable(value: Any) -> str:
+    """``str(value)`` with control characters escaped (``\\n``, ``\\x1b``): names in ir.json may
+    hold anything, and the terminal must not act on them."""
+    text = str(value)
+    return text if text.isprintable() else "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+
+
 def format_table(result: dict, limit: int | None = None) -> str:
     """The terminal table: one line per layer and check, worst layers first, then a summary."""
     head = ("LAYER", "OP", "DTYPE", "CHECK", "EXACT%", "MAX ERR", "COSINE", "SQNR dB", "STATUS")
@@ -940,17 +947,18 @@ def format_table(result: dict, limit: int | None = None) -> str:
             sqnr = "exact" if m.get("exact") else _fmt(m["sqnr_db"], "db")
             share = "-" if m["status"] in ("unsupported", "missing") else _fmt(m["exact_share"], "pct")
             cos = "-" if m["status"] in ("unsupported", "missing") else _fmt(m["cosine"], "cos")
-            lines.append((row["name"], row["op"], row["dtype"], mode, share, err, cos, sqnr, m["status"].upper()))
+            lines.append(tuple(map(printable, (row["name"], row["op"], row["dtype"], mode, share, err, cos, sqnr,
+                                               m["status"].upper()))))
             if m["status"] in ("fail", "unsupported") and m["message"]:
-                notes.append(f"  {row['name']} [{mode}]: {m['message']}")
-    widths = [min(40, max(len(str(r[i])) for r in lines)) for i in range(len(head))]
-    text = ["  ".join(str(c)[:w].ljust(w) for c, w in zip(r, widths)).rstrip() for r in lines]
+                notes.append(printable(f"  {row['name']} [{mode}]: {m['message']}"))
+    widths = [min(40, max(len(r[i]) for r in lines)) for i in range(len(head))]
+    text = ["  ".join(c[:w].ljust(w) for c, w in zip(r, widths)).rstrip() for r in lines]
     if limit is not None and len(rows) > limit:
         text.append(f"... {len(rows) - limit} more layers")
     text += notes
     for p in result["problems"]:
         if p["check"] in _FOLDER_CHECKS or p["layer"] is None:
-            text.append(f"  {p['check']}: {p['message']}")
+            text.append(printable(f"  {p['check']}: {p['message']}"))
     s = result["summary"]
     verdict = "PASS" if result["passed"] else "FAIL"
     text.append(f"{verdict}: {s['layers']} layers, {s['passed']} passed, {s['failed']} failed, "
