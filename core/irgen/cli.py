@@ -81,8 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     torch_opts.add_argument("--model-args", default=None, metavar="JSON",
                             help="constructor keyword arguments for --model-class, a JSON object")
     torch_opts.add_argument("--allow-pickle", action="store_true",
-                            help="allow a .pth holding a whole pickled module: unpickling RUNS ARBITRARY "
-                                 "CODE from the file; only for files you trust")
+                            help="allow pickled data: a .pth holding a whole module, the pickled parts of a .pt2 "
+                                 "archive; unpickling RUNS ARBITRARY CODE from the file; only for files you trust")
     run.add_argument("--verify", action="store_true",
                      help="run 'irgen verify' on OUT right after writing it (exit 1 when it fails; OUT is kept)")
     _add_threshold_options(run.add_argument_group("--verify thresholds"))
@@ -104,8 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--limit", type=int, default=None, metavar="N", help="show only the N worst layers")
     verify.add_argument("--no-progress", action="store_true", help="no progress output")
     verify.add_argument("--allow-pickle", action="store_true",
-                        help="the source check may unpickle the model (a .pth holding a whole module): RUNS "
-                             "ARBITRARY CODE from the file; a manifest's own allow_pickle is never trusted")
+                        help="the source check may unpickle the model (a .pth holding a whole module) and import "
+                             "the --model-class recorded in manifest.json: both RUN ARBITRARY CODE; a manifest's "
+                             "own allow_pickle is never trusted")
     _add_limit_option(verify)
     _add_threshold_options(verify)
     verify.set_defaults(func=cmd_verify)

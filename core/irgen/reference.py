@@ -19,7 +19,6 @@ at least as exact as TVM's float32 kernels.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Callable
 
@@ -542,24 +541,24 @@ def run_layer(layer: dict, inputs: list[np.ndarray], params: dict[str, np.ndarra
     return picked
 
 
-def _safe_path(out_dir: Path, rel: str) -> Path:
-    p = (out_dir / rel).resolve()
-    if out_dir.resolve() not in p.parents:
-        raise ValueError(f"file {rel!r} points outside {out_dir}")
-    return p
+def _load(out_dir: Path, rec: dict) -> np.ndarray:
+    """A tensor file named by an ``ir.json`` record: confined to OUT, plain ``.npy`` only."""
+    from irgen.safeio import inside, load_npy
+
+    return load_npy(inside(out_dir, rec.get("file"), f"tensor {rec.get('name')!r}"), "tensor")
 
 
 def load_layer_params(out_dir: str | Path, layer: dict) -> dict[str, np.ndarray]:
     """``{role: array}`` from ``parameters/*.npy`` of one layer record."""
-    out_dir = Path(out_dir)
-    return {role: np.load(_safe_path(out_dir, rec["file"])) for role, rec in (layer.get("params") or {}).items()}
+    return {role: _load(Path(out_dir), rec) for role, rec in (layer.get("params") or {}).items()}
 
 
 def load_layer_inputs(out_dir: str | Path, layer: dict) -> list[np.ndarray]:
     """The layer's input activations (``activations/*.npy``) in ``input:K`` order."""
-    out_dir = Path(out_dir)
-    return [np.load(_safe_path(out_dir, rec["file"])) for rec in layer.get("inputs") or []]
+    return [_load(Path(out_dir), rec) for rec in layer.get("inputs") or []]
 
 
 def load_ir(out_dir: str | Path) -> dict:
-    return json.loads((Path(out_dir) / "ir.json").read_text())
+    from irgen.irfile import read_ir
+
+    return read_ir(out_dir)
