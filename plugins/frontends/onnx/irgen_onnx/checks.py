@@ -25,7 +25,7 @@ from typing import Any, Iterator
 from irgen import safeio
 from irgen.api import InputSpec, IrgenError
 
-from .loader import all_graphs, all_nodes, check_size, data_bytes, np_dtype, one_line, q, type_name
+from .loader import all_graphs, all_nodes, check_size, data_bytes, esc, np_dtype, one_line, q, type_name
 
 #: initializers above this many bytes are left out of the skeleton (replaced by an input)
 SKELETON_KEEP_BYTES = 1 << 16
@@ -37,7 +37,7 @@ _TYPE_ATTRS = ("to", "dtype", "output_dtype")
 
 def _node(node, index: int | None = None) -> str:
     name = q(node.name) if node.name else (f"#{index}" if index is not None else "(unnamed)")
-    return f"node {name} ({node.op_type})"
+    return f"node {name} ({esc(node.op_type, 40)})"
 
 
 # ------------------------------------------------------------------ structure
@@ -48,14 +48,14 @@ def _check_graph(graph, path: Path, outer: dict[str, str], where: str) -> None:
     defined: dict[str, str] = {}
     for v in graph.input:
         if not v.name:
-            raise IrgenError(f"{path}: {where}has an input without a name")
+            raise IrgenError(f"{path}: {where}a graph input has no name")
         if v.name in defined:
             raise IrgenError(f"{path}: {where}input {q(v.name)} is listed twice")
         defined[v.name] = "a graph input"
     inits: set[str] = set()
     for t in graph.initializer:
         if not t.name.strip():
-            raise IrgenError(f"{path}: {where}has an initializer without a name")
+            raise IrgenError(f"{path}: {where}an initializer has no name")
         if t.name in inits:
             raise IrgenError(f"{path}: {where}initializer {q(t.name)} is given twice")
         inits.add(t.name)
@@ -233,12 +233,12 @@ def _real_inputs(model) -> list:
 def input_specs(model, shapes: dict[str, tuple[int, ...]], limit: int | None, path: Path) -> list[InputSpec]:
     """The model's inputs with their shapes (``--input-shape`` filling open dims), each size-checked."""
     inputs = _real_inputs(model)
-    listing = ", ".join(f"{vi.name} {_shape_text(_declared(vi))}" for vi in inputs[:20]) or "none"
+    listing = ", ".join(f"{esc(vi.name)} {_shape_text(_declared(vi))}" for vi in inputs[:20]) or "none"
     if len(inputs) > 20:
         listing += ", ..."
     by_name = {vi.name: vi for vi in inputs}
     for name, dims in shapes.items():
-        spec = f"--input-shape {name}={','.join(str(d) for d in dims)}"
+        spec = f"--input-shape {esc(name)}={','.join(str(d) for d in dims)}"
         if name not in by_name:
             raise IrgenError(f"{spec}: the model has no input {q(name)} (inputs: {listing})")
         if not dims or any(int(d) <= 0 for d in dims):
@@ -266,7 +266,7 @@ def input_specs(model, shapes: dict[str, tuple[int, ...]], limit: int | None, pa
         if vi.name in shapes:
             shape = tuple(int(d) for d in shapes[vi.name])
         elif not tt.HasField("shape"):
-            raise IrgenError(f"{what} has no declared shape; give it with --input-shape {vi.name}=D1,D2,...")
+            raise IrgenError(f"{what} has no declared shape; give it with --input-shape {esc(vi.name)}=D1,D2,...")
         else:
             shape = []
             for d in _declared(vi):
@@ -274,7 +274,7 @@ def input_specs(model, shapes: dict[str, tuple[int, ...]], limit: int | None, pa
                     raise IrgenError(f"{path}: {what} has a negative dimension in its shape {_shape_text(_declared(vi))}")
                 if not isinstance(d, int):
                     raise IrgenError(
-                        f"{what} has an open dimension {d!r}; give it with --input-shape {vi.name}=1,..."
+                        f"{what} has an open dimension {q(d, 40)}; give it with --input-shape {esc(vi.name)}=1,..."
                     )
                 shape.append(d)
             shape = tuple(shape)

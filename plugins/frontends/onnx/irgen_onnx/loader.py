@@ -33,9 +33,16 @@ def q(name: Any, width: int = 80) -> str:
     return text if len(text) <= width else text[: width - 4] + "...'"
 
 
-def one_line(text: Any, width: int = 300) -> str:
-    text = " ".join(str(text).split())
+def esc(name: Any, width: int = 80) -> str:
+    """A name from the model on one line, unquoted: control characters escaped, cut to ``width``."""
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(name))
     return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def one_line(text: Any, width: int = 300) -> str:
+    """A message (which may quote the model) on one line: whitespace runs made one space,
+    other control characters escaped, cut to ``width``."""
+    return esc(" ".join(str(text).split()), width)
 
 
 # ------------------------------------------------------------------ walking the model
@@ -143,9 +150,36 @@ def read_model(path: Path):
     except Exception as err:  # noqa: BLE001  DecodeError and whatever else protobuf raises
         raise IrgenError(f"{path}: not a readable ONNX model ({type(err).__name__}: {one_line(err, 200)})") from None
     del data
+    check_text(model, path)
     if not model.HasField("graph") or not model.graph.node:
         raise IrgenError(f"{path}: not a readable ONNX model (the graph has no nodes)")
     return model
+
+
+def check_text(msg, path: Path) -> None:
+    """Every string field in ``msg`` (names, attributes, doc strings) is valid UTF-8.
+
+    protobuf parses proto2 strings without checking them: upb then hands back
+    ``bytes`` where a ``str`` is expected, and copying the field raises
+    UnicodeDecodeError later. Numeric and bytes fields (tensor data) are not
+    touched."""
+    for fd in msg.DESCRIPTOR.fields:
+        if fd.type == fd.TYPE_STRING:
+            try:  # upb hands back bytes for a string that is not UTF-8; other runtimes raise
+                value = getattr(msg, fd.name)
+                bad = any(isinstance(v, bytes) for v in value) if fd.is_repeated else isinstance(value, bytes)
+            except UnicodeDecodeError:
+                bad = True
+            if bad:
+                raise IrgenError(
+                    f"{path}: not a readable ONNX model (a {msg.DESCRIPTOR.name}.{fd.name} is not UTF-8 text)"
+                )
+        elif fd.type == fd.TYPE_MESSAGE:
+            if fd.is_repeated:
+                for sub in getattr(msg, fd.name):
+                    check_text(sub, path)
+            elif msg.HasField(fd.name):
+                check_text(getattr(msg, fd.name), path)
 
 
 def _entries(t, path: Path) -> dict[str, str]:
