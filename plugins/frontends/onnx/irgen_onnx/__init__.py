@@ -127,11 +127,11 @@ def load_onnx(path: Path, options: dict[str, Any]) -> ImportedModel:
         if isinstance(err, IrgenError) or not isinstance(err, Exception):
             raise
         if isinstance(err, tvm.error.OpNotImplemented):
-            raise IrgenError(f"onnx frontend ({path.name}): {one_line(err)}") from None
+            raise IrgenError(f"onnx frontend ({path.name}): {one_line(err, 4000)}") from None
         node = NamingImporter.current  # the importer's own errors name the op in their text
         where = f"node {loader.q(node.name)} ({loader.esc(node.op_type, 40)})" if node is not None else "the graph"
         raise IrgenError(
-            f"onnx frontend ({path.name}): cannot import {where}: {type(err).__name__}: {one_line(err)}"
+            f"onnx frontend ({path.name}): cannot import {where}: {type(err).__name__}: {one_line(err, 4000)}"
         ) from None
     mod = relax.transform.Normalize()(mod)
     return ImportedModel(

@@ -169,7 +169,7 @@ def run_checker(skel, path: Path) -> None:
     try:
         onnx.checker.check_model(skel, full_check=False)
     except Exception as err:  # noqa: BLE001  ValidationError, and C++ errors of other kinds
-        raise IrgenError(f"{path}: not a valid ONNX model: {one_line(err)}") from None
+        raise IrgenError(f"{path}: not a valid ONNX model: {one_line(err, 1000)}") from None
 
 
 # ------------------------------------------------------------------ the skeleton
