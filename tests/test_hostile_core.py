@@ -95,6 +95,8 @@ def _npy_header(shape, descr="<f4") -> bytes:
     ("nan", ["NaN/Inf", "'x'"]),
     ("inf", ["NaN/Inf", "'x'"]),
     ("dev-zero", ["character device"]),
+    ("subarray-dtype", ["structured dtype"]),  # found by fuzz/fuzz_loaders.py (a ValueError escaped)
+    ("structured-dtype", ["structured dtype"]),
 ])
 def test_hostile_input_file(model, tmp_path, kind, words) -> None:
     from hostile import payload
@@ -111,6 +113,10 @@ def test_hostile_input_file(model, tmp_path, kind, words) -> None:
         npy.write_bytes(_npy_header((1, 3, 8, 8)) + b"\0" * 100)
     elif kind == "bad-magic":
         npy.write_bytes(b"\x93NUMPZ" + b"\0" * 200)
+    elif kind == "subarray-dtype":
+        npy.write_bytes(_npy_header((1, 3, 8, 4), descr="2f4") + b"\0" * 4 * 192)
+    elif kind == "structured-dtype":
+        np.save(npy, np.zeros((1, 3, 8, 8), dtype=[("a", "<f2"), ("b", "<f2")]))
     elif kind in ("nan", "inf"):
         arr = np.zeros((1, 3, 8, 8), np.float32)
         arr[0, 1, 2, 3] = np.nan if kind == "nan" else np.inf

@@ -65,8 +65,8 @@ def itemsize(dtype: Any) -> int:
     import numpy as np
 
     try:
-        return max(1, np.dtype(str(dtype)).itemsize)
-    except TypeError:
+        return max(1, (dtype if isinstance(dtype, np.dtype) else np.dtype(str(dtype))).itemsize)
+    except (TypeError, ValueError):
         return 8  # an unknown dtype: count it as the widest
 
 
@@ -211,12 +211,12 @@ def read_json(path: Path | str, what: str, limit: int = MAX_JSON_BYTES) -> Any:
 # ------------------------------------------------------------------ paths inside a folder
 
 
-def inside(root: Path | str, rel: Any, what: str = "path") -> Path:
+def inside(root: Path | str, rel: Any, what: str = "path", folder: str = "the output folder") -> Path:
     """``root/rel`` for a path taken out of a file in ``root``; refuses an escape.
 
     ``rel`` must be a non-empty relative POSIX path without ``..``, NUL or a
     backslash, and ``root/rel`` must resolve (following symlinks) inside
-    ``root``. Nothing is opened or stat'ed outside ``root``: the lexical checks
+    ``root`` (``folder`` names it in messages). Nothing is opened or stat'ed outside ``root``: the lexical checks
     come first, then the path is resolved one component at a time from
     ``root``, and a symbolic link whose target leaves ``root`` is refused from
     its text (``readlink``), before anything at the target is looked at."""
@@ -226,20 +226,20 @@ def inside(root: Path | str, rel: Any, what: str = "path") -> Path:
         raise IrgenError(f"{what} {rel!r:.200}: not a plain relative path")
     pure = PurePosixPath(rel)
     if pure.is_absolute() or ".." in pure.parts or rel.startswith("~"):
-        raise IrgenError(f"{what} {rel!r:.200}: points outside the output folder")
+        raise IrgenError(f"{what} {rel!r:.200}: points outside {folder}")
     root_real = os.path.realpath(root)
-    return Path(_resolve_inside(root_real, list(pure.parts), f"{what} {rel!r:.200}"))
+    return Path(_resolve_inside(root_real, list(pure.parts), f"{what} {rel!r:.200}", folder))
 
 
 def _within(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 
-def _resolve_inside(root: str, parts: list[str], what: str) -> str:
+def _resolve_inside(root: str, parts: list[str], what: str, folder: str = "the output folder") -> str:
     """``root`` joined with ``parts``, symbolic links resolved as the kernel would, as long
     as every step stays inside ``root`` (else IrgenError); only paths inside ``root`` are
     passed to ``lstat``/``readlink``."""
-    escape = IrgenError(f"{what}: a link that points outside the output folder")
+    escape = IrgenError(f"{what}: a link that points outside {folder}")
     current, pending, hops = root, list(parts), 0
     while pending:
         name = pending.pop(0)
@@ -300,6 +300,8 @@ def load_npy(path: Path | str, what: str = "array", limit: int | None = DEFAULT_
             raise IrgenError(f"{what} {path}: not a plain .npy array ({' '.join(str(err).split())[:200]})") from None
         if dtype.hasobject:
             raise IrgenError(f"{what} {path}: holds Python objects (a pickle); only plain numeric arrays are read")
+        if dtype.fields is not None or dtype.subdtype is not None:
+            raise IrgenError(f"{what} {path}: a structured dtype ({dtype}); only plain numeric arrays are read")
         check_tensor_size(f"{what} {path}", shape, dtype, limit)
         need = math.prod(shape) * dtype.itemsize
         if f.tell() + need > file_size:

@@ -222,10 +222,7 @@ def load_external_data(model, path: Path, limit: int | None) -> None:
             raise IrgenError(f"{where}: not a plain relative path")
         if location.startswith(("/", "~")) or ".." in location.split("/"):
             raise IrgenError(f"{where}: points outside the model's folder")
-        try:
-            target = safeio.inside(base, location, f"{path}: tensor {q(t.name)}: external data")
-        except IrgenError as err:
-            raise IrgenError(str(err).replace("output folder", "model's folder")) from None
+        target = safeio.inside(base, location, f"{path}: tensor {q(t.name)}: external data", "the model's folder")
         offset = _integer(info, "offset", t, path, location) or 0
         length = _integer(info, "length", t, path, location)
         if t.data_type == TensorProto.STRING or np_dtype(t.data_type) is None:
