@@ -155,6 +155,53 @@ def constants(expr: relax.Expr) -> list[Constant]:
     return []
 
 
+def module_bindings(mod: tvm.IRModule) -> list:
+    """Every binding of ``main``, in order, whatever its kind (no checks)."""
+    return [b for block in mod["main"].body.blocks for b in block.bindings]
+
+
+def check_tensor_sizes(bindings, limit: int | None, provenance: Provenance | None = None, where: str = "") -> None:
+    """Refuse the model when a tensor it computes (by the shapes TVM inferred) is over
+    ``limit`` bytes, before anything compiles or allocates it.
+
+    ``bindings`` are objects with a ``var`` (Relax bindings or :class:`Binding`). The
+    message names the source tensor and node (``provenance``); an unnamed binding
+    belongs to the next named one, the source op it was emitted for."""
+    from irgen.safeio import check_tensor_size
+
+    if limit is None:
+        return
+
+    def tensors(ty):
+        if isinstance(ty, relax.TensorType):
+            yield ty
+        elif isinstance(ty, relax.TupleType):
+            for f in ty.fields:
+                yield from tensors(f)
+
+    by_var = provenance.by_var if provenance is not None else {}
+    bindings = list(bindings)
+    owners: list[Any] = [None] * len(bindings)
+    owner = None
+    for k in range(len(bindings) - 1, -1, -1):
+        owner = by_var.get(bindings[k].var.name) or owner
+        owners[k] = owner
+    prefix = f"{where}: " if where else ""
+    for b, src in zip(bindings, owners):
+        name = b.var.name
+        for info in tensors(b.var.ty):
+            dims = getattr(info.shape, "values", None)
+            if dims is None or not all(hasattr(d, "value") for d in dims):
+                continue  # symbolic: checked once the input shapes are known
+            if name in by_var and by_var[name][2]:
+                what = f"{prefix}tensor {by_var[name][2]!r} ({by_var[name][1]} node {by_var[name][0]!r})"
+            elif src is not None:
+                what = f"{prefix}a tensor computed for {src[1]} node {src[0]!r}"
+            else:
+                what = f"{prefix}tensor {name!r} of the imported graph"
+            check_tensor_size(what, [int(d) for d in dims], str(info.dtype), limit)
+
+
 def main_bindings(mod: tvm.IRModule) -> tuple[relax.Function, list[Binding]]:
     """``main`` and its bindings; irgen handles one dataflow block of static shapes."""
     func = mod["main"]

@@ -64,24 +64,6 @@ def check_inputs(specs: list[InputSpec], shapes: dict[str, tuple[int, ...]], lim
         check_tensor_size(f"input {s.name!r}", s.shape, s.dtype, limit)
 
 
-def check_tensor_sizes(bindings, limit: int | None) -> None:
-    """Refuse the model before it is compiled when any tensor it computes is over ``limit``."""
-    from tvm import relax
-
-    if limit is None:
-        return
-    for b in bindings:
-        ty = b.var.ty
-        for info in (ty.fields if isinstance(ty, relax.TupleType) else [ty]):
-            if not isinstance(info, relax.TensorType) or info.shape is None:
-                continue
-            try:
-                dims = [int(d) for d in info.shape.values]
-            except (TypeError, AttributeError):
-                continue  # a symbolic dimension
-            check_tensor_size(f"tensor {b.name!r}", dims, info.dtype, limit)
-
-
 def load_inputs(specs: list[InputSpec], given: list[str], seed: int,
                 limit: int | None = DEFAULT_MAX_TENSOR_BYTES) -> list[np.ndarray]:
     """The model's input arrays: from ``--input`` files, else seeded random data."""
@@ -445,13 +427,14 @@ def run(
 
     from irgen.ir import IR_VERSION
 
-    from irgen.graph import main_bindings
+    from irgen.graph import check_tensor_sizes, module_bindings
 
-    check_tensor_sizes(main_bindings(imported.mod)[1], limit)  # before constant folding allocates anything
+    # before constant folding allocates anything
+    check_tensor_sizes(module_bindings(imported.mod), limit, imported.provenance)
     with folder:
         folder.path("graph/model.relax.txt").write_text(imported.mod.script(show_meta=False))
         graph = _form_layers(host, imported, be, quantizer, progress)
-        check_tensor_sizes(graph.bindings, limit)
+        check_tensor_sizes(graph.bindings, limit, imported.provenance)
         names = _name(graph, imported)
         records = _layer_records(graph, imported, names, be)
         write = _tensor_writer(folder, be)

@@ -323,7 +323,10 @@ def _import(model, where: str, options: dict[str, Any], frontend: str, state: di
         mod = tf_fe.from_tflite(model, shape_dict, dtype_dict, op_converter=NamingConverter)
     state["current"] = None
     mod = _finish_main(mod, param_names)
-    _check_sizes(mod, provenance, limit, where)
+    from irgen.graph import check_tensor_sizes, module_bindings
+
+    # a constant such as a PAD amount or a RESHAPE target can make a tensor far larger than declared
+    check_tensor_sizes(module_bindings(mod), limit, provenance, where)
     return ImportedModel(
         mod=mod,
         inputs=specs,
@@ -331,45 +334,6 @@ def _import(model, where: str, options: dict[str, Any], frontend: str, state: di
         frontend=frontend,
         output_names=[_tensor_name(subgraph, subgraph.Outputs(k)) for k in range(subgraph.OutputsLength())],
     )
-
-
-def _check_sizes(mod, provenance: Provenance, limit: int | None, where: str) -> None:
-    """Every tensor the imported graph computes, by the shapes TVM inferred, under
-    ``--max-tensor-bytes`` (a constant such as a PAD amount or a RESHAPE target
-    can make a tensor far larger than its TFLite tensor declares)."""
-    from tvm import relax
-
-    from irgen.safeio import check_tensor_size
-
-    if limit is None:
-        return
-
-    def tensors(ty):
-        if isinstance(ty, relax.TensorType):
-            yield ty
-        elif isinstance(ty, relax.TupleType):
-            for f in ty.fields:
-                yield from tensors(f)
-
-    bindings = [b for block in mod["main"].body.blocks for b in block.bindings]
-    owner = None  # an unnamed binding belongs to the next named one (the op it was emitted for)
-    owners: list[Any] = [None] * len(bindings)
-    for k in range(len(bindings) - 1, -1, -1):
-        owner = provenance.by_var.get(bindings[k].var.name) or owner
-        owners[k] = owner
-    for binding, src in zip(bindings, owners):
-        for info in tensors(binding.var.ty):
-            shape = getattr(info.shape, "values", None)
-            if shape is None or not all(hasattr(d, "value") for d in shape):
-                continue  # symbolic: checked when the input shapes are known
-            name = binding.var.name
-            if name in provenance.by_var:
-                what = f"{where}: tensor {src[2]!r} (op {src[0]})"
-            elif src is not None:
-                what = f"{where}: a tensor computed for op {src[0]}"
-            else:
-                what = f"{where}: tensor {name!r} of the imported graph"
-            check_tensor_size(what, [int(d.value) for d in shape], str(info.dtype), limit)
 
 
 def _finish_main(mod, param_names: list[str]):

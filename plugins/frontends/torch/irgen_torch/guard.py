@@ -204,17 +204,18 @@ def no_code_from_file(where: str, archive: Archive | None = None) -> Iterator[No
             for obj, name, new in patches:
                 saved.append((obj, name, getattr(obj, name)))
                 setattr(obj, name, new)
-            for k, v in env.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+            _set_env(env)
             yield
         finally:
             for obj, name, old in reversed(saved):
                 setattr(obj, name, old)
-            for k, v in saved_env.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+            _set_env(saved_env)
+
+
+def _set_env(values: dict[str, str | None]) -> None:
+    """Set each variable; ``None`` removes it."""
+    for k, v in values.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
