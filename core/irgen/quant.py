@@ -333,10 +333,10 @@ def _recompute_qdq(layer: dict[str, Any], inputs: list[np.ndarray], params: dict
         table = np.asarray(qr["table"], qr["output"]["dtype"])
         lo = np.iinfo(qr["inputs"][0]["dtype"]).min
         return table[inputs[0].astype(np.int64) - lo]
-    elif kind == "concatenate":
+    elif kind == "concatenate":  # operands[k]: the layer input that is operand k (default: input k)
         parts = []
-        for k, inp in enumerate(inputs):
-            t = qr["tables"][k]
+        for k, at in enumerate(qr.get("operands") or range(len(qr["tables"]))):
+            inp, t = inputs[at], qr["tables"][k]
             parts.append(inp if t is None else np.asarray(t, out["dtype"])[inp.astype(np.int64) - np.iinfo(inp.dtype).min])
         return np.concatenate(parts, axis=qr["axis"])
     elif kind == "quantize":

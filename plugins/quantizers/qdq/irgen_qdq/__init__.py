@@ -545,7 +545,7 @@ def _realize_unary(qg, qb, comp, out):
 
 
 def _realize_concat(qg, qb, comp, out):
-    _, op, _, _ = _ops()
+    relax, op, _, _ = _ops()
     tensor = qb.name
     ins = [_need(qg, f, "an input", tensor) for f in comp.value.args[0].fields]
     parts, tables = [], []
@@ -560,9 +560,16 @@ def _realize_concat(qg, qb, comp, out):
             parts.append(qg.emit(_lut(qg, x, t, qx.dtype)))
             tables.append([int(v) for v in t])
     axis = int(comp.value.attrs.axis)
+    # the layer's inputs are the tabled operands (their lookups are bound first), then the others, each once:
+    # ``operands[k]`` is the layer input that is operand k (inputs[k] and tables[k] describe operand k)
+    names = [getattr(x, "name", None) if isinstance(x, relax.Var) else None for x, _, _ in ins]
+    order: list[str] = []
+    for tabled in (True, False):
+        order += [n for n, t in zip(names, tables) if n is not None and (t is not None) == tabled and n not in order]
     rec = {"scheme": SCHEME, "kind": "concatenate", "axis": axis, "inputs": [qx.record() for _, qx, _ in ins],
            **({"reference": "torch"} if _is_torch(qg) else {}),
            "output": out.record(), "tables": tables,
+           "operands": [order.index(n) if n is not None else None for n in names],
            "requant": {"rounding": "half_to_even", "rounding_rule": "inputs with other parameters: table[i - min] = "
                        "quantize(dequantize(i)) (QLinearConcat)"}}
     return [d for _, _, d in ins] + [comp.name, qb.name], op.concat(parts, axis=axis), rec
