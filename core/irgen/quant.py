@@ -143,6 +143,32 @@ def accumulate(layer: dict[str, Any], inputs: list[np.ndarray], params: dict[str
     return acc
 
 
+#: (scheme, quant kind) -> ``fn(layer, inputs, params)``: layer kinds a scheme plugin
+#: recomputes itself (its realization and recompute side by side); see :func:`register_recompute`
+RECOMPUTE: dict[tuple[str, str], Any] = {}
+_SCHEMES_LOADED: set[str] = set()
+
+
+def register_recompute(scheme: str, kind: str, fn) -> None:
+    RECOMPUTE[(scheme, kind)] = fn
+
+
+def scheme_recompute(scheme: str, kind: str):
+    """The plugin recompute of ``kind``; the scheme's plugin (the ``irgen`` entry
+    point named after the scheme) is imported on first use, so that ``irgen
+    verify`` needs no plugin host."""
+    if (scheme, kind) not in RECOMPUTE and scheme not in _SCHEMES_LOADED:
+        _SCHEMES_LOADED.add(scheme)
+        import importlib.metadata
+
+        for ep in importlib.metadata.entry_points(group="irgen", name=scheme):
+            try:
+                ep.load()
+            except Exception:  # noqa: BLE001  a broken plugin: the layer falls back to fused_ops
+                pass
+    return RECOMPUTE.get((scheme, kind))
+
+
 def recompute(layer: dict[str, Any], inputs: list[np.ndarray], params: dict[str, np.ndarray]) -> np.ndarray:
     """A realized integer layer from its ``quant`` record and parameters alone.
 
@@ -156,6 +182,9 @@ def recompute(layer: dict[str, Any], inputs: list[np.ndarray], params: dict[str,
 
     qr = layer["quant"]
     kind = qr["kind"]
+    fn = scheme_recompute(qr["scheme"], kind)
+    if fn is not None:
+        return fn(layer, inputs, params)
     if qr["scheme"] == "pow2" and kind in ("conv2d", "depthwise_conv2d", "dense"):
         return _recompute_pow2(layer, inputs, params)
     if qr["scheme"] in ("qdq", "pow2") and kind != "integer":

@@ -421,6 +421,16 @@ def _power(a, b):
     return np.power(a, b)
 
 
+def _pad(args, attrs):
+    """relax.nn.pad, constant mode: ``pad_width`` is (before, after) per axis, flattened."""
+    x = np.asarray(args[0])
+    if str(attrs.get("pad_mode", "constant")) != "constant":
+        raise NotImplementedError(f"pad mode {attrs.get('pad_mode')!r}")
+    w = [int(v) for v in attrs["pad_width"]]
+    return np.pad(x, [(w[2 * a], w[2 * a + 1]) for a in range(x.ndim)],
+                  constant_values=np.asarray(attrs.get("pad_value", 0)).astype(x.dtype))
+
+
 OPS: dict[str, Callable[[list[Any], dict], Any]] = {
     "relax.nn.conv2d": lambda args, attrs: conv2d(args[0], args[1], attrs),
     "relax.matmul": lambda args, attrs: _matmul(args[0], args[1], attrs),
@@ -477,6 +487,7 @@ OPS: dict[str, Callable[[list[Any], dict], Any]] = {
                                               axis=int(attrs.get("axis") or 0)),
     "relax.quantize": _quantize,
     "relax.dequantize": _dequantize,
+    "relax.nn.pad": _pad,
     "tgi": lambda args, attrs: args[0][int(attrs["index"])],
 }
 

@@ -15,6 +15,7 @@ imported.
 
 from __future__ import annotations
 
+import functools
 import gc
 import struct
 import warnings
@@ -260,6 +261,7 @@ def _import(model, where: str, options: dict[str, Any], frontend: str, state: di
     from tvm.relax.frontend.tflite import tflite_frontend as tf_fe
 
     from irgen.names import SafeNames, identifier
+    from irgen_tensorflow import converters
 
     limit = max_tensor_bytes(options)
     subgraph = model.Subgraphs(0)
@@ -282,8 +284,12 @@ def _import(model, where: str, options: dict[str, Any], frontend: str, state: di
                 return self.bb.emit(expr, name_hint=var)
             return expr
 
+        _SUPPORTED_QUANTIZED_OPS = tf_fe.OperatorConverter._SUPPORTED_QUANTIZED_OPS | converters.QUANTIZED_OK
+
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
+            for code, fn in converters.CONVERTERS.items():
+                self.convert_map[code] = functools.partial(fn, self)
             if not main_bb:  # the first converter is main's; control-flow bodies get their own
                 main_bb.append(self.bb)
 
@@ -299,7 +305,7 @@ def _import(model, where: str, options: dict[str, Any], frontend: str, state: di
                 ret = self.convert_map[code](op=op)
                 if ret is None:  # prefetched: the output is optimized out
                     continue
-                ret = self.bb.normalize(ret)
+                ret = self.bb.normalize(converters.fold_constant(self, op, ret))
                 names = [tf_fe.get_tensor_name(self.subgraph, t.tensor_idx) for t in outs]
                 if not top:  # a control-flow body: leave it unnamed
                     for k, n in enumerate(names):

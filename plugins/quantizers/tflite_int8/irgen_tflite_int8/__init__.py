@@ -33,10 +33,15 @@ import numpy as np
 
 from irgen import hookimpl
 from irgen.api import IrgenError, Quantizer
+from irgen.quant import register_recompute
+from irgen_tflite_int8 import kinds
 
 __version__ = "0.1.0"
 
 SCHEME = "tflite-int8"
+
+for _kind, _fn in kinds.RECOMPUTE.items():  # irgen verify finds them through irgen.quant
+    register_recompute(SCHEME, _kind, _fn)
 
 
 def _ops():
@@ -379,6 +384,33 @@ def _realize_avg_pool(qg, cast_b, pool_b, widen_b, qin):
     return [widen_b.name, pool_b.name, cast_b.name] + ([last] if last != cast_b.name else []), q.rx_clamp_cast(qg.emit, avg, lo, hi, out_dtype), rec
 
 
+def _operand(qg, expr):
+    """(int var or int constant, QTensor, dq binding name or None) of an operand
+    that is a dequantized integer tensor or constant, else None."""
+    relax, _, _, Constant = _ops()
+    b = qg.producer(expr)
+    if b is None or b.op != "relax.dequantize" or not isinstance(b.value.args[0], (relax.Var, Constant)):
+        return None
+    src = b.value.args[0]
+    label = src.name if isinstance(src, relax.Var) else f"{b.name} (a constant)"
+    qt = _qparams(qg, b.value, "dequantize", label)
+    if qt.scale.size != 1:
+        return None
+    return src, qt, b.name if qg.n_users(b.name) == 1 else None
+
+
+class _Helpers:
+    """The scheme's shared steps, handed to the realizations of :mod:`irgen_tflite_int8.kinds`."""
+
+    int8_input = staticmethod(_int8_input)
+    dequantized = staticmethod(_dequantized)
+    operand = staticmethod(_operand)
+    offset = staticmethod(_offset)
+    clamp = staticmethod(_clamp)
+    tail = staticmethod(_tail)
+    finish = staticmethod(_finish)
+
+
 def _is_quantized(qg) -> bool:
     return any(b.op in ("relax.quantize", "relax.dequantize") for b in qg.bindings)
 
@@ -445,6 +477,8 @@ def realize(qg) -> None:
             names, expr, rec = _realize_concat(qg, b, comp, out)
         elif comp.op == "relax.nn.softmax" and act is None:
             names, expr, rec = _realize_softmax(qg, b, comp, out)
+        elif comp.op in kinds.SPANS:
+            names, expr, rec = kinds.SPANS[comp.op](qg, b, comp, out, act, _Helpers)
         else:
             raise IrgenError(f"{SCHEME}: cannot realize {comp.op or comp.kind} at tensor {b.name!r} in integer arithmetic")
         qparams[names[-1]] = out

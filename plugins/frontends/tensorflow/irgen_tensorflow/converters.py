@@ -1,0 +1,264 @@
+"""irgen's own converters for TFLite operators that TVM's importer refuses or
+imports wrongly on quantized (int8) tensors.
+
+TVM's ``OperatorConverter`` refuses any quantized operator outside its
+``_SUPPORTED_QUANTIZED_OPS``, although several of them only move int8 values
+(PAD, STRIDED_SLICE, TRANSPOSE, SQUEEZE, RESIZE_NEAREST_NEIGHBOR) and one does
+not read them at all (SHAPE). :data:`CONVERTERS` holds one function per TFLite
+operator, ``fn(converter, op) -> relax.Expr``; the frontend's converter installs
+them over TVM's and accepts these operators on quantized tensors
+(:data:`QUANTIZED_OK`). Operators that compute on quantized values are imported
+as TVM does (dequantize -> float op -> quantize); the ``tflite-int8`` scheme
+then realizes them in TFLite's integer arithmetic.
+
+:func:`fold_constant` folds an operator whose inputs are all constants (the
+``SHAPE -> STRIDED_SLICE -> PACK -> RESHAPE`` chains Keras writes for
+``tf.shape``) into a constant, so that the reshape gets a static target shape.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+
+def _tvm(conv):
+    """TVM's own converter class (the base of the frontend's converter)."""
+    from tvm.relax.frontend.tflite.tflite_frontend import OperatorConverter
+
+    return OperatorConverter
+
+
+def _ins(conv, op):
+    return conv.get_input_tensors(op)
+
+
+def _out(conv, op):
+    (out,) = conv.get_output_tensors(op)
+    return out
+
+
+def _same_qparams(conv, op, a, b, what: str) -> None:
+    if a.qnn_params is None and b.qnn_params is None:
+        return
+    if a.qnn_params is None or b.qnn_params is None or not conv.has_same_qnn_params(a, b):
+        raise ValueError(f"{what}: input and output have different quantization parameters")
+
+
+def _const_value(conv, tensor) -> np.ndarray | None:
+    """The value of an input tensor when it is a constant: a weight buffer, or an
+    expression folded to a constant (e.g. a SHAPE result)."""
+    import tvm
+
+    if conv.has_expr(tensor.tensor_idx):
+        expr = conv.get_expr(tensor.tensor_idx)
+        return expr.value.numpy() if isinstance(expr, tvm.ir.Constant) else None
+    if tensor.buffer is not None and tensor.buffer.DataLength() > 0:
+        return np.asarray(conv.get_tensor_value(tensor))
+    return None
+
+
+def convert_pad(conv, op):
+    """PAD / PADV2: a quantized tensor is padded with its zero point (PAD) or with
+    the quantized constant (PADV2), as TFLite's int8 kernel does; int8 in, int8 out."""
+    from tvm import relax
+
+    ins = _ins(conv, op)
+    x, out = ins[0], _out(conv, op)
+    _same_qparams(conv, op, x, out, "PAD")
+    pads = np.asarray(conv.get_tensor_value(ins[1])).reshape(-1).astype(np.int64).tolist()
+    if len(ins) == 3:
+        value = np.asarray(conv.get_tensor_value(ins[2])).reshape(-1)
+        if value.size != 1:
+            raise ValueError("PADV2: constant_values must hold one value")
+        if x.qnn_params is not None:
+            _same_qparams(conv, op, x, ins[2], "PADV2 constant")
+        pad_value = value[0].item()
+    elif x.qnn_params is not None:
+        pad_value = int(np.asarray(x.qnn_params["zero_point"].value.numpy()).reshape(-1)[0])
+    else:
+        pad_value = 0
+    return relax.op.nn.pad(conv.get_expr(x.tensor_idx), pad_width=pads, pad_value=float(pad_value))
+
+
+def convert_shape(conv, op):
+    """SHAPE: a constant from the input's static shape (it never reads the values)."""
+    from tflite.ShapeOptions import ShapeOptions
+    from tflite.TensorType import TensorType
+    from tvm import relax
+
+    (x,) = _ins(conv, op)
+    dtype = "int32"
+    table = op.BuiltinOptions()
+    if table is not None:
+        options = ShapeOptions()
+        options.Init(table.Bytes, table.Pos)
+        dtype = "int64" if options.OutType() == TensorType.INT64 else "int32"
+    shape = [int(d) for d in conv.get_expr(x.tensor_idx).ty.shape.values]
+    return relax.const(np.array(shape, dtype))
+
+
+def slice_indices(shape, begin, end, strides, begin_mask: int, end_mask: int, shrink_mask: int):
+    """TFLite STRIDED_SLICE without ellipsis or new axes: the source indices along
+    each axis, and the axes the shrink mask removes."""
+    picks, shrunk = [], []
+    for a, dim in enumerate(shape):
+        if a >= len(begin):
+            picks.append(np.arange(dim))
+            continue
+        b, e, s = int(begin[a]), int(end[a]), int(strides[a])
+        if shrink_mask >> a & 1:
+            k = b + dim if b < 0 else b
+            if not 0 <= k < dim:
+                raise ValueError(f"STRIDED_SLICE: index {b} out of range for a dimension of {dim}")
+            picks.append(np.array([k]))
+            shrunk.append(a)
+            continue
+        lo = None if begin_mask >> a & 1 else b
+        hi = None if end_mask >> a & 1 else e
+        picks.append(np.arange(dim)[slice(lo, hi, s)])
+    return picks, shrunk
+
+
+def convert_strided_slice(conv, op):
+    """STRIDED_SLICE on a quantized tensor: int8 values only move, so it is a
+    gather of constant indices along each sliced axis (then a reshape for the
+    shrunk axes); other tensors go through TVM's converter."""
+    from tflite.StridedSliceOptions import StridedSliceOptions
+    from tvm import relax
+
+    ins = _ins(conv, op)
+    x, out = ins[0], _out(conv, op)
+    if x.qnn_params is None:
+        return _tvm(conv).convert_strided_slice(conv, op)
+    _same_qparams(conv, op, x, out, "STRIDED_SLICE")
+    options = StridedSliceOptions()
+    table = op.BuiltinOptions()
+    options.Init(table.Bytes, table.Pos)
+    if options.EllipsisMask() or options.NewAxisMask():
+        raise ValueError("STRIDED_SLICE on a quantized tensor with an ellipsis or new-axis mask is not supported")
+    begin, end, strides = (np.asarray(conv.get_tensor_value(t)).reshape(-1) for t in ins[1:4])
+    expr = conv.get_expr(x.tensor_idx)
+    shape = [int(d) for d in expr.ty.shape.values]
+    picks, shrunk = slice_indices(shape, begin, end, strides, options.BeginMask(), options.EndMask(),
+                                  options.ShrinkAxisMask())
+    for a, idx in enumerate(picks):
+        if len(idx) != shape[a] or np.any(idx != np.arange(shape[a])):
+            expr = conv.bb.normalize(relax.op.take(expr, relax.const(idx.astype(np.int32)), axis=a))
+    final = [len(idx) for a, idx in enumerate(picks) if a not in shrunk]
+    return relax.op.reshape(expr, final)
+
+
+def convert_transpose(conv, op):
+    ins = _ins(conv, op)
+    _same_qparams(conv, op, ins[0], _out(conv, op), "TRANSPOSE")
+    return _tvm(conv).convert_transpose(conv, op)
+
+
+def convert_squeeze(conv, op):
+    ins = _ins(conv, op)
+    _same_qparams(conv, op, ins[0], _out(conv, op), "SQUEEZE")
+    return _tvm(conv).convert_squeeze(conv, op)
+
+
+def convert_reshape(conv, op):
+    """RESHAPE whose target shape is a constant expression (a folded SHAPE chain)."""
+    from tvm import relax
+
+    ins = _ins(conv, op)
+    if len(ins) == 2 and conv.has_expr(ins[1].tensor_idx):
+        target = _const_value(conv, ins[1])
+        if target is not None:
+            _same_qparams(conv, op, ins[0], _out(conv, op), "RESHAPE")
+            return relax.op.reshape(conv.get_expr(ins[0].tensor_idx), [int(d) for d in target.reshape(-1)])
+    return _tvm(conv).convert_reshape(conv, op)
+
+
+def nearest_indices(in_size: int, out_size: int, align_corners: bool, half_pixel_centers: bool) -> np.ndarray:
+    """The source index of each output row/column of TFLite's RESIZE_NEAREST_NEIGHBOR
+    (``reference_ops::ResizeNearestNeighbor``): float32 scale, ``floor`` or ``round``."""
+    f32 = np.float32
+    scale = f32(in_size - 1) / f32(out_size - 1) if align_corners and out_size > 1 else f32(in_size) / f32(out_size)
+    offset = f32(0.5) if half_pixel_centers else f32(0.0)
+    idx = []
+    for i in range(out_size):
+        v = (f32(i) + offset) * scale
+        k = int(np.round(v)) if align_corners else int(np.floor(v))
+        if align_corners:  # TfLiteRound: half away from zero
+            k = int(np.floor(v + f32(0.5)))
+        idx.append(min(k, in_size - 1))
+    return np.maximum(np.array(idx, np.int32), 0)
+
+
+def convert_resize_nearest(conv, op):
+    """RESIZE_NEAREST_NEIGHBOR as two gathers of constant indices (exact for any
+    dtype; TFLite's int8 kernel copies values)."""
+    from tflite.ResizeNearestNeighborOptions import ResizeNearestNeighborOptions
+    from tvm import relax
+
+    ins = _ins(conv, op)
+    x, out = ins[0], _out(conv, op)
+    if x.qnn_params is None:
+        return _tvm(conv).convert_resize_nearest_neighbor(conv, op)
+    _same_qparams(conv, op, x, out, "RESIZE_NEAREST_NEIGHBOR")
+    options = ResizeNearestNeighborOptions()
+    table = op.BuiltinOptions()
+    options.Init(table.Bytes, table.Pos)
+    size = np.asarray(conv.get_tensor_value(ins[1])).reshape(-1)
+    expr = conv.get_expr(x.tensor_idx)
+    n, h, w, c = (int(d) for d in expr.ty.shape.values)
+    rows = nearest_indices(h, int(size[0]), bool(options.AlignCorners()), bool(options.HalfPixelCenters()))
+    cols = nearest_indices(w, int(size[1]), bool(options.AlignCorners()), bool(options.HalfPixelCenters()))
+    y = conv.bb.normalize(relax.op.take(expr, relax.const(rows), axis=1))
+    return relax.op.take(y, relax.const(cols), axis=2)
+
+
+#: TFLite operator -> converter(converter, op), installed over TVM's
+CONVERTERS: dict[str, Callable[[Any, Any], Any]] = {
+    "PAD": convert_pad,
+    "PADV2": convert_pad,
+    "SHAPE": convert_shape,
+    "STRIDED_SLICE": convert_strided_slice,
+    "TRANSPOSE": convert_transpose,
+    "SQUEEZE": convert_squeeze,
+    "RESHAPE": convert_reshape,
+    "RESIZE_NEAREST_NEIGHBOR": convert_resize_nearest,
+}
+
+#: operators accepted on quantized tensors besides TVM's own list
+QUANTIZED_OK = frozenset({"PAD", "PADV2", "SHAPE", "STRIDED_SLICE", "TRANSPOSE", "SQUEEZE",
+                          "RESIZE_NEAREST_NEIGHBOR", "PACK"})
+
+_FOLD_LIMIT = 4096  # elements: shape arithmetic, not data
+
+
+def fold_constant(conv, op, expr):
+    """``expr`` folded to a constant when every input of ``op`` is a constant and
+    the result is a small integer tensor (shape arithmetic); otherwise ``expr``."""
+    import tvm
+    from tvm import relax
+
+    if not isinstance(expr, relax.Call):
+        return expr
+    ins = [t for t in _ins(conv, op) if t.tensor_idx >= 0]
+    if not ins or any(_const_value(conv, t) is None for t in ins):
+        return expr
+    bb = relax.BlockBuilder()
+    try:
+        with bb.function("main", []):
+            with bb.dataflow():
+                var = bb.emit_output(expr)
+            bb.emit_func_output(var)
+        ty = var.ty
+        if not isinstance(ty, relax.TensorType) or str(ty.dtype) not in ("int32", "int64") \
+                or not isinstance(ty.shape, relax.ShapeExpr) \
+                or not all(isinstance(d, tvm.tirx.IntImm) for d in ty.shape.values) \
+                or int(np.prod([int(d) for d in ty.shape.values])) > _FOLD_LIMIT:
+            return expr
+        folded = relax.transform.FoldConstant()(bb.get())["main"].body
+    except Exception:  # noqa: BLE001  not foldable here (e.g. it reads a variable): keep the op
+        return expr
+    while isinstance(folded, relax.SeqExpr):
+        folded = folded.body
+    return folded if isinstance(folded, tvm.ir.Constant) else expr

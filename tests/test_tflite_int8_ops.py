@@ -1,0 +1,198 @@
+"""tflite-int8: operators of the keras.applications CNNs that TVM's importer
+refuses or imports as float on int8 tensors (PAD, SHAPE, STRIDED_SLICE,
+TRANSPOSE, SQUEEZE, RESIZE_NEAREST_NEIGHBOR; HARD_SWISH, LOGISTIC, MUL, MEAN;
+FULLY_CONNECTED on 3-D inputs).
+
+Each small Keras model is converted to full int8 with a representative
+dataset; for seeded int8 inputs every int8 activation irgen writes must equal
+the TFLite interpreter's tensor (BUILTIN_REF kernels, all tensors preserved)
+bit for bit, and ``irgen verify`` single/entire passes (conftest runs it after
+every run).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import tflite_models
+from layercheck import assert_layer_recomputes
+from irgen.pipeline import run
+from irgen.plugins import PluginHost
+
+N_INPUTS = 4
+
+
+def _conv(L, x, n, **kw):
+    return L.Conv2D(n, 3, padding="same", **kw)(x)
+
+
+def zero_pad(tf):
+    """ZeroPadding2D before a conv and before a max pool (ResNet50, DenseNet121)."""
+    L = tf.keras.layers
+    x = L.Input((12, 12, 3), batch_size=1, name="x")
+    y = L.ZeroPadding2D(((1, 2), (0, 1)))(x)
+    y = L.Conv2D(8, 3, name="conv")(y)
+    y = L.ZeroPadding2D(1)(y)
+    return tf.keras.Model(x, L.MaxPooling2D(3, 2)(y)), (1, 12, 12, 3)
+
+
+def squeeze_excite(tf):
+    """GlobalAveragePooling2D -> Reshape -> 1x1 convs -> sigmoid -> Multiply (EfficientNet)."""
+    L = tf.keras.layers
+    x = L.Input((12, 12, 3), batch_size=1, name="x")
+    c = _conv(L, x, 8, activation="relu")
+    s = L.Reshape((1, 1, 8))(L.GlobalAveragePooling2D()(c))
+    s = L.Conv2D(4, 1, activation="relu")(s)
+    s = L.Conv2D(8, 1, activation="sigmoid")(s)
+    return tf.keras.Model(x, L.Multiply()([c, s])), (1, 12, 12, 3)
+
+
+def shape_reshape(tf):
+    """A reshape through tf.shape with an open batch: SHAPE -> STRIDED_SLICE -> PACK -> RESHAPE."""
+    L = tf.keras.layers
+    x = L.Input((12, 12, 3), name="x")
+    c = _conv(L, x, 8)
+    y = L.Lambda(lambda c: c * tf.nn.sigmoid(tf.reshape(tf.reduce_mean(c, axis=[1, 2]), [tf.shape(c)[0], 1, 1, 8])))(c)
+    return tf.keras.Model(x, y), (1, 12, 12, 3)
+
+
+def strided_slice(tf):
+    """x[:, 1:5, :, ::2] and a shrinking slice on int8 (NASNetMobile)."""
+    L = tf.keras.layers
+    x = L.Input((12, 12, 4), batch_size=1, name="x")
+    c = _conv(L, x, 8)
+    a = _conv(L, L.Lambda(lambda c: c[:, 1:5, :, ::2])(c), 8)
+    return tf.keras.Model(x, L.Lambda(lambda c: c[:, -3:, 2, 1:7])(a)), (1, 12, 12, 4)
+
+
+def hard_swish(tf):
+    """x * relu6(x + 3) / 6, converted to HARD_SWISH (MobileNetV3)."""
+    L = tf.keras.layers
+    x = L.Input((12, 12, 3), batch_size=1, name="x")
+    c = _conv(L, x, 8)
+    return tf.keras.Model(x, L.Lambda(lambda c: c * tf.nn.relu6(c + 3.0) / 6.0)(c)), (1, 12, 12, 3)
+
+
+def resize_nearest(tf):
+    """RESIZE_NEAREST_NEIGHBOR, half-pixel and align-corners, non-integer factors."""
+    L = tf.keras.layers
+    x = L.Input((6, 6, 3), batch_size=1, name="x")
+    c = _conv(L, x, 4)
+    a = L.Lambda(lambda c: tf.image.resize(c, (9, 13), method="nearest"))(c)
+    a = _conv(L, a, 4)
+    b = L.Lambda(lambda c: tf.compat.v1.image.resize_nearest_neighbor(c, (11, 7), align_corners=True))(a)
+    return tf.keras.Model(x, b), (1, 6, 6, 3)
+
+
+def transpose_mean(tf):
+    """TRANSPOSE then MEAN over one axis."""
+    L = tf.keras.layers
+    x = L.Input((8, 8, 3), batch_size=1, name="x")
+    c = _conv(L, x, 4)
+    t = L.Lambda(lambda c: tf.transpose(c, [0, 2, 1, 3]))(c)
+    return tf.keras.Model(x, L.Lambda(lambda t: tf.reduce_mean(t, axis=[1]))(t)), (1, 8, 8, 3)
+
+
+def dense_3d(tf):
+    """SQUEEZE to a 3-D tensor, then FULLY_CONNECTED on it."""
+    L = tf.keras.layers
+    x = L.Input((8, 8, 3), batch_size=1, name="x")
+    c = _conv(L, x, 4)
+    s = L.Lambda(lambda t: tf.squeeze(t, axis=1))(L.Conv2D(4, (8, 1))(c))
+    return tf.keras.Model(x, L.Dense(5)(s)), (1, 8, 8, 3)
+
+
+MODELS = {
+    "zero_pad": (zero_pad, {"PAD"}, {"pad", "conv2d", "max_pool2d"}),
+    "squeeze_excite": (squeeze_excite, {"MEAN", "LOGISTIC", "MUL"}, {"mean", "lut", "mul"}),
+    "shape_reshape": (shape_reshape, {"SHAPE", "STRIDED_SLICE", "PACK", "LOGISTIC", "MUL"}, {"lut", "mul"}),
+    "strided_slice": (strided_slice, {"STRIDED_SLICE"}, {"conv2d"}),
+    "hard_swish": (hard_swish, {"HARD_SWISH"}, {"lut"}),
+    "resize_nearest": (resize_nearest, {"RESIZE_NEAREST_NEIGHBOR"}, {"conv2d"}),
+    "transpose_mean": (transpose_mean, {"TRANSPOSE", "MEAN"}, {"transpose", "mean"}),
+    "dense_3d": (dense_3d, {"FULLY_CONNECTED"}, {"dense"}),
+}
+tflite_models.BUILDERS.update({name: m[0] for name, m in MODELS.items()})
+
+
+@pytest.fixture(scope="module")
+def host():
+    return PluginHost().load()
+
+
+@pytest.fixture(scope="module", params=sorted(MODELS))
+def runs(request, tmp_path_factory, host):
+    name = request.param
+    folder = tmp_path_factory.mktemp(f"int8_{name}")
+    path, _ = tflite_models.export(name, folder, "int8")
+    shape = tuple(MODELS[name][0](tflite_models._tf())[1])
+    out = []
+    for k in range(N_INPUTS):
+        x = np.random.default_rng(2000 + k).integers(-128, 128, shape).astype(np.int8)
+        np.save(folder / f"x{k}.npy", x)
+        run(host, path, folder / f"out{k}", inputs=[str(folder / f"x{k}.npy")], opt_level=3 if k % 2 == 0 else 0)
+        out.append((x, folder / f"out{k}"))
+    return name, path, out
+
+
+def _tflite_ops(path) -> set[str]:
+    tf = tflite_models._tf()
+    return {o["op_name"] for o in tf.lite.Interpreter(model_path=str(path))._get_ops_details()}
+
+
+def test_every_int8_activation_equals_the_interpreter(runs):
+    name, path, out = runs
+    assert MODELS[name][1] <= _tflite_ops(path)  # the model holds the operators under test
+    for x, folder in out:
+        ir = json.loads((folder / "ir.json").read_text())
+        assert ir["producer"]["quantizer"] == "tflite-int8"
+        ref = tflite_models.tflite_reference(path, x)
+        for layer in ir["layers"]:
+            for rec, src in zip(layer["outputs"], layer["source"]["outputs"], strict=True):
+                got = np.load(folder / rec["file"])
+                assert got.dtype == np.int8, (layer["name"], got.dtype)
+                np.testing.assert_array_equal(got, ref[src], err_msg=f"{name} {folder.name} {layer['name']}")
+        for o in ir["outputs"]:
+            np.testing.assert_array_equal(np.load(folder / o["file"]), ref[o["name"]])
+
+
+def test_layers_recompute_from_quant_records(runs):
+    name, _, out = runs
+    ir = json.loads((out[0][1] / "ir.json").read_text())
+    kinds = set()
+    for layer in ir["layers"]:
+        assert layer["quant"] is not None and layer["quant"]["scheme"] == "tflite-int8", layer["name"]
+        assert_layer_recomputes(out[0][1], layer, 0)
+        kinds |= {layer["op"], layer["quant"]["kind"]}
+    assert MODELS[name][2] <= kinds, kinds
+
+
+def test_lut_records_say_how_the_table_is_made(tmp_path, host):
+    """LOGISTIC and HARD_SWISH are 256-entry tables; the record names the function
+    and (hard swish) TFLite's fixed-point parameters, and the table file equals
+    the table rebuilt from the record."""
+    from irgen_tflite_int8.kinds import lut_table
+
+    seen = set()
+    for name in ("hard_swish", "squeeze_excite"):
+        path, x = tflite_models.export(name, tmp_path / name, "int8")
+        np.save(tmp_path / f"{name}.npy", x)
+        run(host, path, tmp_path / f"{name}_out", inputs=[str(tmp_path / f"{name}.npy")])
+        ir = json.loads((tmp_path / f"{name}_out" / "ir.json").read_text())
+        for layer in ir["layers"]:
+            q = layer["quant"]
+            if q["kind"] != "lut":
+                continue
+            seen.add(q["function"])
+            table = np.load(tmp_path / f"{name}_out" / layer["params"]["table"]["file"])
+            assert table.dtype == np.int8 and table.shape == (256,)
+            np.testing.assert_array_equal(table, lut_table(q))
+            if q["function"] == "hard_swish":
+                assert set(q["params"]) == {"output_multiplier_int16", "output_exponent",
+                                            "reluish_multiplier_int16", "reluish_exponent"}
+            else:  # sigmoid's output is fixed by TFLite: scale 1/256, zero point -128
+                assert q["output"]["scale"] == 1 / 256 and q["output"]["zero_point"] == -128
+    assert seen == {"hard_swish", "logistic"}
