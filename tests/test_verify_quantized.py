@@ -114,3 +114,167 @@ def test_qdq_concat_of_differently_scaled_inputs(tmp_path, capsys, per_channel):
     for layer in concats:
         row = next(row for row in r["layers"] if row["name"] == layer["name"])
         assert row["checks"]["source"]["exact"], row  # ORT's QLinearConcat, bit for bit
+
+
+@pytest.fixture(scope="module")
+def branches(tmp_path_factory):
+    d = tmp_path_factory.mktemp("verify_branches")
+    model, x = _branches_model(d, False)
+    _run(model, "-o", d / "out", "--input", x)
+    return model, d / "out"
+
+
+# ------------------------------------------------------------------ the source verdict is per layer; drift beside it
+
+
+def _drifting_runtime(out: Path, target: str, bump: int = 1):
+    """A stand-in source runtime: every layer computed by irgen's own numpy recompute, chained,
+    except that one element of ``target``'s output is ``bump`` LSB off (as a near tie rounded
+    the other way in another runtime); the layers after it compute from that value."""
+    from irgen.irfile import read_ir
+    from irgen.verify import _Files, _Layers
+
+    def run(feeds, wanted):
+        ir = read_ir(out)
+        layers = _Layers(_Files(out, ir, None))
+        values = dict(feeds)
+        by_source = {}
+        for layer in ir["layers"]:
+            outs, _ = layers.run(layer, [values[r["name"]] for r in layer["inputs"]])
+            if layer["name"] == target:
+                o = outs[0].copy()
+                flat = o.reshape(-1)
+                k = int(np.argmax(flat < np.iinfo(flat.dtype).max - bump))
+                flat[k] += bump
+                outs = [o, *outs[1:]]
+            for rec, src, v in zip(layer["outputs"], layer["source"]["outputs"], outs):
+                values[rec["name"]] = v
+                by_source[src] = v
+        return {name: by_source[name] for name in wanted if name in by_source}
+
+    run.runtime = "a drifting stand-in runtime"
+    return run
+
+
+def test_source_verdict_is_local_and_drift_is_reported_with_its_first_layer(branches):
+    from irgen.verify import Thresholds, format_table, verify_output
+
+    _, out = branches
+    ir = json.loads((out / "ir.json").read_text())
+    convs = [l["name"] for l in ir["layers"] if (l.get("quant") or {}).get("kind") == "conv2d"]
+    target = convs[0]
+    run = _drifting_runtime(out, target)
+    r = verify_output(out, source_runner=run)
+    assert r["passed"], format_table(r)
+    d = r["source"]["end_to_end"]
+    assert r["source"]["ran"] and r["source"]["runtime"] == "a drifting stand-in runtime"
+    assert d["first"]["layer"] == target and d["first"]["max_lsb"] == 1 and not d["exact"]
+    assert d["layers"] >= 2 and d["max_lsb"] >= 1  # the difference travels down the chain
+    rows = {row["name"]: row for row in r["layers"]}
+    assert rows[target]["checks"]["source"]["local"]["max_lsb"] == 1  # the layer that differs, by its own arithmetic
+    after = [name for name in convs[1:] if not rows[name]["checks"]["source"]["end_to_end"]["exact"]]
+    assert after, "the drift reaches a later convolution"
+    for name in after:  # each later layer equals the runtime from the runtime's own inputs
+        m = rows[name]["checks"]["source"]
+        assert m["verdict"] == "local" and m["exact"] and m["status"] == "pass", m
+    table = format_table(r)
+    assert f"first at layer {target} (1 LSB)" in table and "source: a drifting stand-in runtime" in table
+    assert table.splitlines()[-1].startswith("PASS: ")
+
+    # a layer off by more than --max-lsb fails, named; drift alone does not fail the later layers
+    r = verify_output(out, source_runner=_drifting_runtime(out, target, bump=3), thresholds=Thresholds(max_lsb=1))
+    assert not r["passed"]
+    bad = [p for p in r["problems"] if p["check"] == "source"]
+    assert [p["layer"] for p in bad] == [target], bad
+    assert "from the runtime's own inputs" in bad[0]["message"]
+    assert r["source"]["end_to_end"]["first_beyond_max_lsb"]["layer"] == target
+
+
+def test_skipped_source_check_says_so_in_the_verdict_and_report(branches, tmp_path, capsys):
+    import shutil
+
+    from irgen.report import render_report
+
+    model, out = branches
+    moved = tmp_path / "elsewhere.onnx"
+    shutil.copy(model, moved)
+    model.rename(model.with_suffix(".gone"))
+    try:
+        code, r, err = _verify_json(capsys, out)
+        assert code == 0 and r["passed"] and r["modes"] == ["single", "entire"]
+        assert r["source"]["ran"] is False and "give its path with --model" in r["source"]["skipped"]
+        from irgen.verify import format_table
+
+        last = format_table(r).splitlines()[-1]
+        assert last.startswith("PASS (source check skipped: ") and "--model" in last, last
+        html = render_report(r)
+        assert 'id="source-skipped"' in html and "source check skipped" in html
+        code, r, _ = _verify_json(capsys, out, "--model", moved)  # given the model: it runs
+        assert code == 0 and r["source"]["ran"] and r["source"]["skipped"] is None
+        assert r["source"]["end_to_end"]["exact"], r["source"]["end_to_end"]  # ORT's integer kernels, bit for bit
+    finally:
+        model.with_suffix(".gone").rename(model)
+
+
+# ------------------------------------------------------------------ TFLite: reference kernels abort
+
+
+def _keras_int8(folder: Path, tiny_logits: bool) -> Path:
+    """A small Keras model, full-int8 TFLite. ``tiny_logits``: the classifier's weights are
+    ~1e-7, so the softmax input scale is ~1e-9, which TFLite's reference softmax cannot
+    represent: the reference kernels abort (as on keras.applications MobileNetV2 with
+    random weights); the builtin optimized kernels run it."""
+    tf = pytest.importorskip("tensorflow")
+    L = tf.keras.layers
+    tf.keras.utils.set_random_seed(0)
+    inp = tf.keras.Input((16, 16, 3))
+    x = L.Conv2D(8, 3, padding="same", activation="relu")(inp)
+    x = L.GlobalAveragePooling2D()(x)
+    init = tf.keras.initializers.RandomUniform(-1e-7, 1e-7, seed=1) if tiny_logits else "glorot_uniform"
+    x = L.Dense(10, activation="softmax", kernel_initializer=init)(x)
+    conv = tf.lite.TFLiteConverter.from_keras_model(tf.keras.Model(inp, x))
+    conv.optimizations = [tf.lite.Optimize.DEFAULT]
+
+    def rep():
+        for k in range(4):
+            yield [np.random.default_rng(k).standard_normal((1, 16, 16, 3)).astype(np.float32)]
+
+    conv.representative_dataset = rep
+    conv.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+    conv.inference_input_type = conv.inference_output_type = tf.int8
+    path = folder / ("tiny_logits.tflite" if tiny_logits else "plain.tflite")
+    path.write_bytes(conv.convert())
+    np.save(folder / "x.npy", np.random.default_rng(3).integers(-128, 128, (1, 16, 16, 3)).astype(np.int8))
+    return path
+
+
+def test_tflite_source_check_falls_back_when_the_reference_kernels_abort(tmp_path, capsys):
+    model = _keras_int8(tmp_path, tiny_logits=True)
+    out = tmp_path / "out"
+    _run(model, "-o", out, "--input", tmp_path / "x.npy")
+    code, r, err = _verify_json(capsys, out)
+    assert code == 0 and r["passed"], r["problems"]
+    assert r["modes"] == list(MODES) and r["source"]["ran"], err
+    assert r["source"]["runtime"] == ("TFLite interpreter (builtin optimized kernels; "
+                                      "reference kernels crashed: signal SIGABRT)")
+    for row in r["layers"]:
+        m = row["checks"]["source"]
+        assert m["status"] == "pass" and m["verdict"] == "local" and m["max_lsb"] <= 1, (row["name"], m)
+    softmax = next(row for row in r["layers"] if row["op"] == "softmax")
+    assert softmax["checks"]["source"]["exact"], softmax
+    capsys.readouterr()
+    assert irgen_main(["verify", str(out), "--no-progress", "--no-report"]) == 0
+    table = capsys.readouterr().out
+    assert "source: TFLite interpreter (builtin optimized kernels; reference kernels crashed: signal SIGABRT)" in table
+    html = (tmp_path / "out.report.html")
+    assert irgen_main(["verify", str(out), "--no-progress", "--report", str(html)]) == 0
+    assert "builtin optimized kernels; reference kernels crashed" in html.read_text()
+
+
+def test_tflite_source_check_uses_the_reference_kernels_when_they_run(tmp_path, capsys):
+    model = _keras_int8(tmp_path, tiny_logits=False)
+    out = tmp_path / "out"
+    _run(model, "-o", out, "--input", tmp_path / "x.npy")
+    code, r, _ = _verify_json(capsys, out)
+    assert code == 0 and r["source"]["runtime"] == "TFLite interpreter (reference kernels)"
+    assert r["source"]["end_to_end"]["exact"] and all(row["checks"]["source"]["exact"] for row in r["layers"])

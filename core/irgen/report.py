@@ -368,6 +368,9 @@ def _chart_svg(ordered: list[tuple[int, dict]], modes: list[str], thresholds: di
             local = _dict(m.get("local"))
             if local:  # source, integer layers: recomputed from the runtime's own inputs
                 msg += f"\nlocal (runtime's inputs): {_fmt(local.get('max_lsb'))} LSB"
+            e2e = _dict(m.get("end_to_end"))
+            if e2e:  # the verdict is local; the chained values against the runtime are drift
+                msg += f"\nend to end: {_drift_text(e2e)}"
             if m.get("message"):
                 msg += f"\n{m.get('message')}"
             err_rows.append((v, st, f"{name} [{check}] {st}\nmax error {_fmt(v)} {unit}{msg}", thr))
@@ -450,6 +453,7 @@ h1{font-size:22px;margin:0 0 8px}h2{font-size:17px;margin:28px 0 8px;border-bott
 code,.mono{font-family:"DejaVu Sans Mono",Menlo,Consolas,monospace;font-size:12px;word-break:break-all}
 .verdict{display:inline-block;padding:2px 12px;border-radius:4px;color:#fff;font-weight:700;margin-right:8px}
 .verdict.pass{background:#1b7f5f}.verdict.fail{background:#c81d32}
+.skipped{font-size:60%;font-weight:400;color:#8a5a00;margin-right:8px}
 table.kv td{padding:1px 10px 1px 0;vertical-align:top}table.kv td:first-child{color:#52606d;white-space:nowrap}
 .counts span{margin-right:16px}.problems li{margin:2px 0}.scroll{overflow:auto;max-height:85vh;border:1px solid #e4e7eb}
 svg text{font-size:11px;fill:#1f2933}svg .nname{font-size:12px;font-weight:600}svg .nsub{font-size:10.5px;fill:#52606d}
@@ -498,10 +502,47 @@ def _cell(text: Any, v: Any = None, cls: str = "") -> str:
     return f'<td{c} data-v="{_e(sort)}">{_e(text)}</td>'
 
 
+def _drift_text(e2e: dict) -> str:
+    """A source check's end-to-end difference (drift): "exact", "3 LSB" or a float max |err|."""
+    if e2e.get("exact") is True:
+        return "exact"
+    lsb = _num(e2e.get("max_lsb"))
+    return f"{_fmt(lsb)} LSB" if lsb is not None else _fmt(e2e.get("max_abs"))
+
+
+def _source_html(result: dict) -> tuple[str, str]:
+    """(the verdict's addition, the header's lines) about the source check: skipped and why,
+    or the runtime and kernels it ran and the end-to-end drift with its first layer."""
+    src = _dict(result.get("source"))
+    if src.get("skipped"):
+        why = _e(src.get("skipped"))
+        return (f'<span id="source-skipped" class="skipped">(source check skipped: {why})</span>',
+                f"<b>skipped</b>: {why}")
+    if not src.get("ran"):
+        return "", ""
+    line = _e(src.get("runtime") or "the source runtime")
+    d = _dict(src.get("end_to_end"))
+    first = _dict(d.get("first"))
+    if first:
+        beyond = _dict(d.get("first_beyond_max_lsb"))
+        line += (f'<br><span id="drift">end-to-end drift (not a failure: the verdict is per layer, each recomputed '
+                 f'from the runtime\'s own inputs): {_e(_fmt(d.get("layers"), 6))} layer(s) differ, up to '
+                 f'{_e(_fmt(d.get("max_lsb"), 6))} LSB; first at <a href="#layer-{_e(first.get("index", ""))}">'
+                 f'<code>{_e(first.get("layer"))}</code></a>'
+                 + (f' ({_e(_fmt(first.get("max_lsb"), 6))} LSB)' if first.get("max_lsb") is not None else "")
+                 + (f'; first beyond max_lsb at <code>{_e(beyond.get("layer"))}</code> '
+                    f'({_e(_fmt(beyond.get("max_lsb"), 6))} LSB)' if beyond else "") + "</span>")
+    elif d:
+        line += '<br><span id="drift">end to end: every compared layer equals the source runtime</span>'
+    return "", line
+
+
 def _table(ordered: list[tuple[int, dict]], modes: list[str]) -> str:
     head = ["#", "layer", "op", "dtype", "scheme", "status"]
     for check in modes:
         head += [f"{check}", f"{check} max err", f"{check} exact", f"{check} cosine", f"{check} SQNR dB"]
+        if check == "source":
+            head.append("source end to end")
     rows = []
     for rank, (i, layer) in enumerate(ordered):
         status = _status(layer.get("status"))
@@ -521,6 +562,10 @@ def _table(ordered: list[tuple[int, dict]], modes: list[str]) -> str:
                 _cell(_fmt_cos(_cosine(m)), _cosine(m)),
                 _cell(_fmt(m.get("sqnr_db"), 4), m.get("sqnr_db")),
             ]
+            if check == "source":
+                e2e = _dict(m.get("end_to_end"))
+                cells.append(_cell(_drift_text(e2e) if e2e else "\u2014",
+                                   None if not e2e else (0 if e2e.get("exact") is True else _num(e2e.get("max_lsb")))))
         rows.append(f'<tr id="layer-{i}" class="{status}" data-rank="{rank}">' + "".join(cells) + "</tr>")
     ths = "".join(f"<th>{_e(h)}</th>" for h in head)
     return (f'<table id="layer-table" class="layers"><thead><tr>{ths}</tr></thead><tbody>'
@@ -549,6 +594,9 @@ def render_report(result: dict) -> str:
           ("producer", _e(", ".join(f"{k} {v}" for k, v in producer.items() if v is not None) or "?")),
           ("checks", _e(", ".join(modes) or "none")),
           ("thresholds", _e(", ".join(f"{k} {_fmt(v, 6)}" for k, v in thresholds.items()) or "?"))]
+    skipped_html, source_html = _source_html(result)
+    if source_html:
+        kv.append(("source", source_html))
     kv_html = "".join(f"<tr><td>{k}</td><td>{v}</td></tr>" for k, v in kv)
     counts = "".join(f'<span>{_e(k)}: <b>{_e(_fmt(summary.get(k), 4))}</b></span>'
                      for k in ("layers", "passed", "failed", "unsupported") if k in summary)
@@ -579,7 +627,7 @@ def render_report(result: dict) -> str:
 <title>{_e(title)}</title><style>{_CSS}</style></head>
 <body>
 <header id="summary">
-<h1><span id="verdict" class="verdict {verdict}">{verdict.upper()}</span>irgen verify report</h1>
+<h1><span id="verdict" class="verdict {verdict}">{verdict.upper()}</span>{skipped_html}irgen verify report</h1>
 <table class="kv">{kv_html}</table>
 <p class="counts">{counts}</p>
 <h2>Problems</h2>

@@ -20,6 +20,11 @@ Float layers run ``fused_ops`` and must satisfy, elementwise,
 and ``max(1, max|golden|)`` in ``entire`` and ``source`` (float error grows
 along a deep chain, so there the absolute part scales with the tensor's
 magnitude). Source comparison of integer tensors allows ``max_lsb`` units.
+In a quantized model the ``source`` verdict is per layer (``local``): the layer
+recomputed from the runtime's own input tensors against the runtime's output;
+the chained golden values against the runtime are reported beside it as
+end-to-end drift (``end_to_end``; the result's ``source`` names the first layer
+where it appears) and do not fail verification by themselves.
 
 Besides, every file listed in ``manifest.json`` must still have its sha256; a
 changed file is reported with the layer that owns it.
@@ -515,11 +520,19 @@ def _source_child(conn, frontend: str, model: str, options: dict, plugins: list[
 
         host = PluginHost().load(extra=plugins, strict=strict)
         runner = host.frontends.get(frontend).source_runner(Path(model), options)
+        # before running: what runs, and the options to retry with should it crash (see isolated_source_runner)
+        conn.send(("runner", _describe(runner), getattr(runner, "fallback", None)))
         conn.send(("ok", runner(feeds, wanted)))
     except Exception as err:  # noqa: BLE001  reported by the parent, one line
         conn.send(("error", str(err) if isinstance(err, IrgenError) else f"source check: {type(err).__name__}: {err}"))
     finally:
         conn.close()
+
+
+def _describe(runner: Callable) -> dict[str, Any]:
+    """A source runner's ``runtime`` (e.g. "TFLite interpreter") and ``kernels`` (e.g.
+    "reference kernels"), attributes a frontend may set on the callable it returns."""
+    return {k: str(getattr(runner, k)) for k in ("runtime", "kernels") if getattr(runner, k, None)}
 
 
 def isolated_source_runner(out: Path, ir: dict, model: Path | None = None, host=None,
@@ -528,35 +541,67 @@ def isolated_source_runner(out: Path, ir: dict, model: Path | None = None, host=
     """Like :func:`source_runner_for`, but the runtime runs in a child process, so a
     runtime that aborts or crashes on a model (the TFLite interpreter does on some)
     becomes an IrgenError naming the signal instead of ending ``irgen``. Returns
-    (runner, the :class:`SourceModel` it runs)."""
+    (runner, the :class:`SourceModel` it runs).
+
+    A frontend's runner may name other options to retry with when it crashes (its
+    ``fallback`` attribute, a dict merged into the options: the TFLite frontend's
+    builtin optimized kernels when the reference kernels abort); the check then
+    runs once more with them. After a call, the runner's ``runtime`` attribute says
+    what ran, e.g. "TFLite interpreter (builtin optimized kernels; reference kernels
+    crashed: signal SIGABRT)"."""
     import multiprocessing
     import signal
 
     src = resolve_source(out, ir, model, host, **kwargs)
     frontend, path = src.frontend, src.path
 
-    def run(feeds: dict[str, Any], wanted: list[str]) -> dict[str, Any]:
+    def once(options: dict[str, Any], feeds: dict[str, Any], wanted: list[str]) -> tuple[str, Any, dict, Any]:
+        """One child: (status "ok", "error" or "crashed"; the values, the message or how it
+        crashed; what ran; the runner's fallback options)."""
         ctx = multiprocessing.get_context("spawn")  # no fork: the parent may hold TVM's or torch's threads
         recv, send = ctx.Pipe(duplex=False)
         child = ctx.Process(target=_source_child, daemon=True,
-                            args=(send, frontend.name, str(path), src.options, list(plugins), strict, feeds,
+                            args=(send, frontend.name, str(path), options, list(plugins), strict, feeds,
                                   list(wanted)))
         child.start()
         send.close()
+        what: dict[str, Any] = {}
+        fallback = None
         try:
-            status, payload = recv.recv()
+            msg = recv.recv()
+            if msg[0] == "runner":  # the runner is built; now it runs
+                what, fallback = msg[1], msg[2]
+                msg = recv.recv()
+            status, payload = msg
         except EOFError:
             child.join()
             code = child.exitcode
-            how = f"signal {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit code {code}"
-            raise IrgenError(f"source check: the {frontend.name} frontend's runtime crashed ({how}) running "
-                             f"{path.name}; the single and entire checks do not depend on it") from None
+            status = "crashed"
+            payload = f"signal {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit code {code}"
         finally:
             recv.close()
         child.join()
+        return status, payload, what, fallback
+
+    def run(feeds: dict[str, Any], wanted: list[str]) -> dict[str, Any]:
+        status, payload, what, fallback = once(src.options, feeds, wanted)
+        crashed = None
+        if status == "crashed" and isinstance(fallback, dict) and fallback:
+            crashed = (what.get("kernels") or "its first kernels", payload)
+            status, payload, what, _ = once({**src.options, **fallback}, feeds, wanted)
+        if status == "crashed":
+            first = f" (and with {crashed[0]}: {crashed[1]})" if crashed else ""
+            raise IrgenError(f"source check: the {frontend.name} frontend's runtime crashed ({payload}){first} "
+                             f"running {path.name}; the single and entire checks do not depend on it")
         if status == "error":
             raise IrgenError(payload)
+        kernels = what.get("kernels")
+        if crashed:
+            kernels = f"{kernels or 'fallback kernels'}; {crashed[0]} crashed: {crashed[1]}"
+        runtime = what.get("runtime") or f"the {frontend.name} frontend's runtime"
+        run.runtime = f"{runtime} ({kernels})" if kernels else runtime
         return payload
+
 
     return run, src
 
@@ -612,6 +657,9 @@ def verify_output(out_dir: str | Path, *, modes=MODES, thresholds: Thresholds | 
 
     model_path = Path(model) if model is not None else None
     model_sha_ok: bool | None = None
+    # what the source check did: run (with which runtime and kernels), or skipped and why
+    source: dict[str, Any] | None = {"ran": False, "skipped": None, "runtime": None, "end_to_end": None} \
+        if "source" in modes else None
     if "source" in modes and source_runner is None:
         say("load the source model")
         try:
@@ -621,7 +669,8 @@ def verify_output(out_dir: str | Path, *, modes=MODES, thresholds: Thresholds | 
         except IrgenError as err:
             if not source_optional:
                 raise
-            notes.append(f"source check skipped: {_one_line(err).removeprefix('source check: ')}")
+            source["skipped"] = _one_line(err).removeprefix("source check: ")
+            notes.append(f"source check skipped: {source['skipped']}")
             modes = [m for m in modes if m != "source"]
         else:
             model_path, model_sha_ok = src.path, src.sha256_matches
@@ -689,10 +738,12 @@ def verify_output(out_dir: str | Path, *, modes=MODES, thresholds: Thresholds | 
             record(layer, mode, _status_metric("fail", first, f"cannot run: {type(err).__name__}: {err}"))
         return None
 
-    def _local(layer: dict, values: dict, src_of: dict, value: np.ndarray) -> dict | None:
-        """The layer recomputed from the source runtime's own input tensors against its
-        output: the kernel arithmetic alone, without differences carried from earlier
-        layers (None when an input is not available as an integer tensor there)."""
+    def _local(layer: dict, values: dict, src_of: dict, value: np.ndarray, k: int, integer: bool) -> dict | None:
+        """Output ``k`` of the layer recomputed from the source runtime's own input tensors
+        against the runtime's output ``value``: the kernel arithmetic alone, without
+        differences carried from earlier layers. A metric (integer: LSB, at most
+        ``max_lsb``; float: the scaled tolerance), or None when an input is not
+        available there with the layer's dtype or the layer cannot run."""
         ins = []
         for r in layer.get("inputs") or []:
             v = values.get(src_of.get(r["name"], ""))
@@ -700,15 +751,17 @@ def verify_output(out_dir: str | Path, *, modes=MODES, thresholds: Thresholds | 
                 return None
             ins.append(np.asarray(v))
         try:
-            got = runner.run(layer, ins)[0][0]
-            if _is_int(value.dtype) and not _is_int(got.dtype):  # a dequantize: in LSB, as ``value`` is
-                got = _to_float_source(got, got, layer, 0)[0]
-            lm = compare(value, got, integer=True, th=th, lsb_limit=th.max_lsb)
+            got = runner.run(layer, ins)[0][k]
+            if integer and _is_int(value.dtype) and not _is_int(got.dtype):  # a dequantize: in LSB, as ``value`` is
+                got = _to_float_source(got, got, layer, k)[0]
+            if not integer:
+                got = np.asarray(got).astype(np.float64)
+            return compare(got, value.astype(np.float64) if not integer else value, integer=integer, th=th,
+                           scaled=True, lsb_limit=th.max_lsb, tensor=layer["outputs"][k]["name"])
         except IrgenError:
             raise
         except Exception:  # noqa: BLE001  UnsupportedLayer, or an edited record
             return None
-        return {"exact_share": lm["exact_share"], "max_lsb": lm["max_lsb"]}
 
     if "single" in modes:
         say(f"single: {len(layers)} layers on their golden inputs")
@@ -758,6 +811,7 @@ def verify_output(out_dir: str | Path, *, modes=MODES, thresholds: Thresholds | 
 
     model_info = dict(ir.get("model") or {})
     if "source" in modes and inputs_refused:
+        source["skipped"] = inputs_refused
         notes.append(f"source check skipped: {inputs_refused}")
     elif "source" in modes:
         say("source: run the model in its own runtime")
@@ -775,11 +829,17 @@ def verify_output(out_dir: str | Path, *, modes=MODES, thresholds: Thresholds | 
         except IrgenError as err:
             if not source_optional:
                 raise
-            notes.append(f"source check skipped: {_one_line(err).removeprefix('source check: ')}")
+            source["skipped"] = _one_line(err).removeprefix("source check: ")
+            notes.append(f"source check skipped: {source['skipped']}")
             modes = [m for m in modes if m != "source"]
             values = None
         if values is not None:
+            source["ran"] = True
+            source["runtime"] = getattr(source_runner, "runtime", None)
             src_of = {t["name"]: t["name"] for t in graph_inputs}
+            lookup = {**values, **feeds}  # the model inputs too: a first layer recomputes from them
+            quantized = any(l.get("quant") is not None or _is_int_name((l.get("outputs") or [{}])[0].get("dtype"))
+                            for l in layers)
             for layer in layers:
                 src_of.update(zip((r["name"] for r in layer["outputs"]), (layer.get("source") or {}).get("outputs") or []))
             for i, layer in enumerate(layers, 1):
@@ -807,13 +867,24 @@ def verify_output(out_dir: str | Path, *, modes=MODES, thresholds: Thresholds | 
                                                                f"cannot compare: {type(err).__name__}: {err}"))
                         continue
                     m["source_tensor"] = src
-                    if integer and k == 0 and layer.get("quant") is not None:
-                        m["local"] = _local(layer, values, src_of, value)
-                        if m["status"] == "fail" and m["local"] is not None:
-                            m["message"] += (f"; from the runtime's own inputs the layer is off by at most "
-                                             f"{m['local']['max_lsb']} LSB ({100 * m['local']['exact_share']:.3f}% exact)")
+                    if quantized:  # the verdict is local; the chained values' difference is drift, reported beside
+                        lm = _local(layer, lookup, src_of, np.asarray(value), k, integer)
+                        if lm is not None:
+                            e2e = {key: m[key] for key in ("status", "exact", "exact_share", "max_lsb", "max_abs",
+                                                           "cosine", "sqnr_db")}
+                            if not integer:
+                                e2e["status"] = "pass" if e2e["status"] == "pass" else "drift"
+                            elif not m["exact"]:
+                                e2e["status"] = "drift"
+                            if lm["status"] == "fail":
+                                lm["message"] = f"recomputed from the runtime's own inputs: {lm['message']}"
+                            m = {**lm, "source_tensor": src, "verdict": "local", "end_to_end": e2e,
+                                 "local": {"exact_share": lm["exact_share"], "max_lsb": lm["max_lsb"]}}
+                        else:
+                            m["verdict"] = "end_to_end"
                     record(layer, "source", m, golden, value)
                 step("layers", i, len(layers))
+            source["end_to_end"] = _drift(layers, checks, th)
 
     # ---------------------------------------------------------- assemble
     rows = []
@@ -830,6 +901,8 @@ def verify_output(out_dir: str | Path, *, modes=MODES, thresholds: Thresholds | 
                 continue
             for key in ("max_abs", "max_rel", "sqnr_db", "cosine"):
                 m[key] = _json_num(m[key])
+                if m.get("end_to_end") and key in m["end_to_end"]:
+                    m["end_to_end"][key] = _json_num(m["end_to_end"][key])
             if m["status"] == "fail" or (m["status"] == "unsupported" and not th.allow_unsupported):
                 problems.append({"layer": layer["name"], "check": mode, "message": f"{m['tensor']}: {m['message']}"})
         dtype = (layer.get("outputs") or [{}])[0].get("dtype") or ""
@@ -863,9 +936,60 @@ def verify_output(out_dir: str | Path, *, modes=MODES, thresholds: Thresholds | 
                     "seconds": round(time.perf_counter() - t0, 3)},
         "problems": problems,
         "notes": notes,
+        "source": source,
         "layers": rows,
         "histograms": histograms,
     }
+
+
+def _drift(layers: list[dict], checks: dict, th: Thresholds) -> dict[str, Any]:
+    """End-to-end drift against the source runtime: where the chained (golden) values first
+    differ from the runtime's, how far, and the first layer beyond ``max_lsb``. It does not
+    fail verification: the source verdict is per layer (``local``)."""
+    first = beyond = None
+    worst, n = 0, 0
+    for index, layer in enumerate(layers):
+        m = checks[layer["name"]]["source"]
+        if m is None or m["status"] not in ("pass", "fail"):
+            continue
+        e = m.get("end_to_end") or m
+        lsb = e.get("max_lsb")
+        if m.get("max_lsb") is not None or lsb is not None:  # compared in LSB
+            differs = not e.get("exact")
+        else:
+            differs = e.get("status") in ("drift", "fail")
+        if not differs:
+            continue
+        n += 1
+        first = first or {"layer": layer["name"], "index": index, "tensor": m["tensor"], "max_lsb": lsb,
+                          "exact_share": e.get("exact_share")}
+        if lsb is not None:
+            worst = max(worst, lsb)
+            if lsb > th.max_lsb and beyond is None:
+                beyond = {"layer": layer["name"], "tensor": m["tensor"], "max_lsb": lsb}
+    return {"exact": n == 0, "layers": n, "max_lsb": worst, "first": first, "first_beyond_max_lsb": beyond}
+
+
+def _drift_line(source: dict | None) -> str | None:
+    """One line on the end-to-end drift of a source check that ran (None when there is none)."""
+    d = (source or {}).get("end_to_end") or {}
+    first = d.get("first")
+    if not first:
+        return None
+    where = f"first at layer {first['layer']}" + (f" ({first['max_lsb']} LSB)" if first.get("max_lsb") is not None else "")
+    beyond = d.get("first_beyond_max_lsb")
+    more = f"; first beyond --max-lsb at {beyond['layer']} ({beyond['max_lsb']} LSB)" if beyond else ""
+    return (f"end-to-end drift vs the source runtime (not a failure; the verdict is per layer, from the runtime's "
+            f"own inputs): {d['layers']} layer(s) differ, up to {d['max_lsb']} LSB, {where}{more}")
+
+
+def verdict_line(result: dict) -> str:
+    """``FAIL``, ``PASS``, or ``PASS (source check skipped: REASON)`` when a source check
+    that was asked for did not run: a pass without it is a weaker statement."""
+    if not result.get("passed"):
+        return "FAIL"
+    skipped = (result.get("source") or {}).get("skipped")
+    return f"PASS (source check skipped: {skipped})" if skipped else "PASS"
 
 
 #: problems with the folder itself rather than a layer's numbers: any of them fails verification
@@ -928,7 +1052,7 @@ def printable(value: Any) -> str:
 
 def format_table(result: dict, limit: int | None = None) -> str:
     """The terminal table: one line per layer and check, worst layers first, then a summary."""
-    head = ("LAYER", "OP", "DTYPE", "CHECK", "EXACT%", "MAX ERR", "COSINE", "SQNR dB", "STATUS")
+    head = ("LAYER", "OP", "DTYPE", "CHECK", "EXACT%", "MAX ERR", "COSINE", "SQNR dB", "E2E", "STATUS")
     lines = [head]
     rows = sorted(result["layers"], key=_badness)
     shown = rows if limit is None else rows[:limit]
@@ -947,8 +1071,15 @@ def format_table(result: dict, limit: int | None = None) -> str:
             sqnr = "exact" if m.get("exact") else _fmt(m["sqnr_db"], "db")
             share = "-" if m["status"] in ("unsupported", "missing") else _fmt(m["exact_share"], "pct")
             cos = "-" if m["status"] in ("unsupported", "missing") else _fmt(m["cosine"], "cos")
+            e2e = m.get("end_to_end")  # source, verdict local: the chained values against the runtime
+            if not e2e:
+                drift = "-"
+            elif e2e.get("exact"):
+                drift = "exact"
+            else:
+                drift = f"{e2e['max_lsb']} LSB" if e2e.get("max_lsb") is not None else _fmt(e2e.get("max_abs"), "abs")
             lines.append(tuple(map(printable, (row["name"], row["op"], row["dtype"], mode, share, err, cos, sqnr,
-                                               m["status"].upper()))))
+                                               drift, m["status"].upper()))))
             if m["status"] in ("fail", "unsupported") and m["message"]:
                 notes.append(printable(f"  {row['name']} [{mode}]: {m['message']}"))
     widths = [min(40, max(len(r[i]) for r in lines)) for i in range(len(head))]
@@ -959,8 +1090,13 @@ def format_table(result: dict, limit: int | None = None) -> str:
     for p in result["problems"]:
         if p["check"] in _FOLDER_CHECKS or p["layer"] is None:
             text.append(printable(f"  {p['check']}: {p['message']}"))
+    src = result.get("source") or {}
+    if src.get("ran"):
+        text.append(printable(f"source: {src.get('runtime') or 'the source runtime'}"))
+        if _drift_line(src):
+            text.append(printable(_drift_line(src)))
     s = result["summary"]
-    verdict = "PASS" if result["passed"] else "FAIL"
+    verdict = printable(verdict_line(result))
     text.append(f"{verdict}: {s['layers']} layers, {s['passed']} passed, {s['failed']} failed, "
                 f"{s['unsupported']} unsupported; checks {', '.join(result['modes']) or 'none'}; "
                 f"{len(result['problems'])} problems; {s['seconds']:.2f} s")

@@ -363,19 +363,31 @@ def _finish_main(mod, param_names: list[str]):
     return relax.transform.Normalize()(mod)
 
 
-def interpreter_runner(content: bytes, where: str):
-    """The TFLite interpreter (reference kernels, every tensor preserved) on a
-    flatbuffer; tensors by name. Used by ``irgen verify`` (tflite and keras)."""
+#: the TFLite interpreter's kernels the source check can use: (op resolver, what the report calls them)
+TFLITE_KERNELS = {
+    "reference": ("BUILTIN_REF", "reference kernels"),
+    # the default resolver's kernels without the XNNPACK delegate (which would hide intermediate tensors)
+    "optimized": ("BUILTIN_WITHOUT_DEFAULT_DELEGATES", "builtin optimized kernels"),
+}
+
+
+def interpreter_runner(content: bytes, where: str, kernels: str = "reference"):
+    """The TFLite interpreter (every tensor preserved) on a flatbuffer; tensors by
+    name. Used by ``irgen verify`` (tflite and keras). ``kernels``: a key of
+    :data:`TFLITE_KERNELS`. The reference kernels abort on some int8 models (e.g. a
+    softmax whose input scale they cannot represent); the runner's ``fallback``
+    tells ``irgen verify`` to run the builtin optimized kernels then."""
     import numpy as np
 
     from irgen_tensorflow.keras_frontend import _tf
 
     tf = _tf()  # an IrgenError when TensorFlow is not installed
+    resolver, described = TFLITE_KERNELS.get(kernels, TFLITE_KERNELS["reference"])
 
     def run(inputs: dict[str, Any], tensors: list[str]) -> dict[str, Any]:
         it = tf.lite.Interpreter(
             model_content=content,
-            experimental_op_resolver_type=tf.lite.experimental.OpResolverType.BUILTIN_REF,
+            experimental_op_resolver_type=getattr(tf.lite.experimental.OpResolverType, resolver),
             experimental_preserve_all_tensors=True,
         )
         it.allocate_tensors()
@@ -396,17 +408,21 @@ def interpreter_runner(content: bytes, where: str):
                     continue
         return out
 
+    run.runtime, run.kernels = "TFLite interpreter", described
+    run.fallback = {"tflite_kernels": "optimized"} if resolver == "BUILTIN_REF" else None
     return run
 
 
 def source_runner(path: Path, options: dict[str, Any]):
-    """The TFLite interpreter on the model file, checked as :func:`load_tflite` checks it."""
+    """The TFLite interpreter on the model file, checked as :func:`load_tflite` checks it;
+    its reference kernels, or the builtin optimized ones with option ``tflite_kernels``
+    "optimized" (``irgen verify`` retries with them when the reference kernels crash)."""
     from irgen import safeio
 
     path = Path(path)
     content = safeio.read_bytes(path, "model")  # a regular file only: never a FIFO or a device
     _parse_model(content, str(path), max_tensor_bytes(options))
-    return interpreter_runner(content, f"tflite frontend ({path.name})")
+    return interpreter_runner(content, f"tflite frontend ({path.name})", options.get("tflite_kernels", "reference"))
 
 
 @hookimpl

@@ -365,4 +365,4 @@ def source_runner(path: Path, options: dict[str, Any]):
 
     path = Path(path)
     return interpreter_runner(convert(path, options.get("calibration"), max_tensor_bytes(options)),
-                              f"keras frontend ({path.name})")
+                              f"keras frontend ({path.name})", options.get("tflite_kernels", "reference"))
