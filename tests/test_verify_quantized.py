@@ -278,3 +278,32 @@ def test_tflite_source_check_uses_the_reference_kernels_when_they_run(tmp_path, 
     code, r, _ = _verify_json(capsys, out)
     assert code == 0 and r["source"]["runtime"] == "TFLite interpreter (reference kernels)"
     assert r["source"]["end_to_end"]["exact"] and all(row["checks"]["source"]["exact"] for row in r["layers"])
+
+
+@pytest.mark.slow
+def test_keras_applications_mobilenet_v2_int8_source_check_runs(tmp_path, capsys):
+    """keras.applications MobileNetV2 (random weights, 32x32) as full-int8 TFLite: the reference
+    kernels abort on it (its softmax input scale is ~1e-8); the check runs on the builtin
+    optimized kernels, each layer within 1 LSB of them from their own inputs."""
+    tf = pytest.importorskip("tensorflow")
+    tf.keras.utils.set_random_seed(0)
+    net = tf.keras.applications.MobileNetV2(input_shape=(32, 32, 3), weights=None, classes=10)
+    conv = tf.lite.TFLiteConverter.from_keras_model(net)
+    conv.optimizations = [tf.lite.Optimize.DEFAULT]
+
+    def rep():
+        for k in range(4):
+            yield [np.random.default_rng(k).standard_normal((1, 32, 32, 3)).astype(np.float32)]
+
+    conv.representative_dataset = rep
+    conv.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+    conv.inference_input_type = conv.inference_output_type = tf.int8
+    model = tmp_path / "mobilenet_v2.tflite"
+    model.write_bytes(conv.convert())
+    np.save(tmp_path / "x.npy", np.random.default_rng(3).integers(-128, 128, (1, 32, 32, 3)).astype(np.int8))
+    _run(model, "-o", tmp_path / "out", "--input", tmp_path / "x.npy")
+    code, r, _ = _verify_json(capsys, tmp_path / "out")
+    assert code == 0 and r["passed"] and r["source"]["ran"], r["problems"]
+    assert "builtin optimized kernels; reference kernels crashed" in r["source"]["runtime"]
+    assert all(row["checks"]["source"]["status"] == "pass" and row["checks"]["source"]["max_lsb"] <= 1
+               for row in r["layers"])
