@@ -320,6 +320,14 @@ def _recompute_qdq(layer: dict[str, Any], inputs: list[np.ndarray], params: dict
     rq = qr.get("requant") or {}
     if qr.get("reference") == "torch":  # torch reference-quantized graphs (the torch frontend)
         return _recompute_torch(layer, inputs, params)
+    fn = scheme_recompute("qdq", kind) if qr["scheme"] != "qdq" else None
+    if fn is not None:  # a scheme built on qdq (pow2): qdq's own plugin kinds
+        return fn(layer, inputs, params)
+    if qr.get("constants"):  # integer constants as operands (QLinearAdd/QLinearMul with an initializer)
+        inputs, it = [], iter(inputs)
+        for k in range(len(qr["inputs"])):
+            c = qr["constants"].get(str(k))
+            inputs.append(next(it) if c is None else np.asarray(c["values"], qr["inputs"][k]["dtype"]).reshape(c["shape"]))
     if kind in ("conv2d", "depthwise_conv2d", "dense"):
         acc = accumulate(layer, inputs, params)
         axis = rq["axis"]

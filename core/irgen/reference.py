@@ -421,6 +421,42 @@ def _power(a, b):
     return np.power(a, b)
 
 
+def _erf(x):
+    import math
+
+    return np.vectorize(math.erf, otypes=[np.float64])(np.asarray(x, np.float64))
+
+
+def _layer_norm(args, attrs):
+    """relax.nn.layer_norm: ``(x - mean) / sqrt(var + eps) * gamma + beta`` over ``axes``, in float64."""
+    x, gamma, beta = (np.asarray(a) for a in args[:3])
+    axes = tuple(int(a) % x.ndim for a in np.atleast_1d(attrs.get("axes", -1)))
+    xd = x.astype(np.float64)
+    mean = xd.mean(axis=axes, keepdims=True)
+    var = ((xd - mean) ** 2).mean(axis=axes, keepdims=True)
+    y = (xd - mean) / np.sqrt(var + float(attrs.get("epsilon", 1e-5)))
+    if attrs.get("scale", True):
+        y = y * gamma.astype(np.float64)
+    if attrs.get("center", True):
+        y = y + beta.astype(np.float64)
+    return y.astype(x.dtype)
+
+
+def _strided_slice(args, attrs):
+    """relax.strided_slice with constant axes, begin, end (and strides)."""
+    x = np.asarray(args[0])
+    axes, begin, end = (np.atleast_1d(np.asarray(_shape_or(a))) for a in args[1:4])
+    strides = np.atleast_1d(np.asarray(_shape_or(args[4]))) if len(args) > 4 else np.ones(len(axes), np.int64)
+    index = [slice(None)] * x.ndim
+    for a, b, e, st in zip(axes, begin, end, strides):
+        index[int(a) % x.ndim] = slice(int(b), int(e), int(st))
+    return x[tuple(index)]
+
+
+def _shape_or(v):
+    return v["shape"] if isinstance(v, dict) and "shape" in v else v
+
+
 def _pad(args, attrs):
     """relax.nn.pad, constant mode: ``pad_width`` is (before, after) per axis, flattened."""
     x = np.asarray(args[0])
@@ -487,6 +523,9 @@ OPS: dict[str, Callable[[list[Any], dict], Any]] = {
                                               axis=int(attrs.get("axis") or 0)),
     "relax.quantize": _quantize,
     "relax.dequantize": _dequantize,
+    "relax.erf": _unary_f(_erf),
+    "relax.nn.layer_norm": _layer_norm,
+    "relax.strided_slice": _strided_slice,
     "relax.nn.pad": _pad,
     "tgi": lambda args, attrs: args[0][int(attrs["index"])],
 }

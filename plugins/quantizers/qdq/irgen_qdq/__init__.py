@@ -27,6 +27,13 @@ This scheme rewrites each span into the same integer arithmetic:
   ops in float on the dequantized values, or as QLinearSigmoid's table);
 * Concat: identity, or a lookup table per input whose parameters differ;
 * MaxPool, Reshape, Flatten, Transpose with equal in/out parameters: as is.
+
+The spans ``quantize_static`` writes around ops without an integer kernel are in
+:mod:`irgen_qdq.spans`: Add/Mul with a quantized constant operand (QLinearAdd/
+QLinearMul with an initializer), float layers (LayerNorm, BatchNorm left alone,
+...: dequantize, the float ops, quantize; ``"realization": "float"``),
+elementwise graphs on one tensor as tables (HardSwish, GELU's erf) and
+channel splits (Slice with shape-computed bounds).
 """
 
 from __future__ import annotations
@@ -309,33 +316,6 @@ def _qlinear_add_constant(ra, rb, zp_a, zp_b, zp_y) -> np.float32:
     return f32(f32(zp_y) - inner)
 
 
-#: ops a table can absorb when they act on one dequantized tensor and constants
-_ELEMENTWISE = {"relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.clip", "relax.nn.relu",
-                "relax.sigmoid", "relax.tanh", "relax.exp", "relax.minimum", "relax.maximum", "relax.negative",
-                "relax.abs", "relax.sqrt", "relax.power"}
-
-
-def _elementwise_chain(qg, last):
-    """The bindings from one dequantize(int var) to ``last`` when every one of them is an
-    elementwise op on that single tensor and constants (HardSigmoid, x * 0.5 + c, ...),
-    each used only inside the chain: ((int var, QTensor, dq name), [bindings in order]) or None."""
-    relax, _, _, _ = _ops()
-    chain, b = [], last
-    while b is not None and b.op in _ELEMENTWISE:
-        vars_ = [a for a in b.value.args if isinstance(a, relax.Var)]
-        consts = [a for a in b.value.args if not isinstance(a, relax.Var)]
-        if len(vars_) != 1 or any(hasattr(c.value, "numpy") and c.value.numpy().size != 1 for c in consts):
-            return None
-        if b is not last and qg.n_users(b.name) != 1:
-            return None
-        chain.insert(0, b)
-        src = _dequantized(qg, vars_[0])
-        if src is not None:
-            return src, chain
-        b = qg.producer(vars_[0])
-    return None
-
-
 def _chain_fn(chain, start: str):
     """A float32 function evaluating ``chain`` (numpy, irgen.reference's ops) on the values of ``start``."""
     from irgen.graph import attrs_to_dict
@@ -380,7 +360,9 @@ def _realize_mul(qg, qb, comp, out):
     tensor = qb.name
     if _is_torch(qg):
         raise IrgenError(f"{SCHEME}: a quantized multiply ({tensor!r}) in a torch graph is not supported")
-    (x1, q1, d1), (x2, q2, d2) = [_need(qg, a, "an input", tensor) for a in comp.value.args]
+    from irgen_qdq.spans import constants_record, operand
+
+    (x1, q1, d1, c1), (x2, q2, d2, c2) = [operand(qg, a, tensor) for a in comp.value.args]
     ratio = np.float32(np.float32(np.float32(q1.scale[0]) * np.float32(q2.scale[0])) / np.float32(out.scale[0]))
     e = qg.emit
     prod = e(op.multiply(_offset(qg, x1, int(q1.zero_point[0])), _offset(qg, x2, int(q2.zero_point[0]))))
@@ -389,11 +371,12 @@ def _realize_mul(qg, qb, comp, out):
     info = np.iinfo(out.dtype)
     expr = q.rx_round_to_int(e, f, 0, int(info.min), int(info.max), out.dtype)
     rec = {"scheme": SCHEME, "kind": "mul", "inputs": [q1.record(), q2.record()], "output": out.record(),
+           **({"constants": constants_record([c1, c2])} if c1 is not None or c2 is not None else {}),
            "requant": {"scale": float(ratio), "rounding": "half_to_even",
                        "rounding_rule": "y = clamp(round_half_even(float32(float32((x_a - zp_a) * (x_b - zp_b)) * scale) "
                                         "+ float32(zp_y))); scale = float32(float32(s_a * s_b) / s_y) (MLAS QLinearMul)"},
            "clamp": [int(info.min), int(info.max)]}
-    return [d1, d2, comp.name, qb.name], expr, rec
+    return d1 + d2 + [comp.name, qb.name], expr, rec
 
 
 def _realize_softmax(qg, qb, comp, out):
@@ -433,12 +416,35 @@ def _realize_softmax(qg, qb, comp, out):
     return [dqx, comp.name, qb.name], op.astype(vq, out.dtype), rec
 
 
+def _spans():
+    from irgen_qdq import spans
+
+    return spans
+
+
+def _or_float(qg, qb, f, out, realize, *args):
+    """``realize`` an integer kernel; when an operand is no integer tensor (a per-channel or int32
+    constant: ORT has no QLinear kernel for it), the float span as ORT runs it."""
+    try:
+        return realize(qg, qb, *args, out)
+    except IrgenError as e:
+        if _is_torch(qg) or "no integer kernel" not in str(e):
+            raise
+        return _spans().realize_float(qg, qb, f, out)
+
+
 def _realize_add(qg, qb, comp, acts, out):
     _, op, q, _ = _ops()
     tensor = qb.name
-    (x1, q1, d1), (x2, q2, d2) = ins = [_need(qg, a, "an input", tensor) for a in comp.value.args]
     if _is_torch(qg):
+        ins = [_need(qg, a, "an input", tensor) for a in comp.value.args]
         return _realize_add_torch(qg, qb, ins, comp, acts, out)
+    from irgen_qdq.spans import constants_record, operand
+
+    (x1, q1, d1, c1), (x2, q2, d2, c2) = [operand(qg, a, tensor) for a in comp.value.args]
+    if c1 is not None and c1.size == 1 and (c2 is None or c2.size > 1):
+        # QLinearAdd passes a scalar A to MLAS as its scalar B: the roles swap
+        (x1, q1, d1, c1), (x2, q2, d2, c2) = (x2, q2, d2, c2), (x1, q1, d1, c1)
     sy = np.float32(out.scale[0])
     ra, rb = np.float32(q1.scale[0]) / sy, np.float32(q2.scale[0]) / sy
     const = _qlinear_add_constant(ra, rb, q1.zero_point[0], q2.zero_point[0], out.zero_point[0])
@@ -452,12 +458,13 @@ def _realize_add(qg, qb, comp, acts, out):
     lo, hi = _clamp_of(acts, out.dtype, out)
     expr = q.rx_round_to_int(e, f, 0, lo, hi, out.dtype)
     rec = {"scheme": SCHEME, "kind": "add", "inputs": [q1.record(), q2.record()], "output": out.record(),
+           **({"constants": constants_record([c1, c2])} if c1 is not None or c2 is not None else {}),
            "requant": {"scale": [float(ra), float(rb)], "constant": float(const), "rounding": "half_to_even",
                        "rounding_rule": "y = clamp(round_half_even(fma(x_a, scale[0], fma(x_b, scale[1], constant)))), "
                                         "each fma rounded once to float32; constant = float32(zp_y - "
                                         "fma(scale[0], zp_a, float32(scale[1] * zp_b))) (MLAS QLinearAdd, AVX2)"},
            "clamp": [lo, hi]}
-    return [d1, d2, comp.name] + [b.name for b in acts] + [qb.name], expr, rec
+    return d1 + d2 + [comp.name] + [b.name for b in acts] + [qb.name], expr, rec
 
 
 def _realize_global_avg(qg, qb, comp, out):
@@ -636,6 +643,8 @@ def realize(qg, scheme: str = SCHEME, conv_requant=None) -> None:
 
 def _realize(qg, conv_requant) -> None:
     relax, op, q, Constant = _ops()
+    if not _is_torch(qg):
+        _spans().drop_dead_items(qg)
     i = 0
     while i < len(qg.bindings):
         b = qg.bindings[i]
@@ -647,6 +656,8 @@ def _realize(qg, conv_requant) -> None:
         out = _qparams(qg, b.value, b.name, chans)
         if out.scale.size != 1:
             raise IrgenError(f"{SCHEME}: activation {b.name!r} is quantized per channel; not supported")
+        if f is None and isinstance(b.value.args[0], Constant):
+            continue  # a constant quantized at run time: its consumers take the integers (spans.quantized_constant)
         if f is None:
             names, expr, rec = _realize_quantize(qg, b, out)
             qg.replace(names, expr, rec)
@@ -670,13 +681,13 @@ def _realize(qg, conv_requant) -> None:
                     comp, bias_b = cand, comp
                     break
         chain = None if bias_b is not None or comp.op in ("relax.nn.conv2d", "relax.matmul") \
-            else _elementwise_chain(qg, f)
+            else _spans().elementwise_dag(qg, f)
         if chain is not None and not (len(chain[1]) == 1 and (f.op in _UNARY or f.op == "relax.clip")):
             names, expr, rec = _realize_table_chain(qg, b, chain, out)
         elif comp.op in ("relax.nn.conv2d", "relax.matmul"):
             names, expr, rec = _realize_conv(qg, b, comp, bias_b, acts, out, conv_requant)
         elif comp.op == "relax.add":  # with the relu/clip after it (torch: add, relu, quantize)
-            names, expr, rec = _realize_add(qg, b, comp, acts, out)
+            names, expr, rec = _or_float(qg, b, f, out, _realize_add, comp, acts)
         elif acts:
             comp = acts[0]
             names, expr, rec = _realize_unary(qg, b, comp, out)
@@ -688,6 +699,8 @@ def _realize(qg, conv_requant) -> None:
             names, expr, rec = _realize_avg_pool(qg, b, comp, out)
         elif comp.op == "relax.concat":
             names, expr, rec = _realize_concat(qg, b, comp, out)
+        elif comp.op == "relax.dynamic_strided_slice" and not _is_torch(qg):
+            names, expr, rec = _spans().realize_slice(qg, b, comp, out)
         elif comp.op in _MOVE:
             names, expr, rec = _realize_move(qg, b, comp, out)
         elif comp.op in _UNARY or comp.op == "relax.clip":
@@ -695,14 +708,20 @@ def _realize(qg, conv_requant) -> None:
         elif comp.op == "relax.nn.softmax" and not acts:
             names, expr, rec = _realize_softmax(qg, b, comp, out)
         elif comp.op == "relax.multiply" and not acts:
-            names, expr, rec = _realize_mul(qg, b, comp, out)
-        else:
+            names, expr, rec = _or_float(qg, b, f, out, _realize_mul, comp)
+        elif _is_torch(qg):
             raise IrgenError(f"{SCHEME}: cannot realize {comp.op or comp.kind} at tensor {b.name!r} in integer arithmetic")
+        else:  # no integer kernel in ONNX Runtime: dequantize, the float ops, quantize
+            names, expr, rec = _spans().realize_float(qg, b, f, out)
         keep_last = names[-1]
         names = [n for n in dict.fromkeys(names[:-1]) if qg.n_users(n) <= 1 or qg.by_name[n].op != "relax.dequantize"]
         qg.replace(names + [keep_last], expr, rec)
         i = 0
+        if comp.op == "relax.dynamic_strided_slice":
+            _spans().retype(qg)
     # what is left: dequantize of activations feeding float ops or the model output
+    if not _is_torch(qg):
+        _spans().drop_dead(qg)
     for b in list(qg.bindings):
         if b.op == "relax.quantize":
             raise IrgenError(f"{SCHEME}: quantize at tensor {b.name!r} is left after folding")
@@ -723,6 +742,11 @@ def _realize(qg, conv_requant) -> None:
     left = [b for b in qg.bindings if b.op == "relax.dequantize" and qg.n_users(b.name) > 0]
     if left:
         raise IrgenError(f"{SCHEME}: dequantize at tensor {left[0].name!r} is left after folding")
+
+
+from irgen_qdq import spans as _spans_module  # noqa: E402
+
+_spans_module.register()
 
 
 @hookimpl

@@ -1,0 +1,484 @@
+"""Spans of ``quantize_static`` graphs that ONNX Runtime does not run as one integer kernel.
+
+* **Dequantized constants as integer operands**: ``quantize_static`` puts Q->DQ on
+  constants feeding Add/Mul (the bias Add after a MatMul, a layer-scale gamma,
+  GELU's ``+ 1`` and ``* 0.5``); ORT fuses those into QLinearAdd/QLinearMul with
+  the integer constant as an operand (:func:`operand`).
+* **Float layers** (:func:`realize_float`): a span ``DQ -> float ops -> Q`` whose
+  ops have no integer kernel in ORT (LayerNormalization, BatchNormalization not
+  folded into a conv, a per-channel constant operand...). ORT dequantizes the
+  inputs (constants too), runs the float ops and quantizes the result; irgen
+  does the same, the float ops in float64 on the float32 dequantized values,
+  rounded once to float32 before the quantize (so TVM and the numpy recompute
+  agree), and records ``"realization": "float"`` with the program of the ops.
+* **Elementwise graphs on one tensor** (:func:`elementwise_dag`): HardSwish
+  (``x * clip(x + 3, 0, 6) / 6``), GELU's ``x/sqrt2 -> erf``: a 256-entry table.
+* **Channel split** (:func:`realize_slice`): ``Slice``/``Split`` on a quantized
+  tensor, a data movement on the integers.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from irgen.api import IrgenError
+
+#: elementwise ops a table can absorb (on one dequantized tensor and scalar constants)
+ELEMENTWISE = {"relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.clip", "relax.nn.relu",
+               "relax.sigmoid", "relax.tanh", "relax.exp", "relax.minimum", "relax.maximum", "relax.negative",
+               "relax.abs", "relax.sqrt", "relax.power", "relax.erf"}
+
+
+def _pkg():
+    import irgen_qdq
+
+    return irgen_qdq
+
+
+def _args(value):
+    """The variables and constants a binding's value reads, Tuple fields flattened."""
+    from tvm import relax
+
+    if isinstance(value, relax.TupleGetItem):
+        return [value.tuple_value]
+    if isinstance(value, relax.Tuple):
+        return list(value.fields)
+    out = []
+    for a in getattr(value, "args", []):
+        out.extend(a.fields if isinstance(a, relax.Tuple) else [a])
+    return out
+
+
+def _users_inside(qg, name: str, members: set[str]) -> bool:
+    return qg.n_users(name) == len(qg.users.get(name, [])) and all(
+        qg.bindings[i].name in members for i in qg.users.get(name, []))
+
+
+# ------------------------------------------------------------------ integer operands
+
+
+def operand(qg, expr, tensor: str, what: str = "an input"):
+    """An integer operand of QLinearAdd/QLinearMul: ``(relax expr of the integers, QTensor, names to drop,
+    constant array or None)`` for a dequantized activation or a per-tensor dequantized constant."""
+    from tvm import relax
+
+    p = _pkg()
+    qc = quantized_constant(qg, expr)
+    r = None if qc is not None else p._dequantized(qg, expr)
+    if r is not None:
+        x, qt, d = r
+        return x, qt, [d], None
+    if qc is not None:
+        arr, qt, names = qc
+        chain = [qg.by_name[n] for n in names]
+    else:
+        try:
+            arr, qt, chain = p._const_chain(qg, expr, tensor, what)
+        except IrgenError:
+            raise IrgenError(f"{p.SCHEME}: {what} of {tensor!r} is not a dequantized integer tensor") from None
+    if qt.scale.size != 1:
+        raise IrgenError(f"{p.SCHEME}: {what} of {tensor!r} is a per-channel constant; no integer kernel")
+    if str(arr.dtype) not in ("int8", "uint8"):
+        raise IrgenError(f"{p.SCHEME}: {what} of {tensor!r} is a {arr.dtype} constant; no integer kernel")
+    return relax.const(arr), qt, p._drop(qg, chain), arr
+
+
+def quantized_constant(qg, expr):
+    """``DQ(Q(float constant))`` (a Constant node quantized at run time, GELU's 1 and 0.5):
+    (integer array as QuantizeLinear computes it, QTensor, [dq, q] bindings) or None."""
+    from irgen.graph import Constant
+    from irgen.quant import quantize_linear
+
+    p = _pkg()
+    dq = qg.producer(expr)
+    if dq is None or dq.op != "relax.dequantize":
+        return None
+    qb = qg.producer(dq.value.args[0])
+    if qb is None or qb.op != "relax.quantize" or not isinstance(qb.value.args[0], Constant):
+        return None
+    qt = p._qparams(qg, qb.value, qb.name)
+    if qt.scale.size != 1:
+        return None
+    arr = quantize_linear(qb.value.args[0].value.numpy(), np.float32(qt.scale[0]), int(qt.zero_point[0]), qt.dtype)
+    return arr, p._qparams(qg, dq.value, dq.name), [dq.name, qb.name]
+
+
+def constants_record(arrays) -> dict:
+    """``{operand index: {"shape", "values"}}`` of the constant operands of an integer layer."""
+    return {str(k): {"shape": list(a.shape), "values": [int(v) for v in a.reshape(-1)]}
+            for k, a in enumerate(arrays) if a is not None}
+
+
+# ------------------------------------------------------------------ elementwise tables
+
+
+def elementwise_dag(qg, last):
+    """The bindings from one dequantize(int var) to ``last`` when all are elementwise ops on that
+    tensor and scalar constants, each used only inside: ((int var, QTensor, dq name), bindings in order)."""
+    from tvm import relax
+
+    p = _pkg()
+    members: dict[str, object] = {}
+    source = None
+    stack = [last]
+    while stack:
+        b = stack.pop()
+        if b.name in members:
+            continue
+        if b.op not in ELEMENTWISE:
+            return None
+        members[b.name] = b
+        for a in _args(b.value):
+            if isinstance(a, relax.Var):
+                d = p._dequantized(qg, a)
+                if d is not None:
+                    if source is not None and source[2] != d[2]:
+                        return None
+                    source = d
+                    continue
+                pb = qg.producer(a)
+                if pb is None:
+                    return None
+                stack.append(pb)
+            elif hasattr(a, "data") and a.value.numpy().size != 1:
+                return None
+    if source is None:
+        return None
+    names = set(members)
+    if any(n != last.name and not _users_inside(qg, n, names) for n in names):
+        return None
+    return source, [b for b in qg.bindings if b.name in names]
+
+
+# ------------------------------------------------------------------ float layers
+
+
+def recompute_float(layer, inputs, params=None) -> np.ndarray:
+    """A ``realization: float`` layer from its record: its ``program`` (fused-ops form, float64) on the
+    dequantized inputs, rounded to float32, then QuantizeLinear."""
+    from irgen.quant import quantize_linear
+    from irgen.reference import run_layer
+
+    qr = layer["quant"]
+    out = qr["output"]
+    deq = [((x.astype(np.int32) - int(i["zero_point"])).astype(np.float32) * np.float32(i["scale"])).astype(np.float64)
+           for x, i in zip(inputs, qr["inputs"])]
+    prog = qr["program"]
+    y = run_layer({"name": layer.get("name", "?"), "fused_ops": prog, "results": [f"op:{len(prog) - 1}"]}, deq, {})[0]
+    return quantize_linear(np.asarray(y).astype(np.float32), np.float32(out["scale"]), int(out["zero_point"]), out["dtype"])
+
+
+def _dequantized_constant(qg, b) -> np.ndarray:
+    """ORT's DequantizeLinear of a constant: ``float32(q - zp) * float32(scale)`` per axis."""
+    p = _pkg()
+    arr = b.value.args[0].value.numpy()
+    ax = int(b.value.attrs.axis) % max(arr.ndim, 1)
+    qt = p._qparams(qg, b.value, b.name, arr.shape[ax] if arr.ndim else 1)
+    shape = [1] * arr.ndim
+    if qt.scale.size > 1:
+        shape[ax] = qt.scale.size
+    s = qt.scale.astype(np.float32).reshape(shape if qt.scale.size > 1 else ())
+    z = qt.zero_point.astype(np.int64).reshape(shape if qt.zero_point.size > 1 else ())
+    return (arr.astype(np.int64) - z).astype(np.float32) * s
+
+
+def realize_float(qg, qb, last, out):
+    """``DQ -> float ops -> Q`` as ORT runs it without an integer kernel: the float ops on the
+    dequantized inputs (float64 here, rounded once to float32), then QuantizeLinear."""
+    from tvm import relax
+    from tvm.relax import op
+
+    from irgen.graph import Constant, attrs_to_dict
+    from irgen.ir import _arg_ref
+
+    p = _pkg()
+    _, _, q, _ = p._ops()
+    tensor = qb.name
+    members: dict[str, object] = {}
+    acts: list = []  # (int var, QTensor, dq name), in first-use order
+    consts: dict[str, np.ndarray] = {}  # dq name -> float32 values
+    dqs: list[str] = []
+    stack = [last]
+    while stack:
+        b = stack.pop()
+        if b.name in members:
+            continue
+        if b.op in ("relax.quantize", "relax.dequantize"):
+            raise IrgenError(f"{p.SCHEME}: cannot realize {b.op} before {tensor!r}")
+        members[b.name] = b
+        for a in _args(b.value):
+            if not isinstance(a, relax.Var):
+                continue
+            pb = qg.producer(a)
+            if pb is None:
+                raise IrgenError(f"{p.SCHEME}: an input of {tensor!r} ({a.name!r}) is a float tensor that is "
+                                 "not quantized")
+            qc = quantized_constant(qg, a)
+            if qc is not None:
+                arr, qt, qnames = qc
+                consts.setdefault(pb.name, (arr.astype(np.int64) - int(qt.zero_point[0])).astype(np.float32)
+                                  * np.float32(qt.scale[0]))
+                dqs.extend(qnames)
+            elif pb.op == "relax.dequantize":
+                if isinstance(pb.value.args[0], Constant):
+                    consts.setdefault(pb.name, _dequantized_constant(qg, pb))
+                elif pb.name not in [d for _, _, d in acts]:
+                    d = p._dequantized(qg, a)
+                    if d is None:
+                        raise IrgenError(f"{p.SCHEME}: an input of {tensor!r} is not a dequantized integer tensor")
+                    acts.append(d)
+                dqs.append(pb.name)
+            else:
+                stack.append(pb)
+    names = set(members)
+    for n in names:
+        if n != last.name and not _users_inside(qg, n, names):
+            raise IrgenError(f"{p.SCHEME}: the float ops before {tensor!r} are also used elsewhere ({n!r})")
+    order = [b for b in qg.bindings if b.name in names]
+    e = qg.emit
+    new: dict[str, object] = {}
+    refs: dict[str, str] = {}
+    acts.sort(key=lambda d: min(j for j, b in enumerate(order) if d[2] in [getattr(a, "name", None) for a in _args(b.value)]))
+    for k, (x, qx, d) in enumerate(acts):  # dequantized first, in this order: the layer's inputs follow it
+        f = e(op.multiply(e(op.astype(p._offset(qg, x, int(qx.zero_point[0])), "float32")),
+                          q.rx_const(qx.scale[0], "float32")))
+        new[d] = e(op.astype(f, "float64"))
+        refs[new[d].name] = f"input:{k}"
+    for d, v in consts.items():
+        new[d] = relax.const(v.astype(np.float64), "float64")
+
+    def arg(a):
+        if isinstance(a, relax.Var):
+            return new[a.name]
+        if isinstance(a, relax.Tuple):
+            return relax.Tuple([arg(f) for f in a.fields])
+        if isinstance(a, Constant) and str(a.ty.dtype) == "float32":
+            return relax.const(a.value.numpy().astype(np.float64), "float64")
+        return a
+
+    start = len(qg._pending)
+    for b in order:
+        v = b.value
+        if isinstance(v, relax.TupleGetItem) and isinstance(new.get(v.tuple_value.name), list):
+            new[b.name] = new[v.tuple_value.name][int(v.index)]  # an item of a decomposed tuple op
+        elif isinstance(v, relax.TupleGetItem):
+            new[b.name] = e(relax.TupleGetItem(arg(v.tuple_value), int(v.index)))
+        elif b.op == "relax.astype" and str(v.attrs.dtype) == "float32":
+            new[b.name] = e(op.astype(arg(v.args[0]), "float64"))
+        elif b.op in FLOAT64:
+            new[b.name] = FLOAT64[b.op](e, [arg(a) for a in v.args], v.attrs)
+        elif isinstance(v, relax.Call):
+            new[b.name] = e(relax.Call(v.op, [arg(a) for a in v.args], v.attrs, getattr(v, "sinfo_args", None)))
+        else:
+            raise IrgenError(f"{p.SCHEME}: cannot realize {b.kind} before {tensor!r}")
+    # the program of the float ops as bound (the quant record's own copy of the arithmetic)
+    program = []
+    for pb in qg._pending[start:]:
+        v = pb.value
+        if isinstance(v, relax.TupleGetItem):
+            program.append({"relax_op": "tgi", "attrs": {"index": int(v.index)}, "args": [refs[v.tuple_value.name]]})
+        else:
+            program.append({"relax_op": str(v.op.name), "attrs": attrs_to_dict(v.attrs) if v.attrs is not None else {},
+                            "args": [refs[a.name] if isinstance(a, relax.Var) else _arg_ref(a, {}, []) for a in v.args]})
+        refs[pb.name] = f"op:{len(program) - 1}"
+    y = e(op.astype(new[last.name], "float32"))
+    info = np.iinfo(out.dtype)
+    expr = q.rx_round_to_int(e, e(op.divide(y, q.rx_const(out.scale[0], "float32"))), int(out.zero_point[0]),
+                             int(info.min), int(info.max), out.dtype)
+    ops = "+".join(b.op.removeprefix("relax.") for b in order if b.op)
+    rec = {"scheme": p.SCHEME, "kind": "float", "realization": "float", "op": ops,
+           "inputs": [qx.record() for _, qx, _ in acts], "output": out.record(), "program": program,
+           "requant": {"rounding": "half_to_even", "rounding_rule":
+                       "y = saturate(round_half_even(float32(program(float64(float32(x - zp_x) * s_x))) / s_y) + zp_y); "
+                       "constants dequantized as float32(q - zp) * s (ONNX Runtime: DequantizeLinear, the float "
+                       "ops, QuantizeLinear)"},
+           "clamp": [int(info.min), int(info.max)]}
+    return dqs + [b.name for b in order] + [qb.name], expr, rec
+
+
+def _layer_norm64(e, args, attrs):
+    """relax.nn.layer_norm (float32/16 only in TVM) as float64 elementary ops:
+    ``(x - mean) / sqrt(var + eps) * gamma + beta``, sums in index order."""
+    from tvm.relax import op
+
+    x, gamma, beta = args
+    shape = [int(d) for d in x.ty.shape.values]
+    axes = [int(a) % len(shape) for a in attrs.axes]
+    n = _f64(float(np.prod([shape[a] for a in axes])))
+    mean = e(op.divide(e(op.sum(x, axis=axes, keepdims=True)), n))
+    xc = e(op.subtract(x, mean))
+    var = e(op.divide(e(op.sum(e(op.multiply(xc, xc)), axis=axes, keepdims=True)), n))
+    y = e(op.divide(xc, e(op.sqrt(e(op.add(var, _f64(float(attrs.epsilon))))))))
+    if bool(attrs.scale):
+        y = e(op.multiply(y, gamma))
+    if bool(attrs.center):
+        y = e(op.add(y, beta))
+    return y
+
+
+def _f64(v):
+    from tvm import relax
+
+    return relax.const(np.asarray(v, np.float64), "float64")
+
+
+def _batch_norm64(e, args, attrs):
+    """relax.nn.batch_norm (inference) as float64 elementary ops, a list of its outputs:
+    ``[(x - mean) / sqrt(var + eps) * gamma + beta, mean, var]``."""
+    from tvm.relax import op
+
+    from irgen.quant import per_axis
+
+    x, gamma, beta, mean, var = args
+    ndim = len(x.ty.shape.values)
+    axis = int(attrs.axis) % ndim
+
+    def chan(c):
+        return _f64(per_axis(c.value.numpy(), axis, ndim))
+
+    y = e(op.divide(e(op.subtract(x, chan(mean))), e(op.sqrt(e(op.add(chan(var), _f64(float(attrs.epsilon))))))))
+    if bool(attrs.scale):
+        y = e(op.multiply(y, chan(gamma)))
+    if bool(attrs.center):
+        y = e(op.add(y, chan(beta)))
+    return [y, mean, var]
+
+
+#: float ops TVM computes only in float32 (or as tuples), as float64 elementary ops
+FLOAT64 = {"relax.nn.layer_norm": _layer_norm64, "relax.nn.batch_norm": _batch_norm64}
+
+
+def drop_dead_items(qg) -> None:
+    """Remove tuple items nobody reads (batch_norm's mean and variance)."""
+    from tvm import relax
+
+    dead = [b.name for b in qg.bindings if isinstance(b.value, relax.TupleGetItem) and qg.n_users(b.name) == 0]
+    if dead:
+        qg.bindings = [b for b in qg.bindings if b.name not in dead]
+        qg._index()
+
+
+# ------------------------------------------------------------------ channel split
+
+
+def _evaluate(qg, expr):
+    """The value of a shape computation (shape_of on static shapes, constants, index arithmetic) in numpy."""
+    from tvm import relax
+
+    from irgen.graph import Constant, attrs_to_dict
+    from irgen.reference import run_op
+
+    p = _pkg()
+    if isinstance(expr, Constant):
+        return expr.value.numpy()
+    if isinstance(expr, relax.ShapeExpr):
+        return np.asarray([int(d) for d in expr.values], np.int64)
+    b = qg.producer(expr)
+    if b is None or not isinstance(b.value, relax.Call):
+        raise IrgenError(f"{p.SCHEME}: cannot evaluate {getattr(expr, 'name', expr)!r}: not a shape computation")
+    v = b.value
+    if b.op == "relax.shape_of":
+        shape = getattr(getattr(v.args[0], "ty", None), "shape", None)
+        if shape is not None and hasattr(shape, "values"):
+            return np.asarray([int(d) for d in shape.values], np.int64)
+        return np.asarray(np.shape(_evaluate(qg, v.args[0])), np.int64)
+    if b.op in ("relax.dequantize", "relax.quantize"):
+        raise IrgenError(f"{p.SCHEME}: {b.name!r} is not a shape computation")
+    args = [_evaluate(qg, a) for a in v.args]
+    if b.op == "relax.shape_to_tensor":
+        return np.asarray(args[0], np.int64)
+    if b.op == "relax.scatter_elements":
+        data, idx, upd = (np.asarray(a) for a in args)
+        out = data.copy()
+        np.put_along_axis(out, idx.astype(np.int64), np.broadcast_to(upd, idx.shape).astype(out.dtype),
+                          int(v.attrs.axis))
+        return out
+    return np.asarray(run_op(b.op, args, attrs_to_dict(v.attrs) if v.attrs is not None else {}, b.name))
+
+
+def realize_slice(qg, qb, comp, out):
+    """``Slice`` on a quantized tensor (ShuffleNet's channel split) whose begin/end/steps are computed
+    from static shapes: a strided slice of the integers (ORT drops the Q/DQ around Slice)."""
+    from tvm.relax import op
+
+    p = _pkg()
+    tensor = qb.name
+    x, qx, dqx = p._need(qg, comp.value.args[0], "the input", tensor)
+    if qx.scale[0] != out.scale[0] or qx.zero_point[0] != out.zero_point[0] or qx.dtype != out.dtype:
+        raise IrgenError(f"{p.SCHEME}: the slice at {tensor!r} changes quantization parameters; not supported")
+    shape = [int(d) for d in x.ty.shape.values]
+    begin, end, strides = (_evaluate(qg, a).reshape(-1) for a in comp.value.args[1:4])
+    axes, b0, e0, s0 = [], [], [], []
+    for a, dim in enumerate(shape):
+        if a >= len(begin):
+            break
+        start, stop, step = slice(int(begin[a]), int(end[a]), int(strides[a])).indices(dim)
+        if (start, stop, step) != (0, dim, 1):
+            axes.append(a), b0.append(start), e0.append(stop), s0.append(step)
+    expr = op.strided_slice(x, axes, b0, e0, s0)
+    rec = {"scheme": p.SCHEME, "kind": "integer", "op": "strided_slice", "inputs": [qx.record()], "output": out.record(),
+           "slice": {"axes": axes, "begin": b0, "end": e0, "strides": s0}}
+    return [dqx, comp.name, qb.name], expr, rec
+
+
+def drop_dead(qg) -> None:
+    """Remove bindings nobody reads any more (shape computations of realized slices)."""
+    while True:
+        dead = {b.name for b in qg.bindings if qg.n_users(b.name) == 0 and b.op not in ("relax.quantize",)}
+        if not dead:
+            return
+        qg.bindings = [b for b in qg.bindings if b.name not in dead]
+        qg._index()
+
+
+def retype(qg) -> None:
+    """Infer the static shapes of the bindings after a realized dynamic slice (its consumers were
+    imported with unknown shapes): each binding renormalized, its variable renewed when its type changed."""
+    from tvm import relax
+
+    from irgen.graph import Binding, substitute
+
+    bb = relax.BlockBuilder()
+    vmap: dict[str, object] = {}
+    new = []
+    for b in qg.bindings:
+        val = bb.normalize(substitute(b.value, vmap)) if vmap else b.value
+        var = b.var
+        if vmap and not tvm_equal(val.ty, b.var.ty):
+            var = (relax.DataflowVar if isinstance(b.var, relax.DataflowVar) else relax.Var)(b.name, val.ty)
+            vmap[b.name] = var
+        elif not vmap and _dynamic(b.var):
+            val = bb.normalize(b.value)
+            if not tvm_equal(val.ty, b.var.ty):
+                var = (relax.DataflowVar if isinstance(b.var, relax.DataflowVar) else relax.Var)(b.name, val.ty)
+                vmap[b.name] = var
+        new.append(Binding(b.name, var, val))
+    if not vmap:
+        return
+    func = qg.mod["main"]
+    out = substitute(func.body.body, vmap)
+    ret = relax.TupleType([f.ty for f in out.fields]) if isinstance(out, relax.Tuple) else out.ty
+    block = relax.DataflowBlock([relax.VarBinding(b.var, b.value) for b in new])
+    mod = qg.mod.__class__({gv: f for gv, f in qg.mod.functions.items() if gv.name_hint != "main"})
+    mod["main"] = relax.Function(func.params, relax.SeqExpr([block], out), ret, func.is_pure, func.attrs)
+    qg.mod = relax.transform.Normalize()(mod)
+    from irgen.graph import main_bindings
+
+    _, qg.bindings = main_bindings(qg.mod)
+    qg._index()
+
+
+def _dynamic(var) -> bool:
+    shape = getattr(var.ty, "shape", None)
+    return shape is None or not hasattr(shape, "values") or any(not hasattr(d, "value") for d in shape.values)
+
+
+def tvm_equal(a, b) -> bool:
+    return str(a) == str(b)
+
+
+def register() -> None:
+    """verify's recompute of the kinds realized here (schemes built on qdq, such as pow2, find it too)."""
+    from irgen.quant import register_recompute
+
+    register_recompute("qdq", "float", recompute_float)

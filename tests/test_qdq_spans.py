@@ -1,0 +1,179 @@
+"""qdq: the spans of ``quantize_static`` models that ONNX Runtime does not run as one integer kernel.
+
+Small torch modules reproduce the patterns of public architectures; each is
+exported to ONNX (opset 17), quantized by ``quantize_static`` (QDQ, default
+options; ``per_channel=True``; after ``quant_pre_process``), then ``irgen run``
+and ``irgen verify`` (single, entire and the source check against
+onnxruntime) must pass:
+
+* ``transformer``: Linear on [1, 8, 16] tokens (MatMul + a bias Add whose
+  constant is quantized: QLinearAdd with an initializer), LayerNorm (a float
+  layer: ORT runs it in float on dequantized inputs and weights), GELU (Div,
+  Erf: a table; its ``+ 1`` and ``* 0.5`` are Constant nodes quantized at run
+  time), residual add (ViT, BERT, ConvNeXt);
+* ``densenet``: concat then BatchNorm + ReLU not foldable into a conv (a float
+  layer with the dequantized BN scale and bias; DenseNet-121);
+* ``convnext``: depthwise 7x7, channels-last LayerNorm, MLP, layer-scale gamma
+  ``Mul`` with a quantized constant (ConvNeXt, EfficientFormer);
+* ``identity``: a conv after ``nn.Identity`` (timm ResNet-18d);
+* ``hardswish``: MobileNetV3's HardSwish without ``quant_pre_process``
+  (``x * clip(x + 3, 0, 6) / 6`` on one tensor: a table);
+* ``shuffle``: ShuffleNetV2's channel split (``chunk``, ``x[:, :c]``: Slice with
+  begin/end computed from shapes) and channel shuffle.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("onnxruntime")
+from torch import nn  # noqa: E402
+
+from test_verify import _assert_source_checked, _run, _verify_json  # noqa: E402
+
+
+class Transformer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln, self.l1, self.l2 = nn.LayerNorm(16), nn.Linear(16, 32), nn.Linear(32, 16)
+
+    def forward(self, x):
+        return x + self.l2(nn.functional.gelu(self.l1(self.ln(x))))
+
+
+class DenseNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c1, self.c2 = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 4, 3, padding=1)
+        self.bn, self.c3 = nn.BatchNorm2d(12), nn.Conv2d(12, 8, 1)
+
+    def forward(self, x):
+        a = torch.relu(self.c1(x))
+        c = torch.cat([a, torch.relu(self.c2(a))], 1)
+        return self.c3(torch.relu(self.bn(c)))
+
+
+class ConvNeXt(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c0, self.dw = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 8, 7, padding=3, groups=8)
+        self.ln, self.l1, self.l2 = nn.LayerNorm(8), nn.Linear(8, 32), nn.Linear(32, 8)
+        self.gamma = nn.Parameter(torch.rand(8) * 0.5 + 0.1)
+
+    def forward(self, x):
+        x = self.c0(x)
+        y = self.l2(nn.functional.gelu(self.l1(self.ln(self.dw(x).permute(0, 2, 3, 1)))))
+        return x + (self.gamma * y).permute(0, 3, 1, 2)
+
+
+class Identity(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c1, self.id, self.c2 = nn.Conv2d(3, 8, 3, padding=1), nn.Identity(), nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        return self.c2(self.id(torch.relu(self.c1(x))))
+
+
+class HardSwish(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c1, self.c2, self.hs = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 8, 1), nn.Hardswish()
+
+    def forward(self, x):
+        return self.c2(self.hs(self.c1(x)))
+
+
+class Shuffle(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c1, self.c2 = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(4, 4, 1)
+
+    def forward(self, x):
+        x = torch.relu(self.c1(x))
+        a, b = x.chunk(2, dim=1)
+        y = torch.cat([a, torch.relu(self.c2(b))], 1)
+        y = y.view(1, 2, 4, 8, 8).transpose(1, 2).reshape(1, 8, 8, 8)  # channel shuffle
+        return torch.cat([y[:, :4], self.c2(y[:, 4:])], 1)
+
+
+MODELS = {"transformer": (Transformer, (1, 8, 16)), "densenet": (DenseNet, (1, 3, 8, 8)),
+          "convnext": (ConvNeXt, (1, 3, 8, 8)), "identity": (Identity, (1, 3, 8, 8)),
+          "hardswish": (HardSwish, (1, 3, 8, 8)), "shuffle": (Shuffle, (1, 3, 8, 8))}
+SETTINGS = ("default", "per_channel", "pre_process")
+
+
+def quantized(name: str, setting: str, folder: Path) -> tuple[Path, np.ndarray]:
+    """``name`` exported (opset 17) and quantized by ``quantize_static`` as ``setting``; (model, input)."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    cls, shape = MODELS[name]
+    torch.manual_seed(0)
+    model = cls().eval()
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.5, 0.5), m.running_var.uniform_(0.5, 2.0), m.weight.data.uniform_(0.5, 1.5)
+    src = folder / f"{name}.onnx"
+    torch.onnx.export(model, (torch.randn(*shape),), str(src), dynamo=False, opset_version=17,
+                      input_names=["x"], output_names=["y"])
+    if setting == "pre_process":
+        pre = folder / f"{name}_pre.onnx"
+        quant_pre_process(str(src), str(pre), skip_symbolic_shape=True)
+        src = pre
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.it = iter([{"x": np.random.default_rng(k).standard_normal(shape).astype(np.float32)} for k in range(4)])
+
+        def get_next(self):
+            return next(self.it, None)
+
+    out = folder / f"{name}_{setting}.onnx"
+    quantize_static(str(src), str(out), Reader(), quant_format=QuantFormat.QDQ, per_channel=setting == "per_channel")
+    return out, np.random.default_rng(99).standard_normal(shape).astype(np.float32)
+
+
+# each case takes ~10 s: the default suite runs every pattern quantized with default options and
+# the transformer and the channel split in all three settings; the rest is marked slow
+CASES = [pytest.param(n, s, id=f"{n}-{s}", marks=[] if s == "default" or n in ("transformer", "shuffle")
+                      else [pytest.mark.slow]) for n in sorted(MODELS) for s in SETTINGS]
+
+
+@pytest.mark.parametrize("name,setting", CASES)
+def test_run_and_verify_against_onnxruntime(name, setting, tmp_path, capsys):
+    path, x = quantized(name, setting, tmp_path)
+    np.save(tmp_path / "x.npy", x)
+    out = tmp_path / "out"
+    _run(path, "-o", out, "--input", tmp_path / "x.npy")
+    ir = json.loads((out / "ir.json").read_text())
+    assert ir["producer"]["quantizer"] == "qdq"
+    code, r = _verify_json(capsys, out)
+    assert code == 0, r["problems"]
+    assert _assert_source_checked(r, ir, integer_exact=False) == len(ir["layers"])
+    integer = [row for row in r["layers"] if row["integer"]]
+    for row in integer:  # the numpy recompute of every integer layer (float realizations too) is exact
+        for mode in ("single", "entire"):
+            assert row["checks"][mode]["max_lsb"] == 0, (row["name"], mode, row["checks"][mode])
+    worst = max(row["checks"]["source"]["max_lsb"] for row in integer)
+    exact = np.mean([row["checks"]["source"]["exact_share"] for row in integer])
+    with capsys.disabled():
+        print(f"\n  {name}-{setting}: {len(ir['layers'])} layers, exact share vs onnxruntime {exact:.4f}, "
+              f"worst {worst} LSB")
+    kinds = {(layer["quant"] or {}).get("kind") for layer in ir["layers"]}
+    floats = [layer for layer in ir["layers"] if (layer["quant"] or {}).get("realization") == "float"]
+    if name in ("transformer", "convnext"):  # LayerNorm: a float layer; bias add / gamma mul: integer with a constant
+        assert any("layer_norm" in f["quant"]["op"] for f in floats), kinds
+        assert any((layer["quant"] or {}).get("constants") for layer in ir["layers"])
+    if name == "densenet":
+        assert any("batch_norm" in f["quant"]["op"] for f in floats), kinds
+    for f in floats:
+        q = f["quant"]
+        assert q["inputs"] and q["output"]["scale"] and q["program"], q
+    if name == "shuffle" and setting != "pre_process":
+        assert any((layer["quant"] or {}).get("op") == "strided_slice" for layer in ir["layers"])
