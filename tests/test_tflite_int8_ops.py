@@ -1,6 +1,7 @@
 """tflite-int8: operators of the keras.applications CNNs that TVM's importer
 refuses or imports as float on int8 tensors (PAD, SHAPE, STRIDED_SLICE,
-TRANSPOSE, SQUEEZE, RESIZE_NEAREST_NEIGHBOR; HARD_SWISH, LOGISTIC, MUL, MEAN;
+TRANSPOSE, SQUEEZE, RESIZE_NEAREST_NEIGHBOR; HARD_SWISH, LOGISTIC, MUL, MEAN,
+RESIZE_BILINEAR, BATCH_MATMUL;
 FULLY_CONNECTED on 3-D inputs).
 
 Each small Keras model is converted to full int8 with a representative
@@ -87,6 +88,16 @@ def resize_nearest(tf):
     return tf.keras.Model(x, b), (1, 6, 6, 3)
 
 
+def resize_bilinear(tf):
+    """RESIZE_BILINEAR: UpSampling2D, a non-integer factor, align corners."""
+    L = tf.keras.layers
+    x = L.Input((5, 6, 3), batch_size=1, name="x")
+    c = L.UpSampling2D(2, interpolation="bilinear")(_conv(L, x, 4))
+    c = L.Lambda(lambda c: tf.image.resize(c, (13, 9), method="bilinear"))(_conv(L, c, 4))
+    c = L.Lambda(lambda c: tf.compat.v1.image.resize_bilinear(c, (7, 17), align_corners=True))(_conv(L, c, 4))
+    return tf.keras.Model(x, c), (1, 5, 6, 3)
+
+
 def transpose_mean(tf):
     """TRANSPOSE then MEAN over one axis."""
     L = tf.keras.layers
@@ -105,6 +116,15 @@ def dense_3d(tf):
     return tf.keras.Model(x, L.Dense(5)(s)), (1, 8, 8, 3)
 
 
+def batch_matmul(tf):
+    """BATCH_MATMUL of two int8 activations, with and without the adjoint flag (attention scores)."""
+    L = tf.keras.layers
+    x = L.Input((6, 8), batch_size=1, name="x")
+    a, b = L.Dense(8)(x), L.Dense(8)(x)
+    s = L.Lambda(lambda ab: tf.matmul(ab[0], ab[1], transpose_b=True))([a, b])
+    return tf.keras.Model(x, L.Lambda(lambda sa: tf.matmul(sa[0], sa[1]))([s, a])), (1, 6, 8)
+
+
 MODELS = {
     "zero_pad": (zero_pad, {"PAD"}, {"pad", "conv2d", "max_pool2d"}),
     "squeeze_excite": (squeeze_excite, {"MEAN", "LOGISTIC", "MUL"}, {"mean", "lut", "mul"}),
@@ -112,7 +132,9 @@ MODELS = {
     "strided_slice": (strided_slice, {"STRIDED_SLICE"}, {"conv2d"}),
     "hard_swish": (hard_swish, {"HARD_SWISH"}, {"lut"}),
     "resize_nearest": (resize_nearest, {"RESIZE_NEAREST_NEIGHBOR"}, {"conv2d"}),
+    "resize_bilinear": (resize_bilinear, {"RESIZE_BILINEAR"}, {"resize_bilinear"}),
     "transpose_mean": (transpose_mean, {"TRANSPOSE", "MEAN"}, {"transpose", "mean"}),
+    "batch_matmul": (batch_matmul, {"BATCH_MATMUL", "FULLY_CONNECTED"}, {"batch_matmul", "dense"}),
     "dense_3d": (dense_3d, {"FULLY_CONNECTED"}, {"dense"}),
 }
 tflite_models.BUILDERS.update({name: m[0] for name, m in MODELS.items()})

@@ -214,6 +214,32 @@ def convert_resize_nearest(conv, op):
     return relax.op.take(y, relax.const(cols), axis=2)
 
 
+def convert_batch_matmul(conv, op):
+    """BATCH_MATMUL of two quantized tensors (TVM refuses it): dequantize ->
+    matmul -> quantize, the adjoint flags applied to the int8 operands first, for
+    the ``tflite-int8`` scheme to realize as TFLite's integer kernel."""
+    from tflite.BatchMatMulOptions import BatchMatMulOptions
+    from tvm import relax
+
+    ins = _ins(conv, op)
+    if ins[0].qnn_params is None:
+        return _tvm(conv).convert_batch_matmul(conv, op)
+    out = _out(conv, op)
+    if ins[1].qnn_params is None or out.qnn_params is None:
+        raise ValueError("BATCH_MATMUL: a quantized operand with a float operand or result is not supported")
+    options = BatchMatMulOptions()
+    table = op.BuiltinOptions()
+    options.Init(table.Bytes, table.Pos)
+    exprs = []
+    for t, adj in ((ins[0], options.AdjX()), (ins[1], options.AdjY())):
+        e = conv.get_tensor_expr(t)
+        if adj:
+            nd = len(e.ty.shape.values) if hasattr(e, "ty") and e.ty is not None else len(t.tensor.ShapeAsNumpy())
+            e = conv.bb.normalize(relax.op.permute_dims(e, list(range(nd - 2)) + [nd - 1, nd - 2]))
+        exprs.append(conv.bb.normalize(conv.dequantize(e, t)))
+    return conv.quantize(relax.op.matmul(exprs[0], exprs[1]), out)
+
+
 #: TFLite operator -> converter(converter, op), installed over TVM's
 CONVERTERS: dict[str, Callable[[Any, Any], Any]] = {
     "PAD": convert_pad,
@@ -224,11 +250,12 @@ CONVERTERS: dict[str, Callable[[Any, Any], Any]] = {
     "SQUEEZE": convert_squeeze,
     "RESHAPE": convert_reshape,
     "RESIZE_NEAREST_NEIGHBOR": convert_resize_nearest,
+    "BATCH_MATMUL": convert_batch_matmul,
 }
 
 #: operators accepted on quantized tensors besides TVM's own list
 QUANTIZED_OK = frozenset({"PAD", "PADV2", "SHAPE", "STRIDED_SLICE", "TRANSPOSE", "SQUEEZE",
-                          "RESIZE_NEAREST_NEIGHBOR", "PACK"})
+                          "RESIZE_NEAREST_NEIGHBOR", "PACK", "BATCH_MATMUL"})
 
 _FOLD_LIMIT = 4096  # elements: shape arithmetic, not data
 

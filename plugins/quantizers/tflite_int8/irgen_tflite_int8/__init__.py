@@ -399,6 +399,17 @@ def _operand(qg, expr):
     return src, qt, b.name if qg.n_users(b.name) == 1 else None
 
 
+def _from_constants(qg, expr, depth: int = 0) -> bool:
+    """Whether ``expr`` is computed from constants alone (a weight behind a reshape or transpose)."""
+    relax, _, _, Constant = _ops()
+    if isinstance(expr, Constant):
+        return True
+    b = qg.producer(expr)
+    if b is None or b.kind != "call" or depth > 8:
+        return False
+    return all(_from_constants(qg, a, depth + 1) for a in b.value.args if isinstance(a, (relax.Var, Constant)))
+
+
 class _Helpers:
     """The scheme's shared steps, handed to the realizations of :mod:`irgen_tflite_int8.kinds`."""
 
@@ -467,7 +478,10 @@ def realize(qg) -> None:
                         and other.op == "relax.dequantize" and isinstance(other.value.args[0], Constant):
                     comp, bias_b = cand, f
                     break
-        if comp.op in ("relax.nn.conv2d", "relax.matmul"):
+        if comp.op == "relax.matmul" and all(_dequantized(qg, a) is not None and not _from_constants(qg, _dequantized(qg, a)[0])
+                                             for a in comp.value.args):
+            names, expr, rec = kinds.realize_batch_matmul(qg, b, comp, out, act, _Helpers)
+        elif comp.op in ("relax.nn.conv2d", "relax.matmul"):
             names, expr, rec = _realize_conv(qg, b, comp, bias_b, out, act)
         elif comp.op == "relax.add":
             names, expr, rec = _realize_add(qg, b, comp, out, act)

@@ -11,8 +11,14 @@ parameter files alone), side by side.
   - HARD_SWISH: ``reference_ops::HardSwish``'s 16-bit fixed point (its
     multipliers are in the record), evaluated for each of the 256 inputs.
 
+* ``batch_matmul`` -- BATCH_MATMUL of two int8 activations: int32 sums of
+  ``(a - zp_a) * (b - zp_b)``, then ``MultiplyByQuantizedMultiplier`` (``operands``: the
+  layer input of each operand; ``transpose``: the adjoint flags, axes applied to it);
+* ``resize_bilinear`` -- RESIZE_BILINEAR: ``reference_ops::ResizeBilinearInteger``
+  (sizes and coordinate mode in the record);
 * ``mul`` -- MUL: ``MultiplyByQuantizedMultiplier((x1 - zp1) * (x2 - zp2), M, shift) + zp_y``
-  with ``M, shift = QuantizeMultiplier(double(s1) * double(s2) / double(s_y))``.
+  with ``M, shift = QuantizeMultiplier(double(s1) * double(s2) / double(s_y))``; an
+  int8 constant operand is in the record (``constants``: operand index -> values, shape).
 
 :data:`SPANS` maps the float Relax op between dequantize and quantize to its
 realization; :data:`RECOMPUTE` maps each kind to its recompute (registered with
@@ -22,6 +28,7 @@ realization; :data:`RECOMPUTE` maps each kind to its recompute (registered with
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, Callable
 
 import numpy as np
@@ -145,18 +152,91 @@ def recompute_lut(layer, inputs, params) -> np.ndarray:
     return lut_table(qr)[inputs[0].astype(np.int64) - lo]
 
 
+def operands(qr: dict[str, Any], inputs: list[np.ndarray]) -> list[np.ndarray]:
+    """The operands of a layer: its inputs, with the integer constants the record
+    holds (``constants``: operand index -> values and shape) in their places."""
+    consts = qr.get("constants") or {}
+    it = iter(inputs)
+    out = []
+    for k, q in enumerate(qr["inputs"]):
+        c = consts.get(str(k))
+        out.append(next(it) if c is None else np.asarray(c["values"], q["dtype"]).reshape(c["shape"]))
+    return out
+
+
+def _constant_record(value) -> dict[str, Any]:
+    arr = np.asarray(value.value.numpy())
+    return {"values": arr.reshape(-1).tolist(), "shape": list(arr.shape)}
+
+
 def recompute_mul(layer, inputs, params) -> np.ndarray:
     from irgen.quant import multiply_by_quantized_multiplier
 
     qr = layer["quant"]
     rq, out = qr["requant"], qr["output"]
-    a, b = (inputs[k].astype(np.int64) - int(q["zero_point"]) for k, q in enumerate(qr["inputs"]))
+    a, b = (x.astype(np.int64) - int(q["zero_point"]) for x, q in zip(operands(qr, inputs), qr["inputs"]))
     y = multiply_by_quantized_multiplier(a * b, rq["multiplier"], rq["shift"], rq["rounding"])
     lo, hi = qr["clamp"]
     return np.clip(y + int(out["zero_point"]), lo, hi).astype(out["dtype"])
 
 
-RECOMPUTE: dict[str, Callable] = {"lut": recompute_lut, "mul": recompute_mul}
+def _interpolation_integer(size_in: int, size_out: int, align_corners: bool, half_pixel: bool):
+    """TFLite's ComputeInterpolationValuesInteger for every output index: the
+    scaled source position (10 fractional bits) and its lower and upper rows."""
+    scale = ((1 << 10) * size_in + size_out // 2) // size_out
+    if align_corners and size_out > 1:
+        scale = ((1 << 10) * (size_in - 1) + (size_out - 1) // 2) // (size_out - 1)
+    v = np.arange(size_out, dtype=np.int64)
+    pos = v * scale + (scale // 2 - (1 << 9) if half_pixel else 0)
+    lower = np.maximum(np.where(pos < 0, -((-pos) >> 10), pos >> 10), 0)  # C division truncates
+    up = pos + (1 << 10) - 1
+    upper = np.minimum(np.where(up < 0, -((-up) >> 10), up >> 10), size_in - 1)
+    return pos, lower, upper
+
+
+def resize_bilinear_tables(qr: dict[str, Any]):
+    """Per axis (H, W): lower index, upper index, weight of the upper (10 bits)."""
+    out = []
+    for n_in, n_out in zip(qr["resize"]["input_size"], qr["resize"]["output_size"]):
+        pos, lo, hi = _interpolation_integer(n_in, n_out, qr["resize"]["align_corners"], qr["resize"]["half_pixel_centers"])
+        out.append((lo, hi, pos - (lo << 10)))
+    return out
+
+
+def recompute_resize_bilinear(layer, inputs, params) -> np.ndarray:
+    """``reference_ops::ResizeBilinearInteger`` (NHWC): the four neighbours weighted
+    in 20 fractional bits, ``(sum + sign * 2**19) / 2**20`` truncated."""
+    qr = layer["quant"]
+    x = inputs[0].astype(np.int64)
+    (y0, y1, dy), (x0, x1, dx) = resize_bilinear_tables(qr)
+    one = 1 << 10
+    wy0, wy1 = (one - dy)[:, None, None], dy[:, None, None]
+    wx0, wx1 = (one - dx)[None, :, None], dx[None, :, None]
+    rows0, rows1 = x[:, y0], x[:, y1]
+    acc = (rows0[:, :, x0] * wy0 * wx0 + rows1[:, :, x0] * wy1 * wx0
+           + rows0[:, :, x1] * wy0 * wx1 + rows1[:, :, x1] * wy1 * wx1)
+    acc = acc + np.where(acc > 0, 1 << 19, -(1 << 19))
+    y = np.where(acc < 0, -((-acc) >> 20), acc >> 20)
+    return y.astype(qr["output"]["dtype"])
+
+
+def recompute_batch_matmul(layer, inputs, params) -> np.ndarray:
+    """``reference_ops::BatchMatMul`` on int8: int32 sums of ``(a - zp_a) * (b - zp_b)``, requantized."""
+    from irgen.quant import multiply_by_quantized_multiplier
+
+    qr = layer["quant"]
+    rq, out = qr["requant"], qr["output"]
+    picked = [inputs[k] for k in qr.get("operands") or (0, 1)]  # operand k is layer input operands[k]
+    a, b = (x.astype(np.int64) - int(q["zero_point"]) for x, q in zip(picked, qr["inputs"]))
+    ta, tb = qr.get("transpose") or (None, None)  # operand k = layer input k permuted by these axes
+    a, b = (x if t is None else np.transpose(x, t) for x, t in ((a, ta), (b, tb)))
+    y = multiply_by_quantized_multiplier(np.matmul(a, b), rq["multiplier"], rq["shift"], rq["rounding"])
+    lo, hi = qr["clamp"]
+    return np.clip(y + int(out["zero_point"]), lo, hi).astype(out["dtype"])
+
+
+RECOMPUTE: dict[str, Callable] = {"lut": recompute_lut, "mul": recompute_mul, "batch_matmul": recompute_batch_matmul,
+                                  "resize_bilinear": recompute_resize_bilinear}
 
 
 # ------------------------------------------------------------------ Relax realizations
@@ -245,6 +325,7 @@ def realize_hard_swish(qg, qb, comp, out, act, helpers):
 
 
 def realize_mul(qg, qb, comp, out, act, helpers):
+    from tvm import relax
     from tvm.relax import op
 
     from irgen import quant as q
@@ -271,8 +352,108 @@ def realize_mul(qg, qb, comp, out, act, helpers):
                             "M, shift = QuantizeMultiplier(s1 * s2 / s_y)"},
         "clamp": [lo, hi],
     }
+    consts = {str(k): _constant_record(x) for k, x in enumerate((x1, x2)) if not isinstance(x, relax.Var)}
+    if consts:
+        rec["constants"] = consts
     drop = [d for d in (d1, d2) if d is not None] + [comp.name]
     return drop + helpers.tail(qb, act, last), helpers.finish(qg, y, out, lo, hi), rec
+
+
+def realize_resize_bilinear(qg, qb, comp, out, act, helpers):
+    """TVM's RESIZE_BILINEAR import (dequantize -> image.resize2d linear -> quantize)
+    as TFLite's integer kernel: gathers of the neighbour rows and columns, int64
+    weights, rounding division by 2**20."""
+    from tvm import relax
+    from tvm.relax import op
+
+    from irgen import quant as q
+    from irgen.api import IrgenError
+
+    a = comp.value.attrs
+    x, qx, dqx = helpers.int8_input(qg, comp.value.args[0], f"input of the resize {qb.name!r}")
+    mode = str(a.coordinate_transformation_mode)
+    if act is not None or str(a.method) != "linear" or str(a.layout) != "NHWC" \
+            or mode not in ("half_pixel", "align_corners", "asymmetric"):
+        raise IrgenError(f"{SCHEME}: resize {qb.name!r} ({a.method}, {mode}, {a.layout}) is not TFLite's RESIZE_BILINEAR")
+    if qx.scale[0] != out.scale[0] or qx.zero_point[0] != out.zero_point[0] or qx.dtype != out.dtype:
+        raise IrgenError(f"{SCHEME}: resize {qb.name!r} changes quantization parameters; TFLite's int8 kernel keeps them")
+    n, h, w, c = (int(d) for d in x.ty.shape.values)
+    oh, ow = (int(d) for d in comp.var.ty.shape.values[1:3])
+    rec = {"scheme": SCHEME, "kind": "resize_bilinear", "inputs": [qx.record()], "output": out.record(),
+           "resize": {"input_size": [h, w], "output_size": [oh, ow], "align_corners": mode == "align_corners",
+                      "half_pixel_centers": mode == "half_pixel", "layout": "NHWC",
+                      "rule": "TFLite ResizeBilinearInteger: 10-bit source positions, four neighbours weighted "
+                              "in 20 bits, (sum + sign * 2**19) / 2**20 truncated"}}
+    (y0, y1, dy), (x0, x1, dx) = resize_bilinear_tables(rec)
+    one = 1 << 10
+    e = qg.emit
+    xi = e(op.astype(x, "int64"))
+
+    def gather(rows, cols):
+        t = e(op.take(xi, relax.const(rows.astype(np.int32)), axis=1))
+        return e(op.take(t, relax.const(cols.astype(np.int32)), axis=2))
+
+    def weight(wy, wx):
+        return q.rx_const((wy[:, None, None] * wx[None, :, None]).reshape(1, oh, ow, 1), "int64")
+
+    terms = [e(op.multiply(gather(ry, cx), weight(wy, wx)))
+             for ry, wy in ((y0, one - dy), (y1, dy)) for cx, wx in ((x0, one - dx), (x1, dx))]
+    acc = e(op.add(e(op.add(terms[0], terms[1])), e(op.add(terms[2], terms[3]))))
+    half = e(op.where(e(op.greater(acc, q.rx_const(0, "int64"))), q.rx_const(1 << 19, "int64"), q.rx_const(-(1 << 19), "int64")))
+    y = e(op.divide(e(op.add(acc, half)), q.rx_const(1 << 20, "int64")))  # integer divide truncates
+    expr = op.astype(y, out.dtype)
+    return [dqx, comp.name, qb.name], expr, rec
+
+
+def realize_batch_matmul(qg, qb, comp, out, act, helpers):
+    """A matmul of two dequantized int8 activations (TFLite BATCH_MATMUL)."""
+    from tvm.relax import op
+
+    from irgen import quant as q
+    from irgen.api import IrgenError
+
+    ins = [helpers.dequantized(qg, a) for a in comp.value.args]
+    if any(i is None for i in ins):
+        raise IrgenError(f"{SCHEME}: an input of the batch matmul {qb.name!r} is not a dequantized int8 tensor")
+    (x1, q1, d1), (x2, q2, d2) = ins
+    real = np.float64(np.float32(q1.scale[0])) * np.float64(np.float32(q2.scale[0])) / np.float64(np.float32(out.scale[0]))
+    mult, shift = q.quantize_multiplier(float(real))
+    ndim = len(comp.var.ty.shape.values)
+    # an adjoint flag: the importer's unnamed transpose of an int8 operand joins this layer
+    # (operand a is emitted first, so that the layer's inputs are a, then b)
+    operands, axes, absorbed, sources = [], [], [], []
+    for x, qx in ((x1, q1), (x2, q2)):
+        p = qg.producer(x)
+        if p is not None and p.op == "relax.permute_dims" and re.fullmatch(r"lv\d*", p.name) and qg.n_users(p.name) == 1:
+            perm = [int(a) for a in p.value.attrs.axes]
+            src = p.value.args[0]
+            x = qg.emit(op.permute_dims(src, perm))
+            axes.append(perm)
+            absorbed.append(p.name)
+        else:
+            src = x
+            axes.append(None)
+        sources.append(getattr(src, "name", None))
+        operands.append(helpers.offset(qg, x, int(qx.zero_point[0])))
+    acc = qg.emit(op.matmul(operands[0], operands[1], out_dtype="int32"))
+    y = q.rx_multiply_by_quantized_multiplier(qg.emit, acc, np.array([mult]), np.array([shift]), -1, ndim, BATCH_MATMUL_ROUNDING)
+    lo, hi, last = helpers.clamp(qg, qb.name, out.dtype, act, out)
+    rec = {
+        "scheme": SCHEME,
+        "kind": "batch_matmul",
+        "inputs": [q1.record(), q2.record()],
+        "transpose": axes,
+        "operands": [0, 0] if sources[0] == sources[1] else [0, 1],
+        "output": out.record(),
+        "requant": {"multiplier": int(mult), "shift": int(shift), "rounding": BATCH_MATMUL_ROUNDING,
+                    "rounding_rule": q.ROUNDING_RULES[BATCH_MATMUL_ROUNDING]},
+        "clamp": [lo, hi],
+    }
+    drop = absorbed + [d for d in (d1, d2) if qg.n_users(d) == 1] + [comp.name]
+    return drop + helpers.tail(qb, act, last), helpers.finish(qg, y, out, lo, hi), rec
+
+
+BATCH_MATMUL_ROUNDING = "double"
 
 
 #: the float Relax op between dequantize and quantize -> realization
@@ -280,4 +461,5 @@ SPANS: dict[str, Callable] = {
     "relax.sigmoid": realize_logistic,
     "relax.divide": realize_hard_swish,
     "relax.multiply": realize_mul,
+    "relax.image.resize2d": realize_resize_bilinear,
 }
