@@ -335,6 +335,220 @@ def fold_batch_norm(mod: tvm.IRModule, provenance: Provenance) -> tvm.IRModule:
 
 
 # --------------------------------------------------------------------------
+# Static shapes: shape arithmetic an importer left in the graph (ONNX
+# Shape -> Gather -> Div -> Slice for torch's ``chunk``) is evaluated, and the
+# ops it feeds get static shapes again (dynamic_strided_slice -> strided_slice)
+
+
+def _static(ty) -> bool:
+    if isinstance(ty, relax.TupleType):
+        return all(_static(f) for f in ty.fields)
+    if isinstance(ty, relax.TensorType):
+        dims = getattr(ty.shape, "values", None)
+        return dims is not None and all(hasattr(d, "value") for d in dims)
+    if isinstance(ty, relax.ShapeType):
+        values = getattr(ty, "values", None)
+        return values is not None and all(hasattr(d, "value") for d in values)
+    return True
+
+
+def _known(expr: relax.Expr) -> Any:
+    """The value of a constant argument: an array, a tuple of ints (a shape), a scalar; else None."""
+    if isinstance(expr, Constant) and isinstance(expr.ty, relax.TensorType):
+        return const_np(expr)
+    if isinstance(expr, relax.ShapeExpr) and all(hasattr(d, "value") for d in expr.values):
+        return tuple(int(d.value) for d in expr.values)
+    if isinstance(expr, Constant) and isinstance(getattr(expr, "value", None), (int, float)):
+        return expr.value  # a PrimValue (IntImm / FloatImm)
+    return None
+
+
+def _shape_of(args, attrs, var_arg):
+    ty = var_arg.ty
+    return tuple(int(d.value) for d in ty.shape.values) if _static(ty) else None
+
+
+def _scatter_elements(args, attrs):
+    data, idx, upd = (np.asarray(a) for a in args)
+    if str(attrs.get("reduction", "update")) != "update" or data.ndim != 1:
+        return None
+    out = data.copy()
+    out[idx.astype(np.int64) % data.shape[0]] = upd
+    return out
+
+
+#: shape ops evaluated on constants: fn(args, attrs) -> value, or None when it cannot
+_SHAPE_OPS: dict[str, Any] = {
+    "relax.shape_to_tensor": lambda args, attrs: np.asarray(args[0], dtype=np.int64),
+    "relax.tensor_to_shape": lambda args, attrs: tuple(int(v) for v in np.asarray(args[0]).reshape(-1)),
+    "relax.scatter_elements": _scatter_elements,
+}
+#: arithmetic on shape values (integer and bool tensors), from the numpy reference
+_SHAPE_ARITH = {"relax.take", "relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.floor_divide",
+                "relax.where", "relax.less", "relax.greater", "relax.equal", "relax.less_equal",
+                "relax.greater_equal", "relax.concat", "relax.astype", "relax.reshape", "relax.squeeze",
+                "relax.expand_dims", "relax.maximum", "relax.minimum", "relax.strided_slice", "relax.negative"}
+_SHAPE_VALUE_LIMIT = 1 << 12
+
+
+def _evaluate(call: relax.Call, args: list[relax.Expr]) -> Any:
+    """The value of a shape computation on constants, or None."""
+    from irgen import reference
+
+    name = op_name(call)
+    if name == "relax.shape_of":
+        return _shape_of(None, None, args[0]) if isinstance(args[0], relax.Expr) else None
+    flat = []
+    for a in args:
+        if isinstance(a, relax.Tuple):
+            vals = [_known(f) for f in a.fields]
+            if any(v is None for v in vals):
+                return None
+            flat.extend(vals)
+        else:
+            v = _known(a)
+            if v is None:
+                return None
+            flat.append(v)
+    attrs = attrs_to_dict(call.attrs)
+    if name in _SHAPE_OPS:
+        return _SHAPE_OPS[name](flat, attrs)
+    if name in _SHAPE_ARITH:
+        ty = call.ty
+        if not isinstance(ty, relax.TensorType) or not (str(ty.dtype).startswith(("int", "uint")) or str(ty.dtype) == "bool"):
+            return None
+        if any(isinstance(v, np.ndarray) and v.size > _SHAPE_VALUE_LIMIT for v in flat):
+            return None
+        flat = [{"shape": list(v)} if isinstance(v, tuple) else v for v in flat]
+        try:
+            return np.asarray(reference.OPS[name](flat, attrs)).astype(str(ty.dtype))
+        except Exception:
+            return None
+    return None
+
+
+def _static_slice(call: relax.Call, args: list[relax.Expr], emit) -> relax.Expr | None:
+    """dynamic_strided_slice(x, begin, end, strides) with constant bounds -> strided_slice."""
+    x = args[0]
+    vals = [_known(a) for a in args[1:4]]
+    if any(v is None for v in vals) or not _static(x.ty):
+        return None
+    dims = [int(d.value) for d in x.ty.shape.values]
+    begin, end, strides = (np.asarray(v, dtype=np.int64).reshape(-1).tolist() for v in vals)
+    b2, e2, s2 = [], [], []
+    for n, b, e, st in zip(dims, begin, end, strides):
+        if st == 0:
+            return None
+        start, stop, step = slice(b, e, st).indices(n)
+        if step < 0 and stop < 0:
+            return None  # runs to the front: not expressible as a non-negative end
+        b2.append(start)
+        e2.append(stop)
+        s2.append(step)
+    # one axis per strided_slice (the IR lists a slice's axes, begins, ends and
+    # strides flat; with one axis they read unambiguously); the axes that cut
+    cut = [a for a, n in enumerate(dims) if (b2[a], e2[a], s2[a]) != (0, n, 1)] or [0]
+    out = x
+    for k, a in enumerate(cut):
+        if k:
+            out = emit(out)
+        out = relax.op.strided_slice(out, [a], [b2[a]], [e2[a]], [s2[a]])
+    return out
+
+
+def static_shapes(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` with shape arithmetic on known shapes folded into constants and the ops
+    that read it rebuilt with static shapes; unchanged when every shape is static."""
+    func, bindings = main_bindings(mod)
+    if all(_static(b.var.ty) for b in bindings):
+        return mod
+    vmap: dict[str, relax.Expr] = {}
+    bb = relax.BlockBuilder(tvm.IRModule({gv: f for gv, f in mod.functions.items() if gv.name_hint != "main"}))
+    with bb.function("main", list(func.params), attrs=dict(func.attrs) if func.attrs else None, pure=True):
+        with bb.dataflow():
+            for b in bindings:
+                value = substitute(b.value, vmap)
+                if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
+                    name = op_name(value)
+                    if name == "relax.dynamic_strided_slice":
+                        sliced = _static_slice(value, list(value.args), bb.emit)
+                        value = value if sliced is None else sliced
+                    elif name == "relax.reshape" and not isinstance(value.args[1], relax.ShapeExpr):
+                        shape = _known(value.args[1])
+                        if isinstance(shape, tuple):
+                            value = relax.op.reshape(value.args[0], shape)
+                    else:
+                        got = _evaluate(bb.normalize(value), list(value.args))
+                        if got is not None and not isinstance(b.var, relax.DataflowVar):
+                            got = None  # a model output stays a binding
+                        if isinstance(got, tuple):
+                            vmap[b.name] = relax.ShapeExpr(list(got))
+                            continue
+                        if isinstance(got, np.ndarray):
+                            vmap[b.name] = relax.const(got, str(got.dtype))
+                            continue
+                if isinstance(b.var, relax.DataflowVar):
+                    vmap[b.name] = bb.emit(value, name_hint=b.name)
+                else:
+                    vmap[b.name] = bb.emit_output(value, name_hint=b.name)
+        bb.emit_func_output(substitute(func.body.body, vmap))
+    return relax.transform.Normalize()(bb.get())
+
+
+# --------------------------------------------------------------------------
+# Tuple literals: a converter that builds a multi-output op's result from
+# several ops (torch ``unbind``: split, then a squeeze per item, then a tuple)
+
+
+def flatten_tuples(mod: tvm.IRModule, provenance: Provenance) -> tvm.IRModule:
+    """Remove tuple-literal bindings that are only read item by item.
+
+    Each item read ``g = t[i]`` becomes the binding of the field itself when that
+    field is an unnamed single-use op (so ``g = squeeze(...)``, named after the
+    source tensor), else an alias ``g = field``. The tuple's source node is
+    recorded as merged into each item."""
+    func, bindings = main_bindings(mod)
+    users = users_of(bindings)
+    out_names = set(var_names(func.body.body))
+    by_name = {b.name: i for i, b in enumerate(bindings)}
+    rebind: dict[int, relax.Var] = {}  # field binding index -> the item's var
+    alias: dict[int, relax.Expr] = {}  # item binding index -> the field
+    drop: set[int] = set()
+    for i, b in enumerate(bindings):
+        if b.kind != "tuple" or b.name in out_names:
+            continue
+        u = users.get(b.name, [])
+        if not u or any(bindings[k].kind != "tgi" for k in u):
+            continue
+        for k in u:
+            g = bindings[k]
+            f = b.value.fields[int(g.value.index)]
+            j = by_name.get(f.name) if isinstance(f, relax.Var) else None
+            if (j is not None and j not in rebind and bindings[j].kind == "call" and f.name not in provenance.by_var
+                    and users.get(f.name) == [i] and f.name not in out_names):
+                rebind[j] = g.var
+                drop.add(k)
+            else:
+                alias[k] = f
+            if b.name in provenance.by_var:
+                provenance.merged.setdefault(g.name, []).append(b.name)
+        drop.add(i)
+    if not drop:
+        return mod
+    new = []
+    for i, b in enumerate(bindings):
+        if i in drop:
+            continue
+        if i in rebind:
+            new.append(Binding(rebind[i].name, rebind[i], b.value))
+        elif i in alias:
+            new.append(Binding(b.name, b.var, alias[i]))
+        else:
+            new.append(b)
+    return rebuild_main(mod, new)
+
+
+# --------------------------------------------------------------------------
 # Layers
 
 
@@ -388,9 +602,11 @@ def form_layers(
                 tail = u[0]
         layers.append(layer)
 
+    idx = {b.name: i for i, b in enumerate(bindings)}
+    layers, assigned = _absorb_item_views(layers, bindings, users, provenance, assigned, idx)
+
     # ops a converter split into several bindings: merge unnamed single-use
     # results into the layer of the same source node that consumes them
-    idx = {b.name: i for i, b in enumerate(bindings)}
     merged_into: dict[int, int] = {}
     for layer in layers:
         last = layer.members[-1]
@@ -448,6 +664,46 @@ def form_layers(
     return layers
 
 
+#: ops that only view one item of a multi-output op differently (unbind = split + squeeze per item)
+_ITEM_VIEWS = {"relax.squeeze", "relax.reshape", "relax.expand_dims"}
+
+
+def _absorb_item_views(layers, bindings, users, provenance, assigned, idx):
+    """An unnamed op with several results (the split of an ``unbind``) and the
+    one-op layers that each view one of its items (a squeeze per item) are one
+    layer: its results are the named items, the tensors the source model has."""
+    absorbed: dict[int, int] = {}
+    for layer in layers:
+        last = bindings[idx[layer.members[-1]]]
+        if last.name in provenance.by_var or not isinstance(last.var.ty, relax.TupleType):
+            continue
+        u = users.get(last.name, [])
+        if not u or any(bindings[k].kind != "tgi" for k in u):
+            continue
+        take = []
+        for k in u:
+            cu = users.get(bindings[k].name, [])
+            t = assigned.get(bindings[cu[0]].name) if len(cu) == 1 else None
+            if t is None or t == layer.index or len(layers[t].members) != 1 or layers[t].rule is not None:
+                break
+            if bindings[cu[0]].op not in _ITEM_VIEWS or t in absorbed or t in take:
+                break
+            take.append(t)
+        else:
+            for k, t in zip(u, take):
+                absorbed[t] = layer.index
+                layer.members += [bindings[k].name, layers[t].members[0]]
+            layer.members.sort(key=idx.__getitem__)
+    if not absorbed:
+        return layers, assigned
+    kept = []
+    for layer in layers:
+        if layer.index in absorbed:
+            continue
+        kept.append(Layer(len(kept), layer.members, layer.anchor, layer.rule))
+    return kept, {m: layer.index for layer in kept for m in layer.members}
+
+
 _COMPUTE = {"relax.nn.conv2d", "relax.nn.conv1d", "relax.nn.conv2d_transpose", "relax.matmul"}
 
 
@@ -495,7 +751,7 @@ def group_module(mod: tvm.IRModule, assignment: dict[str, int], layer_names: dic
     pending: list[Binding] = []
     seq: list[tuple[str, Any]] = []  # ("layer", k) or ("bind", binding) in main order
     for b in bindings:
-        if b.kind in ("tgi", "alias", "const"):
+        if b.kind in ("tgi", "alias", "const") and b.name not in assignment:
             seq.append(("bind", b))
             continue
         k = assignment.get(b.name)
@@ -514,7 +770,8 @@ def group_module(mod: tvm.IRModule, assignment: dict[str, int], layer_names: dic
     users = users_of(bindings)
     where = {b.name: k for k, bs in groups.items() for b in bs}
     out_names = set(var_names(func.body.body))
-    bb = relax.BlockBuilder()
+    # the module's other functions (PrimFuncs an importer emitted with emit_te) stay callable
+    bb = relax.BlockBuilder(tvm.IRModule({gv: f for gv, f in mod.functions.items() if gv.name_hint != "main"}))
     vmap: dict[str, relax.Expr] = {}
     with bb.function("main", list(func.params), attrs=dict(func.attrs) if func.attrs else None, pure=True):
         with bb.dataflow():

@@ -196,11 +196,13 @@ def _form_layers(host, imported: ImportedModel, be: Backend, quantizer: str | No
     """Fold batch norms, realize the quantization scheme (if any), cut ``main`` into layers."""
     from tvm import relax
 
-    from irgen.graph import cut_layers, fold_batch_norm, form_layers, main_bindings
+    from irgen.graph import cut_layers, flatten_tuples, fold_batch_norm, form_layers, main_bindings, static_shapes
     from irgen.quant import QGraph
 
     progress.stage("form layers")
-    mod = fold_batch_norm(imported.mod, imported.provenance)
+    mod = static_shapes(imported.mod)
+    mod = fold_batch_norm(mod, imported.provenance)
+    mod = flatten_tuples(mod, imported.provenance)
     quant: dict[str, dict] = {}
     qg = QGraph(mod, frontend=imported.frontend)
     scheme = pick_quantizer(host, qg, quantizer)

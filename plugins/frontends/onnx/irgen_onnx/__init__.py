@@ -15,6 +15,7 @@ from irgen import hookimpl
 from irgen.api import Frontend, ImportedModel, IrgenError, Provenance, UnsupportedOpsError
 
 from . import checks, loader
+from .converters import CONVERTERS
 from .inline import inline_constant_ifs
 from .loader import all_graphs, one_line
 
@@ -105,7 +106,11 @@ def load_onnx(path: Path, options: dict[str, Any]) -> ImportedModel:
             return expr
 
         def _convert_operator(self, op_name, inputs, attrs, opset):
-            sym = super()._convert_operator(op_name, inputs, attrs, opset)
+            own = CONVERTERS.get(op_name)
+            if own is not None:
+                sym = self.bb.normalize(own(self.bb, inputs, attrs, opset))
+            else:
+                sym = super()._convert_operator(op_name, inputs, attrs, opset)
             if NamingImporter.current is None:  # inside a subgraph
                 return sym
             if isinstance(sym, relax.Tuple):
