@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import tvm
 from tvm import relax
 
 from irgen.api import Provenance
@@ -15,6 +16,77 @@ IR_VERSION = 1
 
 _ACTIVATIONS = {"relax.nn.relu", "relax.clip", "relax.sigmoid", "relax.tanh", "relax.nn.gelu", "relax.nn.silu"}
 _WEIGHTED = {"relax.nn.conv2d", "relax.nn.conv1d", "relax.nn.conv2d_transpose", "relax.matmul"}
+
+
+# Layer-op names of the transformer, resize and pad ops (beside graph.OP_NAMES)
+LAYER_OP_NAMES = {
+    "relax.nn.layer_norm": "layer_norm",
+    "relax.nn.rms_norm": "rms_norm",
+    "relax.nn.group_norm": "group_norm",
+    "relax.nn.instance_norm": "instance_norm",
+    "relax.nn.gelu": "gelu",
+    "relax.nn.gelu_tanh": "gelu",
+    "relax.nn.silu": "silu",
+    "relax.nn.attention": "attention",
+    "relax.nn.attention_bias": "attention",
+    "relax.take": "gather",
+    "relax.gather_elements": "gather",
+    "relax.gather_nd": "gather",
+    "relax.split": "split",
+    "relax.strided_slice": "strided_slice",
+    "relax.dynamic_strided_slice": "strided_slice",
+    "relax.nn.pad": "pad",
+    "relax.image.resize2d": "resize",
+    "relax.nn.pixel_shuffle": "depth_to_space",
+    "relax.nn.log_softmax": "log_softmax",
+}
+
+# attributes a layer op implies beyond its Relax attrs (the GELU form)
+IMPLIED_ATTRS = {
+    "relax.nn.gelu": {"approximate": "none"},
+    "relax.nn.gelu_tanh": {"approximate": "tanh"},
+}
+
+# Layer-op names of a source op that a converter imported as several Relax ops
+# (ONNX op type or aten op without its overload, lower case)
+SOURCE_OP_NAMES = {
+    "depthtospace": "depth_to_space",
+    "pixel_shuffle": "depth_to_space",
+    "spacetodepth": "space_to_depth",
+    "pixel_unshuffle": "space_to_depth",
+    "embedding": "gather",
+    "scaled_dot_product_attention": "attention",
+    "layernormalization": "layer_norm",
+    "layer_norm": "layer_norm",
+    "native_layer_norm": "layer_norm",
+    "gelu": "gelu",
+    "silu": "silu",
+    "resize": "resize",
+    "upsample": "resize",
+    "upsample_nearest2d": "resize",
+    "upsample_bilinear2d": "resize",
+    "pad": "pad",
+    "constant_pad_nd": "pad",
+    "split": "split",
+    "split_with_sizes": "split",
+    "chunk": "split",
+    "unbind": "split",
+    "slice": "strided_slice",
+    "reducemean": "mean",
+    "softmax": "softmax",
+    "_softmax": "softmax",
+    "bmm": "matmul",
+    "linear": "dense",
+}
+
+
+def source_op_name(op_type: str) -> str:
+    """Layer-op name of a source op type (``DepthToSpace`` -> ``depth_to_space``,
+    ``aten.embedding.default`` -> ``gather``)."""
+    t = op_type.lower()
+    if t.startswith("aten."):
+        t = t.split(".")[1]
+    return SOURCE_OP_NAMES.get(t, t)
 
 
 def short_op(b: Binding) -> str:
@@ -32,6 +104,8 @@ def short_op(b: Binding) -> str:
         tin, tout = tensor_type(v.args[0]), tensor_type(b.var)
         if tin and tout and len(tout[0]) == 2 and len(tin[0]) > 2 and tout[0][0] == tin[0][0]:
             return "flatten"
+    if name in LAYER_OP_NAMES:
+        return LAYER_OP_NAMES[name]
     if name in OP_NAMES:
         return OP_NAMES[name]
     return name.removeprefix("relax.").removeprefix("nn.").replace(".", "_")
@@ -134,16 +208,16 @@ def build_layer_record(
                 "op": short_op(b),
                 "relax_op": b.op or b.kind,
                 "attrs": attrs_to_dict(b.value.attrs) if isinstance(b.value, relax.Call) else {"index": int(b.value.index)} if b.kind == "tgi" else {},
-                "args": [_arg_ref(a, refs, params) for a in _flat_args(b.value)],
+                "args": [_arg_ref(a, refs, params) for a in op_args(b.value)],
             }
         )
         refs[b.name] = f"op:{j}"
 
-    attrs = dict(ops[layer.members.index(layer.anchor)]["attrs"])
+    attrs = {**IMPLIED_ATTRS.get(anchor.op or "", {}), **ops[layer.members.index(layer.anchor)]["attrs"]}
     acts = [b for b in members if b.op in _ACTIVATIONS and b is not anchor]
     if acts:
         act = acts[-1]
-        a = {"op": short_op(act)}
+        a = {"op": short_op(act), **IMPLIED_ATTRS.get(act.op or "", {})}
         if act.op == "relax.clip":
             a["min"] = _arg_ref(act.value.args[1], {}, [])["value"]
             a["max"] = _arg_ref(act.value.args[2], {}, [])["value"]
@@ -176,7 +250,7 @@ def build_layer_record(
     if quant is not None and quant.get("kind") not in (None, "integer"):
         op = quant["kind"]
     elif layer.rule is None and len(members) > 1 and len(set(op_types)) == 1:
-        op = op_types[0].lower()
+        op = source_op_name(op_types[0])
     record = {
         "name": layer_name,
         "op": op,
@@ -206,6 +280,21 @@ def _flat_args(v: relax.Expr) -> list[relax.Expr]:
     if isinstance(v, relax.Var):
         return [v]
     return []
+
+
+def op_args(v: relax.Expr) -> list[relax.Expr]:
+    """The arguments of one fused op as ``fused_ops`` records them: a tuple of tensors
+    (concat's operands) is flattened, a tuple of literals (strided_slice's axes, begin,
+    end, strides) stays one argument, a list in ``ir.json``."""
+    if not isinstance(v, relax.Call):
+        return _flat_args(v)
+    out = []
+    for a in v.args:
+        if isinstance(a, relax.Tuple) and not (a.fields and all(isinstance(f, (tvm.tirx.IntImm, tvm.tirx.FloatImm)) for f in a.fields)):
+            out.extend(a.fields)
+        else:
+            out.append(a)
+    return out
 
 
 def _walk_vars(v: relax.Expr) -> list[str]:

@@ -467,6 +467,346 @@ def _pad(args, attrs):
                   constant_values=np.asarray(attrs.get("pad_value", 0)).astype(x.dtype))
 
 
+# ------------------------------------- transformer, resize and elementwise ops (TVM's legalization)
+
+
+def _f64(x) -> np.ndarray:
+    return np.asarray(x).astype(np.float64)
+
+
+def _axes(attrs: dict, key: str = "axis") -> tuple[int, ...] | None:
+    v = attrs.get(key)
+    return None if v is None else tuple(int(a) for a in np.atleast_1d(v))
+
+
+def _split(args, attrs):
+    """relax.split -> a tuple; an int is sections of ceil(n / sections) each (topi.split), a list is indices."""
+    x = np.asarray(args[0])
+    axis = int(attrs.get("axis", 0)) % x.ndim
+    ios = attrs["indices_or_sections"]
+    if isinstance(ios, (list, tuple)):
+        idx = [int(i) for i in ios]
+    else:
+        step = -(-x.shape[axis] // int(ios))
+        idx = [step * k for k in range(1, int(ios))]
+    return tuple(np.split(x, idx, axis=axis))
+
+
+def _erf64(x: np.ndarray) -> np.ndarray:
+    import math
+
+    return np.vectorize(math.erf, otypes=[np.float64])(x)
+
+
+def _gelu(args, attrs):
+    """relax.nn.gelu (erf form): ``x * (0.5 + erf(x * sqrt(0.5)) * 0.5)``."""
+    x = np.asarray(args[0])
+    xd = _f64(x)
+    return (xd * (0.5 + _erf64(xd * 0.5**0.5) * 0.5)).astype(x.dtype)
+
+
+def _gelu_tanh(args, attrs):
+    """relax.nn.gelu_tanh: ``0.5 * x * (1 + tanh(sqrt(2/pi) * x * (1 + 0.044715 * x * x)))``."""
+    x = np.asarray(args[0])
+    xd = _f64(x)
+    return (0.5 * xd * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * xd * (1.0 + 0.044715 * xd * xd)))).astype(x.dtype)
+
+
+def _silu(args, attrs):
+    x = np.asarray(args[0])
+    xd = _f64(x)
+    return (xd / (1.0 + np.exp(-xd))).astype(x.dtype)
+
+
+def _cumsum(args, attrs, fn=np.cumsum):
+    """relax.cumsum / cumprod: in the accumulator dtype (``dtype``), inclusive unless ``exclusive``,
+    in index order (a float32 running sum, as TVM's scan)."""
+    x = np.asarray(args[0])
+    axis = attrs.get("axis")
+    if axis is None:
+        x, axis = x.reshape(-1), 0
+    axis = int(axis)
+    dtype = np.dtype(str(attrs.get("dtype") or x.dtype))
+    y = fn(x.astype(dtype), axis=axis, dtype=dtype)
+    if attrs.get("exclusive"):
+        y = y - x.astype(dtype) if fn is np.cumsum else y / x.astype(dtype)
+    return y
+
+
+def _resize_coord(out_size: int, in_size: int, mode: str, roi: tuple[float, float]) -> np.ndarray:
+    """topi.image.get_inx in float32: the input coordinate of each output index."""
+    x = np.arange(out_size, dtype=np.float32)
+    scale = np.float32(in_size) / np.float32(out_size)
+    if mode == "half_pixel":
+        return (x + np.float32(0.5)) * scale - np.float32(0.5)
+    if mode == "align_corners":
+        return np.float32(in_size - 1) / np.float32(max(out_size - 1, 1)) * x if out_size > 1 else x * 0
+    if mode == "asymmetric":
+        return scale * x
+    if mode == "pytorch_half_pixel":
+        return (x + np.float32(0.5)) * scale - np.float32(0.5) if out_size > 1 else x * 0
+    if mode == "tf_half_pixel_for_nn":
+        return (x + np.float32(0.5)) * scale
+    raise NotImplementedError(f"resize2d coordinate_transformation_mode {mode!r}")
+
+
+def _nearest(c: np.ndarray, rounding: str, mode: str) -> np.ndarray:
+    rounding = rounding or ("round" if mode == "align_corners" else "floor")
+    if rounding == "round":
+        return np.rint(c)
+    if rounding == "round_prefer_floor":
+        return np.ceil(c - np.float32(0.5))
+    if rounding == "round_prefer_ceil":
+        return np.floor(c + np.float32(0.5))
+    if rounding == "floor":
+        return np.floor(c + np.float32(1e-5))
+    if rounding == "ceil":
+        return np.ceil(c - np.float32(1e-5))
+    raise NotImplementedError(f"resize2d rounding_method {rounding!r}")
+
+
+def _resize2d(args, attrs):
+    """relax.image.resize2d (topi.image.resize2d): nearest_neighbor or linear, coordinates in float32,
+    source indices clamped to the image."""
+    x = np.asarray(args[0])
+    layout = str(attrs.get("layout") or "NCHW")
+    if sorted(layout) != sorted("NCHW"):
+        raise NotImplementedError(f"resize2d layout {layout}")
+    method = str(attrs.get("method") or "linear")
+    mode = str(attrs.get("coordinate_transformation_mode") or "half_pixel")
+    xn = np.transpose(x, _perm(layout, "NCHW"))
+    h, w = xn.shape[2:]
+    oh, ow = _pair(_shape(args[1]) if not isinstance(args[1], (int, float)) else args[1])
+    cy, cx = _resize_coord(oh, h, mode, (0, 0)), _resize_coord(ow, w, mode, (0, 0))
+    if method == "nearest_neighbor":
+        rounding = str(attrs.get("rounding_method") or "")
+        iy = np.clip(_nearest(cy, rounding, mode).astype(np.int64), 0, h - 1)
+        ix = np.clip(_nearest(cx, rounding, mode).astype(np.int64), 0, w - 1)
+        y = xn[:, :, iy][:, :, :, ix]
+    elif method == "linear":
+        y0, x0 = np.floor(cy), np.floor(cx)
+        ty, tx = (cy - y0).astype(np.float32), (cx - x0).astype(np.float32)
+        y0, x0 = y0.astype(np.int64), x0.astype(np.int64)
+        ys = [np.clip(y0 + j, 0, h - 1) for j in (0, 1)]
+        xs = [np.clip(x0 + i, 0, w - 1) for i in (0, 1)]
+        p = [[xn[:, :, ys[j]][:, :, :, xs[i]].astype(np.float32) for i in (0, 1)] for j in (0, 1)]
+        txb, tyb = tx[None, None, None, :], ty[None, None, :, None]
+
+        def lerp(a, b, t):
+            return a * (np.float32(1.0) - t) + b * t
+
+        y = lerp(lerp(p[0][0], p[0][1], txb), lerp(p[1][0], p[1][1], txb), tyb)
+    else:
+        raise NotImplementedError(f"resize2d method {method!r}")
+    y = y.astype(str(attrs.get("out_dtype") or x.dtype))
+    return np.transpose(y, _perm("NCHW", layout))
+
+
+def _attention(args, attrs):
+    """relax.nn.attention / attention_bias: q, k, v in (batch, seq, heads, dim);
+    ``softmax(q k^T * scale (+ bias), causal mask) v`` (scale 1/sqrt(dim) by default)."""
+    q, k, v = (_f64(a) for a in args[:3])
+    dtype = np.asarray(args[0]).dtype
+    if attrs.get("window_size") is not None:
+        raise NotImplementedError("sliding-window attention")
+    q, k, v = (np.transpose(a, (0, 2, 1, 3)) for a in (q, k, v))
+    p = q @ np.swapaxes(k, -1, -2)
+    scale = attrs.get("scale")
+    p = p * float(scale) if scale is not None else p / np.sqrt(float(np.float32(q.shape[-1])))
+    if len(args) > 3 and args[3] is not None:
+        p = p + _f64(args[3])
+    causal = attrs.get("causal_mask")
+    if causal is not None:
+        s, skv = p.shape[-2:]
+        off = 0 if causal == "TopLeft" else abs(s - skv)
+        keep = np.tril(np.ones((s, skv), bool), k=off)
+        p = np.where(keep, p, -np.inf)
+    e = np.exp(p - p.max(axis=-1, keepdims=True))
+    o = (e / e.sum(axis=-1, keepdims=True)) @ v
+    return np.transpose(o, (0, 2, 1, 3)).astype(dtype)
+
+
+def _dynamic_strided_slice(args, attrs):
+    """relax.dynamic_strided_slice: begin, end, strides are tensors over every axis."""
+    x = np.asarray(args[0])
+    b, e, s = (np.asarray(a).astype(np.int64).reshape(-1) for a in args[1:4])
+    return x[tuple(slice(int(b[i]), int(e[i]), int(s[i])) for i in range(len(b)))]
+
+
+def _full(args, attrs):
+    return np.full(_shape(args[0]), _scalar(np.asarray(args[1])), dtype=str(attrs.get("dtype") or np.asarray(args[1]).dtype))
+
+
+def _full_like(args, attrs):
+    x = np.asarray(args[0])
+    return np.full(x.shape, _scalar(np.asarray(args[1])), dtype=str(attrs.get("dtype") or x.dtype))
+
+
+def _const_like(value: float) -> Callable:
+    def run(args, attrs):
+        x = np.asarray(args[0])
+        return np.full(x.shape, value, dtype=str(attrs.get("dtype") or x.dtype))
+
+    return run
+
+
+def _const_shape(value: float) -> Callable:
+    def run(args, attrs):
+        return np.full(_shape(args[0]), value, dtype=str(attrs.get("dtype") or "float32"))
+
+    return run
+
+
+def _arange(args, attrs):
+    start, end, step = (_scalar(np.asarray(a)) for a in args[:3])
+    return np.arange(start, end, step).astype(str(attrs.get("dtype") or "int64"))
+
+
+def _moments(kind: str) -> Callable:
+    """relax.variance / relax.std: population moments over ``axis``, in float64."""
+
+    def run(args, attrs):
+        x = np.asarray(args[0])
+        v = np.var(_f64(x), axis=_axes(attrs), keepdims=bool(attrs.get("keepdims", False)))
+        return (np.sqrt(v) if kind == "std" else v).astype(x.dtype)
+
+    return run
+
+
+def _arg_reduce(fn: Callable) -> Callable:
+    def run(args, attrs):
+        x = np.asarray(args[0])
+        axis = attrs.get("axis")
+        y = fn(x, axis=None if axis is None else int(axis), keepdims=bool(attrs.get("keepdims", False)))
+        return np.asarray(y).astype(np.int64)
+
+    return run
+
+
+def _trilu(fn: Callable) -> Callable:
+    def run(args, attrs):
+        k = int(_scalar(np.asarray(args[1]))) if len(args) > 1 else int(attrs.get("k", 0))
+        return fn(np.asarray(args[0]), k=k)
+
+    return run
+
+
+def _leakyrelu(args, attrs):
+    x = np.asarray(args[0])
+    return np.where(x > 0, x, x * np.asarray(attrs.get("alpha", 0.01), x.dtype)).astype(x.dtype)
+
+
+def _prelu(args, attrs):
+    x, alpha = np.asarray(args[0]), np.asarray(args[1])
+    shape = [1] * x.ndim
+    axis = int(attrs.get("axis", 1)) % x.ndim
+    shape[axis] = alpha.size if alpha.size > 1 else 1
+    return np.where(x > 0, x, x * alpha.reshape(shape)).astype(x.dtype)
+
+
+def _softplus(args, attrs):
+    """relax.nn.softplus: ``log(1 + exp(beta x)) / beta``, linear above ``threshold``."""
+    x = np.asarray(args[0])
+    beta, thr = float(attrs.get("beta", 1.0)), float(attrs.get("threshold", 20.0))
+    bx = _f64(x) * beta
+    return np.where(bx > thr, _f64(x), np.log1p(np.exp(np.minimum(bx, thr))) / beta).astype(x.dtype)
+
+
+def _log_softmax(args, attrs):
+    x = np.asarray(args[0])
+    xd = _f64(x)
+    axis = int(attrs.get("axis", -1))
+    m = xd.max(axis=axis, keepdims=True)
+    return (xd - m - np.log(np.exp(xd - m).sum(axis=axis, keepdims=True))).astype(x.dtype)
+
+
+def _rms_norm(args, attrs):
+    """relax.nn.rms_norm: ``x / sqrt(mean(x^2) + eps) * weight`` over ``axes``."""
+    x, w = np.asarray(args[0]), np.asarray(args[1])
+    axes = tuple(int(a) % x.ndim for a in np.atleast_1d(attrs.get("axes", -1)))
+    xd = _f64(x)
+    y = xd / np.sqrt((xd * xd).mean(axis=axes, keepdims=True) + float(attrs.get("epsilon", 1e-5)))
+    return (y * _f64(w)).astype(x.dtype)
+
+
+def _group_norm(args, attrs):
+    """relax.nn.group_norm: channels split into ``num_groups``; mean/var over each group and ``axes``."""
+    x, gamma, beta = (np.asarray(a) for a in args[:3])
+    g = int(attrs["num_groups"])
+    ca = int(attrs.get("channel_axis", 1)) % x.ndim
+    axes = [int(a) % x.ndim for a in attrs.get("axes") or []]
+    xd = np.moveaxis(_f64(x), ca, 1)
+    n, c = xd.shape[:2]
+    xg = xd.reshape((n, g, c // g) + xd.shape[2:])
+    red = (2,) + tuple(a + 1 if a > ca else a + 2 for a in axes if a != ca) if axes else tuple(range(2, xg.ndim))
+    red = tuple(sorted(set(red)))
+    mean = xg.mean(axis=red, keepdims=True)
+    var = ((xg - mean) ** 2).mean(axis=red, keepdims=True)
+    y = ((xg - mean) / np.sqrt(var + float(attrs.get("epsilon", 1e-5)))).reshape(xd.shape)
+    shape = [1] * x.ndim
+    shape[1] = c
+    if attrs.get("scale", True):
+        y = y * _f64(gamma).reshape(shape)
+    if attrs.get("center", True):
+        y = y + _f64(beta).reshape(shape)
+    return np.moveaxis(y, 1, ca).astype(x.dtype)
+
+
+def _instance_norm(args, attrs):
+    x, gamma, beta = (np.asarray(a) for a in args[:3])
+    ca = int(attrs.get("channel_axis", 1)) % x.ndim
+    axes = tuple(int(a) % x.ndim for a in attrs.get("axes") or [a for a in range(x.ndim) if a not in (0, ca)])
+    xd = _f64(x)
+    mean = xd.mean(axis=axes, keepdims=True)
+    var = ((xd - mean) ** 2).mean(axis=axes, keepdims=True)
+    y = (xd - mean) / np.sqrt(var + float(attrs.get("epsilon", 1e-5)))
+    shape = [1] * x.ndim
+    shape[ca] = x.shape[ca]
+    if attrs.get("scale", True):
+        y = y * _f64(gamma).reshape(shape)
+    if attrs.get("center", True):
+        y = y + _f64(beta).reshape(shape)
+    return y.astype(x.dtype)
+
+
+def _pixel_shuffle(args, attrs):
+    """relax.nn.pixel_shuffle (NCHW): (N, C*r*r, H, W) -> (N, C, H*r, W*r), as torch."""
+    x = np.asarray(args[0])
+    r = int(attrs["upscale_factor"])
+    n, c, h, w = x.shape[-4:] if x.ndim == 4 else (1,) + x.shape
+    y = x.reshape(n, c // (r * r), r, r, h, w).transpose(0, 1, 4, 2, 5, 3)
+    return y.reshape(n, c // (r * r), h * r, w * r).reshape(x.shape[:-3] + (c // (r * r), h * r, w * r))
+
+
+def _one_hot(args, attrs):
+    idx = np.asarray(args[0]).astype(np.int64)
+    on, off = (_scalar(np.asarray(a)) for a in args[1:3])
+    depth = int(attrs["depth"])
+    axis = int(attrs.get("axis", -1))
+    hot = np.arange(depth) == idx[..., None]
+    # the values' dtype (a PrimValue's) is not in ir.json: float32 for floats, int64 for integers, as TVM's defaults
+    y = np.where(hot, on, off).astype("float32" if np.asarray(on).dtype.kind == "f" else "int64")
+    return np.moveaxis(y, -1, axis) if axis != -1 else y
+
+
+def _gather_nd(args, attrs):
+    data, idx = np.asarray(args[0]), np.asarray(args[1]).astype(np.int64)
+    if int(attrs.get("batch_dims", 0)):
+        raise NotImplementedError("gather_nd with batch_dims")
+    return data[tuple(np.moveaxis(idx, -1, 0))]
+
+
+def _matmul_like_einsum(args, attrs):
+    """relax.einsum: accumulated in float64 (integers in int64), cast to the operands' dtype."""
+    ops = [np.asarray(a) for a in args]
+    dtype = np.result_type(*ops)
+    return np.einsum(str(attrs["subscripts"]), *(o.astype(_acc_dtype(dtype)) for o in ops)).astype(dtype)
+
+
+def _bool(fn: Callable) -> Callable:
+    return lambda args, attrs: fn(*(np.asarray(a) for a in args))
+
+
 OPS: dict[str, Callable[[list[Any], dict], Any]] = {
     "relax.nn.conv2d": lambda args, attrs: conv2d(args[0], args[1], attrs),
     "relax.matmul": lambda args, attrs: _matmul(args[0], args[1], attrs),
@@ -512,6 +852,68 @@ OPS: dict[str, Callable[[list[Any], dict], Any]] = {
     "relax.flatten": _flatten,
     "relax.squeeze": _squeeze,
     "relax.expand_dims": _expand_dims,
+    "relax.split": _split,
+    "relax.nn.gelu": _gelu,
+    "relax.nn.gelu_tanh": _gelu_tanh,
+    "relax.nn.silu": _silu,
+    "relax.nn.attention": _attention,
+    "relax.nn.attention_bias": _attention,
+    "relax.image.resize2d": _resize2d,
+    "relax.dynamic_strided_slice": _dynamic_strided_slice,
+    "relax.cumsum": _cumsum,
+    "relax.cumprod": lambda args, attrs: _cumsum(args, attrs, np.cumprod),
+    "relax.isnan": lambda args, attrs: np.isnan(args[0]),
+    "relax.isinf": lambda args, attrs: np.isinf(args[0]),
+    "relax.isfinite": lambda args, attrs: np.isfinite(args[0]),
+    "relax.full": _full,
+    "relax.full_like": _full_like,
+    "relax.zeros": _const_shape(0),
+    "relax.ones": _const_shape(1),
+    "relax.zeros_like": _const_like(0),
+    "relax.ones_like": _const_like(1),
+    "relax.arange": _arange,
+    "relax.not_equal": _bool(np.not_equal),
+    "relax.logical_and": _bool(np.logical_and),
+    "relax.logical_or": _bool(np.logical_or),
+    "relax.logical_xor": _bool(np.logical_xor),
+    "relax.logical_not": _bool(np.logical_not),
+    "relax.bitwise_or": _binary(np.bitwise_or),
+    "relax.bitwise_xor": _binary(np.bitwise_xor),
+    "relax.bitwise_not": lambda args, attrs: np.invert(args[0]),
+    "relax.floor_mod": _binary(np.mod),
+    "relax.mod": _binary(np.fmod),
+    "relax.log": _unary_f(np.log),
+    "relax.sin": _unary_f(np.sin),
+    "relax.cos": _unary_f(np.cos),
+    "relax.tan": _unary_f(np.tan),
+    "relax.atan": _unary_f(np.arctan),
+    "relax.square": lambda args, attrs: np.square(args[0]),
+    "relax.sign": lambda args, attrs: np.sign(args[0]),
+    "relax.ceil": lambda args, attrs: np.ceil(args[0]),
+    "relax.trunc": lambda args, attrs: np.trunc(args[0]),
+    "relax.prod": lambda args, attrs: _reduce(np.prod, args[0], attrs),
+    "relax.variance": _moments("var"),
+    "relax.std": _moments("std"),
+    "relax.argmax": _arg_reduce(np.argmax),
+    "relax.argmin": _arg_reduce(np.argmin),
+    "relax.tril": _trilu(np.tril),
+    "relax.triu": _trilu(np.triu),
+    "relax.tile": lambda args, attrs: np.tile(args[0], [int(r) for r in attrs["repeats"]]),
+    "relax.repeat": lambda args, attrs: np.repeat(args[0], int(attrs["repeats"]), axis=attrs.get("axis")),
+    "relax.flip": lambda args, attrs: np.flip(args[0], axis=int(attrs["axis"])),
+    "relax.einsum": lambda args, attrs: _matmul_like_einsum(args, attrs),
+    "relax.gather_elements": lambda args, attrs: np.take_along_axis(
+        np.asarray(args[0]), np.asarray(args[1]).astype(np.int64), axis=int(attrs.get("axis", 0))),
+    "relax.gather_nd": _gather_nd,
+    "relax.one_hot": _one_hot,
+    "relax.nn.leakyrelu": _leakyrelu,
+    "relax.nn.prelu": _prelu,
+    "relax.nn.softplus": _softplus,
+    "relax.nn.log_softmax": _log_softmax,
+    "relax.nn.rms_norm": _rms_norm,
+    "relax.nn.group_norm": _group_norm,
+    "relax.nn.instance_norm": _instance_norm,
+    "relax.nn.pixel_shuffle": _pixel_shuffle,
     "relax.nn.softmax": lambda args, attrs: _softmax(args[0], int(attrs.get("axis", -1))),
     "relax.nn.batch_norm": lambda args, attrs: _batch_norm(*args[:5], attrs),
     "relax.nn.local_response_norm": _lrn,

@@ -107,8 +107,18 @@ def load_onnx(path: Path, options: dict[str, Any]) -> ImportedModel:
 
         def _convert_operator(self, op_name, inputs, attrs, opset):
             own = CONVERTERS.get(op_name)
+            theirs = of._get_convert_map().get(op_name)
             if own is not None:
                 sym = self.bb.normalize(own(self.bb, inputs, attrs, opset))
+            elif theirs is not None and NamingImporter.current is not None:
+                # TVM's own step, except that a tuple's ops (LayerNormalization's output beside
+                # its placeholders) are bound under the node's output names before normalize
+                # would bind them unnamed
+                sym = theirs.get_converter(opset)(self.bb, inputs, attrs, [self._nodes, self._params])
+                if isinstance(sym, relax.Tuple):
+                    sym = relax.Tuple([self._emit(f, k) for k, f in enumerate(sym.fields)])
+                if isinstance(sym, relax.Expr):
+                    sym = self.bb.normalize(sym)
             else:
                 sym = super()._convert_operator(op_name, inputs, attrs, opset)
             if NamingImporter.current is None:  # inside a subgraph
