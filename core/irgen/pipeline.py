@@ -200,9 +200,7 @@ def _form_layers(host, imported: ImportedModel, be: Backend, quantizer: str | No
     from irgen.quant import QGraph
 
     progress.stage("form layers")
-    mod = static_shapes(imported.mod)
-    mod = fold_batch_norm(mod, imported.provenance)
-    mod = flatten_tuples(mod, imported.provenance)
+    mod = fold_batch_norm(imported.mod, imported.provenance)
     quant: dict[str, dict] = {}
     qg = QGraph(mod, frontend=imported.frontend)
     scheme = pick_quantizer(host, qg, quantizer)
@@ -210,6 +208,8 @@ def _form_layers(host, imported: ImportedModel, be: Backend, quantizer: str | No
         progress.stage(f"quantization scheme {scheme.name}")
         call_plugin(host.quantizers, scheme.name, "realize the model's quantization", scheme.realize, qg)
         mod, quant = qg.module(), qg.quant
+    else:  # a scheme reads the graph as imported (its own shape arithmetic, tuples)
+        mod = flatten_tuples(static_shapes(mod), imported.provenance)
     func, bindings = main_bindings(relax.transform.FoldConstant()(mod))
     main_out = func.body.body
     if scheme is not None:

@@ -1,0 +1,170 @@
+"""Op patterns of real float models that crashed layer forming (issue 11), on small
+hand-written torch modules, exported as ONNX and as ``.pt2``:
+
+- MobileNetV2's inverted residual with ReLU6: ONNX ``Clip`` with bound inputs, which
+  TVM's importer emits as TE kernels (FuseTIR lost them; verify could not run them);
+- ShuffleNetV2's unit: ``chunk`` (ONNX Shape/Gather/Div/Slice: shape arithmetic and a
+  dynamic slice) and the channel shuffle (reshape/transpose/reshape);
+- a ViT encoder block: ``unbind`` of q, k, v (a split, a squeeze per item and a tuple)
+  and ``chunk``.
+
+Each: ``irgen run`` at opt level 3 and 0, then ``irgen verify`` (single, entire and
+the source check) PASSes, every layer compared with the source runtime.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("onnxruntime")
+pytest.importorskip("irgen_torch")
+from torch import nn  # noqa: E402
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE))
+from test_verify import _verify_json  # noqa: E402
+
+from irgen.cli import main as irgen_main  # noqa: E402
+from irgen.verify import MODES  # noqa: E402
+
+
+class InvertedResidual(nn.Module):
+    """MobileNetV2's block: 1x1 expand, ReLU6, 3x3 depthwise, ReLU6, 1x1 project, residual."""
+
+    def __init__(self, c: int = 8, expand: int = 3) -> None:
+        super().__init__()
+        h = c * expand
+        self.conv = nn.Sequential(
+            nn.Conv2d(c, h, 1, bias=False), nn.BatchNorm2d(h), nn.ReLU6(),
+            nn.Conv2d(h, h, 3, padding=1, groups=h, bias=False), nn.BatchNorm2d(h), nn.ReLU6(),
+            nn.Conv2d(h, c, 1, bias=False), nn.BatchNorm2d(c),
+        )
+        self.stem = nn.Sequential(nn.Conv2d(3, c, 3, stride=2, padding=1), nn.ReLU6())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        return x + self.conv(x)
+
+
+class ShuffleUnit(nn.Module):
+    """ShuffleNetV2's stride-1 unit: channel split (chunk), a branch, concat, channel shuffle."""
+
+    def __init__(self, c: int = 8) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 2 * c, 3, stride=2, padding=1)
+        self.branch = nn.Sequential(
+            nn.Conv2d(c, c, 1, bias=False), nn.BatchNorm2d(c), nn.ReLU(),
+            nn.Conv2d(c, c, 3, padding=1, groups=c, bias=False), nn.BatchNorm2d(c),
+            nn.Conv2d(c, c, 1, bias=False), nn.BatchNorm2d(c), nn.ReLU(),
+        )
+
+    @staticmethod
+    def shuffle(x: torch.Tensor, groups: int) -> torch.Tensor:
+        b, c, h, w = x.size()
+        x = x.view(b, groups, c // groups, h, w)
+        x = torch.transpose(x, 1, 2).contiguous()
+        return x.view(b, -1, h, w)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        x1, x2 = x.chunk(2, dim=1)
+        out = torch.cat((x1, self.branch(x2)), dim=1)
+        return self.shuffle(out, 2)
+
+
+class EncoderBlock(nn.Module):
+    """A ViT encoder block: q, k, v by ``unbind``, attention, MLP; a ``chunk`` at the end."""
+
+    def __init__(self, d: int = 16, heads: int = 2) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.fc1, self.fc2 = nn.Linear(d, 2 * d), nn.Linear(2 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, d = x.shape
+        qkv = self.qkv(self.ln1(x)).reshape(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)
+        a = (q @ k.transpose(-2, -1) * (d // self.heads) ** -0.5).softmax(dim=-1)
+        x = x + self.proj((a @ v).transpose(1, 2).reshape(b, n, d))
+        x = x + self.fc2(torch.relu(self.fc1(self.ln2(x))))
+        u, w = x.chunk(2, dim=-1)
+        return torch.cat((w, u * torch.sigmoid(u)), dim=-1)
+
+
+MODELS = {
+    "inverted_residual": (InvertedResidual, (1, 3, 32, 32)),
+    "shuffle_unit": (ShuffleUnit, (1, 3, 32, 32)),
+    "encoder_block": (EncoderBlock, (1, 5, 16)),
+}
+
+
+def _randomize_bn(model: nn.Module) -> None:
+    g = torch.Generator().manual_seed(7)
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            with torch.no_grad():
+                m.running_mean.copy_(torch.randn(m.num_features, generator=g) * 0.1)
+                m.running_var.copy_(torch.rand(m.num_features, generator=g) + 0.5)
+                m.weight.copy_(torch.rand(m.num_features, generator=g) + 0.5)
+                m.bias.copy_(torch.randn(m.num_features, generator=g) * 0.1)
+
+
+def _export(name: str, fmt: str, d: Path) -> tuple[Path, Path]:
+    cls, shape = MODELS[name]
+    torch.manual_seed(0)
+    model = cls()
+    _randomize_bn(model)
+    model.eval()
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(1))
+    np.save(d / "x.npy", x.numpy())
+    if fmt == "onnx":
+        path = d / f"{name}.onnx"
+        torch.onnx.export(model, (x,), str(path), opset_version=17, dynamo=False)
+    else:
+        path = d / f"{name}.pt2"
+        torch.export.save(torch.export.export(model, (x,)), str(path))
+    return path, d / "x.npy"
+
+
+#: each case takes 3-13 s
+CASES = [pytest.param(name, fmt, opt, id=f"{name}-{fmt}-O{opt}")
+         for name in MODELS for fmt in ("onnx", "pt2") for opt in (3, 0)]
+
+
+@pytest.mark.parametrize("name,fmt,opt", CASES)
+def test_pattern_runs_and_verifies(name, fmt, opt, tmp_path, capsys):
+    path, x = _export(name, fmt, tmp_path)
+    out = tmp_path / "out"
+    rc = irgen_main(["run", str(path), "-o", str(out), "--input", str(x), "--opt-level", str(opt), "--no-progress"])
+    assert rc == 0
+    capsys.readouterr()
+    ir = json.loads((out / "ir.json").read_text())
+    code, result = _verify_json(capsys, out)
+    assert code == 0 and result["passed"], result["problems"]
+    assert result["modes"] == list(MODES)
+    assert result["summary"]["unsupported"] == 0
+    for row, layer in zip(result["layers"], ir["layers"], strict=True):
+        for mode in MODES:
+            m = row["checks"][mode]
+            assert m is not None and m["status"] == "pass", (row["name"], mode, m)
+        # every layer output is a tensor the source runtime has
+        assert len(layer["source"]["outputs"]) == len(layer["outputs"]), layer["name"]
+    ops = {op["relax_op"] for layer in ir["layers"] for op in layer["fused_ops"]}
+    assert "relax.call_tir" not in ops
+    if name == "inverted_residual":
+        clips = [l for l in ir["layers"] if l["attrs"].get("activation", {}).get("op") == "clip"
+                 or any(op["relax_op"] == "relax.clip" for op in l["fused_ops"])]
+        assert len(clips) >= 3  # every ReLU6 is a recognizable clip
+    if name == "encoder_block" and fmt == "pt2":
+        # q, k, v: one layer with the three items as results
+        unbind = [l for l in ir["layers"] if any(op["relax_op"] == "relax.split" for op in l["fused_ops"])
+                  and len(l["outputs"]) == 3]
+        assert unbind, [l["name"] for l in ir["layers"]]
