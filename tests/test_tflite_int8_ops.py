@@ -125,6 +125,21 @@ def batch_matmul(tf):
     return tf.keras.Model(x, L.Lambda(lambda sa: tf.matmul(sa[0], sa[1]))([s, a])), (1, 6, 8)
 
 
+def concat_batch_norm(tf):
+    """Concatenate -> BatchNormalization -> ReLU (DenseNet121: MUL and ADD with int8
+    constants), ReLU6 after an add, ReLU after a concatenation (NASNetMobile: a
+    standalone int8 RELU)."""
+    L = tf.keras.layers
+    x = L.Input((8, 8, 3), batch_size=1, name="x")
+    a, b = _conv(L, x, 4), _conv(L, x, 4)
+    gamma = np.linspace(0.5, 1.5, 8).astype(np.float32)  # an inference batch norm: per-channel scale and shift
+    beta = np.linspace(-0.3, 0.4, 8).astype(np.float32)
+    c = L.ReLU()(L.Lambda(lambda t: t * gamma + beta)(L.Concatenate()([a, b])))
+    d = L.ReLU(max_value=6.0)(L.Add()([_conv(L, c, 8), c]))
+    e = L.ReLU()(L.Concatenate()([_conv(L, d, 4), L.MaxPooling2D(1)(d)]))
+    return tf.keras.Model(x, _conv(L, e, 4)), (1, 8, 8, 3)
+
+
 MODELS = {
     "zero_pad": (zero_pad, {"PAD"}, {"pad", "conv2d", "max_pool2d"}),
     "squeeze_excite": (squeeze_excite, {"MEAN", "LOGISTIC", "MUL"}, {"mean", "lut", "mul"}),
@@ -135,6 +150,7 @@ MODELS = {
     "resize_bilinear": (resize_bilinear, {"RESIZE_BILINEAR"}, {"resize_bilinear"}),
     "transpose_mean": (transpose_mean, {"TRANSPOSE", "MEAN"}, {"transpose", "mean"}),
     "batch_matmul": (batch_matmul, {"BATCH_MATMUL", "FULLY_CONNECTED"}, {"batch_matmul", "dense"}),
+    "concat_batch_norm": (concat_batch_norm, {"MUL", "ADD", "RELU"}, {"mul", "add", "requantize"}),
     "dense_3d": (dense_3d, {"FULLY_CONNECTED"}, {"dense"}),
 }
 tflite_models.BUILDERS.update({name: m[0] for name, m in MODELS.items()})

@@ -221,7 +221,7 @@ def _realize_conv(qg, qb, comp, bias_b, out, act=None):
 def _realize_add(qg, qb, comp, out, act=None):
     relax, op, q, _ = _ops()
     tensor = qb.name
-    ins = [_dequantized(qg, a) for a in comp.value.args]
+    ins = [_operand(qg, a) for a in comp.value.args]  # an int8 constant operand too (a batch norm's shift)
     if any(i is None for i in ins):
         raise IrgenError(f"{SCHEME}: an input of the add {tensor!r} is not a dequantized int8 tensor")
     (x1, q1, d1), (x2, q2, d2) = ins
@@ -254,7 +254,10 @@ def _realize_add(qg, qb, comp, out, act=None):
         },
         "clamp": [lo, hi],
     }
-    return [d1, d2, comp.name] + _tail(qb, act, last), _finish(qg, y, out, lo, hi), rec
+    consts = kinds.constants_record(x1, x2)
+    if consts:
+        rec["constants"] = consts
+    return [d for d in (d1, d2) if d is not None] + [comp.name] + _tail(qb, act, last), _finish(qg, y, out, lo, hi), rec
 
 
 def _realize_mean(qg, qb, comp, out, act=None):

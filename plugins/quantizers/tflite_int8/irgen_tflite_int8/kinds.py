@@ -16,6 +16,8 @@ parameter files alone), side by side.
   layer input of each operand; ``transpose``: the adjoint flags, axes applied to it);
 * ``resize_bilinear`` -- RESIZE_BILINEAR: ``reference_ops::ResizeBilinearInteger``
   (sizes and coordinate mode in the record);
+* ``requantize`` -- int8 RELU/RELU6/RELU_N1_TO_1 and int8 -> int8 QUANTIZE:
+  ``clamp(MultiplyByQuantizedMultiplier(x - zp_x) + zp_y)``;
 * ``mul`` -- MUL: ``MultiplyByQuantizedMultiplier((x1 - zp1) * (x2 - zp2), M, shift) + zp_y``
   with ``M, shift = QuantizeMultiplier(double(s1) * double(s2) / double(s_y))``; an
   int8 constant operand is in the record (``constants``: operand index -> values, shape).
@@ -169,6 +171,27 @@ def _constant_record(value) -> dict[str, Any]:
     return {"values": arr.reshape(-1).tolist(), "shape": list(arr.shape)}
 
 
+def constants_record(*operands) -> dict[str, Any]:
+    """``constants`` of a record: operand index -> values and shape of each constant operand."""
+    from tvm import relax
+
+    return {str(k): _constant_record(x) for k, x in enumerate(operands) if not isinstance(x, relax.Var)}
+
+
+def recompute_add(layer, inputs, params) -> np.ndarray:
+    """TFLite's general int8 ADD (the core record: ``left_shift``, input and output
+    multipliers), with the record's constant operands in place."""
+    from irgen.quant import multiply_by_quantized_multiplier as mbqm
+
+    qr = layer["quant"]
+    rq, out = qr["requant"], qr["output"]
+    scaled = [mbqm((x.astype(np.int64) - int(q["zero_point"])) << rq["left_shift"], m, s, rq["rounding"])
+              for x, q, m, s in zip(operands(qr, inputs), qr["inputs"], rq["input_multiplier"], rq["input_shift"])]
+    y = mbqm(scaled[0] + scaled[1], rq["multiplier"], rq["shift"], rq["rounding"])
+    lo, hi = qr["clamp"]
+    return np.clip(y + int(out["zero_point"]), lo, hi).astype(out["dtype"])
+
+
 def recompute_mul(layer, inputs, params) -> np.ndarray:
     from irgen.quant import multiply_by_quantized_multiplier
 
@@ -235,7 +258,7 @@ def recompute_batch_matmul(layer, inputs, params) -> np.ndarray:
     return np.clip(y + int(out["zero_point"]), lo, hi).astype(out["dtype"])
 
 
-RECOMPUTE: dict[str, Callable] = {"lut": recompute_lut, "mul": recompute_mul, "batch_matmul": recompute_batch_matmul,
+RECOMPUTE: dict[str, Callable] = {"lut": recompute_lut, "mul": recompute_mul, "add": recompute_add, "batch_matmul": recompute_batch_matmul,
                                   "resize_bilinear": recompute_resize_bilinear}
 
 
@@ -352,7 +375,7 @@ def realize_mul(qg, qb, comp, out, act, helpers):
                             "M, shift = QuantizeMultiplier(s1 * s2 / s_y)"},
         "clamp": [lo, hi],
     }
-    consts = {str(k): _constant_record(x) for k, x in enumerate((x1, x2)) if not isinstance(x, relax.Var)}
+    consts = constants_record(x1, x2)
     if consts:
         rec["constants"] = consts
     drop = [d for d in (d1, d2) if d is not None] + [comp.name]
@@ -456,10 +479,50 @@ def realize_batch_matmul(qg, qb, comp, out, act, helpers):
 BATCH_MATMUL_ROUNDING = "double"
 
 
+def recompute_requantize(layer, inputs, params) -> np.ndarray:
+    from irgen.quant import multiply_by_quantized_multiplier
+
+    qr = layer["quant"]
+    rq, out = qr["requant"], qr["output"]
+    x = inputs[0].astype(np.int64) - int(qr["inputs"][0]["zero_point"])
+    y = multiply_by_quantized_multiplier(x, rq["multiplier"], rq["shift"], rq["rounding"])
+    lo, hi = qr["clamp"]
+    return np.clip(y + int(out["zero_point"]), lo, hi).astype(out["dtype"])
+
+
+RECOMPUTE["requantize"] = recompute_requantize
+
+
+def realize_requantize(qg, qb, comp, out, act, helpers):
+    """An int8 tensor dequantized and quantized again, maybe through a float relu or
+    clip (TFLite's int8 RELU/RELU6/RELU_N1_TO_1 and int8 -> int8 QUANTIZE):
+    ``clamp(MultiplyByQuantizedMultiplier(x - zp_x, M, shift) + zp_y)``, the clamp
+    from the activation's range (TFLite's quantized ReluX)."""
+    from irgen import quant as q
+
+    x, qx, dqx = helpers.int8_input(qg, comp.var, f"input of {qb.name!r}")
+    if act is not None:  # ReluPrepare: float input scale / float output scale
+        real = float(np.float32(qx.scale[0]) / np.float32(out.scale[0]))
+    else:  # QUANTIZE (requantize): double / double
+        real = float(np.float64(np.float32(qx.scale[0])) / np.float64(np.float32(out.scale[0])))
+    mult, shift = q.quantize_multiplier(real)
+    ndim = len(comp.var.ty.shape.values)
+    y = q.rx_multiply_by_quantized_multiplier(qg.emit, helpers.offset(qg, x, int(qx.zero_point[0])),
+                                              np.array([mult]), np.array([shift]), -1, ndim)
+    lo, hi, last = helpers.clamp(qg, qb.name, out.dtype, act, out)
+    rec = {"scheme": SCHEME, "kind": "requantize", "inputs": [qx.record()], "output": out.record(),
+           "activation": None if act is None else act.op.removeprefix("relax."),
+           "requant": {"multiplier": int(mult), "shift": int(shift), "rounding": q.DOUBLE,
+                       "rounding_rule": q.ROUNDING_RULES[q.DOUBLE]},
+           "clamp": [lo, hi]}
+    return [dqx] + helpers.tail(qb, act, last), helpers.finish(qg, y, out, lo, hi), rec
+
+
 #: the float Relax op between dequantize and quantize -> realization
 SPANS: dict[str, Callable] = {
     "relax.sigmoid": realize_logistic,
     "relax.divide": realize_hard_swish,
     "relax.multiply": realize_mul,
     "relax.image.resize2d": realize_resize_bilinear,
+    "relax.dequantize": realize_requantize,
 }
