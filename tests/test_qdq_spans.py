@@ -12,14 +12,16 @@ onnxruntime) must pass:
   Erf: a table; its ``+ 1`` and ``* 0.5`` are Constant nodes quantized at run
   time), residual add (ViT, BERT, ConvNeXt);
 * ``densenet``: concat then BatchNorm + ReLU not foldable into a conv (a float
-  layer with the dequantized BN scale and bias; DenseNet-121);
+  layer with the dequantized BN scale and bias; DenseNet-121), BN weights shared
+  through Identity and quantized again (Q of a dequantized constant);
 * ``convnext``: depthwise 7x7, channels-last LayerNorm, MLP, layer-scale gamma
   ``Mul`` with a quantized constant (ConvNeXt, EfficientFormer);
 * ``identity``: a conv after ``nn.Identity`` (timm ResNet-18d);
 * ``hardswish``: MobileNetV3's HardSwish without ``quant_pre_process``
   (``x * clip(x + 3, 0, 6) / 6`` on one tensor: a table);
 * ``shuffle``: ShuffleNetV2's channel split (``chunk``, ``x[:, :c]``: Slice with
-  begin/end computed from shapes) and channel shuffle.
+  begin/end computed from shapes), channel shuffle, ReduceMean without keepdims
+  (a float layer, as ORT runs it).
 """
 
 from __future__ import annotations
@@ -47,15 +49,20 @@ class Transformer(nn.Module):
 
 
 class DenseNet(nn.Module):
+    """Concat -> BN -> ReLU -> conv; bn2 and bn3 keep their initial weights (ones), which the
+    exporter shares through Identity, so quantize_static quantizes the dequantized weight again."""
+
     def __init__(self):
         super().__init__()
         self.c1, self.c2 = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 4, 3, padding=1)
         self.bn, self.c3 = nn.BatchNorm2d(12), nn.Conv2d(12, 8, 1)
+        self.bn2, self.c4, self.bn3, self.c5 = nn.BatchNorm2d(16), nn.Conv2d(16, 8, 1), nn.BatchNorm2d(16), nn.Conv2d(16, 8, 1)
 
     def forward(self, x):
         a = torch.relu(self.c1(x))
         c = torch.cat([a, torch.relu(self.c2(a))], 1)
-        return self.c3(torch.relu(self.bn(c)))
+        f = self.c4(torch.relu(self.bn2(torch.cat([a, self.c3(torch.relu(self.bn(c)))], 1))))
+        return self.c5(torch.relu(self.bn3(torch.cat([a, f], 1))))
 
 
 class ConvNeXt(nn.Module):
@@ -99,7 +106,7 @@ class Shuffle(nn.Module):
         a, b = x.chunk(2, dim=1)
         y = torch.cat([a, torch.relu(self.c2(b))], 1)
         y = y.view(1, 2, 4, 8, 8).transpose(1, 2).reshape(1, 8, 8, 8)  # channel shuffle
-        return torch.cat([y[:, :4], self.c2(y[:, 4:])], 1)
+        return torch.cat([y[:, :4], self.c2(y[:, 4:])], 1).mean([2, 3])  # ReduceMean without keepdims
 
 
 MODELS = {"transformer": (Transformer, (1, 8, 16)), "densenet": (DenseNet, (1, 3, 8, 8)),
@@ -118,7 +125,9 @@ def quantized(name: str, setting: str, folder: Path) -> tuple[Path, np.ndarray]:
     model = cls().eval()
     for m in model.modules():
         if isinstance(m, nn.BatchNorm2d):
-            m.running_mean.uniform_(-0.5, 0.5), m.running_var.uniform_(0.5, 2.0), m.weight.data.uniform_(0.5, 1.5)
+            m.running_mean.uniform_(-0.5, 0.5), m.running_var.uniform_(0.5, 2.0), m.bias.data.uniform_(-0.2, 0.2)
+            if m.num_features == 12:
+                m.weight.data.uniform_(0.5, 1.5)
     src = folder / f"{name}.onnx"
     torch.onnx.export(model, (torch.randn(*shape),), str(src), dynamo=False, opset_version=17,
                       input_names=["x"], output_names=["y"])

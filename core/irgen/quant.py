@@ -348,17 +348,9 @@ def _recompute_qdq(layer: dict[str, Any], inputs: list[np.ndarray], params: dict
         return requantize_float(acc.astype(np.int32), np.float32(rq["scale"]), int(out["zero_point"]), lo, hi, out["dtype"])
     elif kind == "avg_pool2d":
         p = qr["pool"]
-        x = inputs[0].astype(np.float32)
-        xin = qr["inputs"][0]
-        deq = (inputs[0].astype(np.int32) - zp_in[0]).astype(np.float32) * np.float32(xin["scale"])
-        c = x.shape[1]
-        kh, kw = p["size"]
-        attrs = {"strides": p["strides"], "padding": p["padding"], "groups": c, "data_layout": "NCHW",
-                 "kernel_layout": "OIHW", "out_dtype": "float32"}
-        ones = np.ones((c, 1, kh, kw), np.float32)
-        total = conv2d(deq, ones, attrs).astype(np.float32)
-        count = kh * kw if p["count_include_pad"] else conv2d(np.ones_like(x), ones, attrs).astype(np.float32)
-        return quantize_linear(total / np.float32(count), np.float32(out["scale"]), int(out["zero_point"]), out["dtype"])
+        deq = (inputs[0].astype(np.int32) - zp_in[0]).astype(np.float32) * np.float32(qr["inputs"][0]["scale"])
+        # the window's values summed in float32 in row-major order (TVM's avg_pool2d, ORT's kernel), / count
+        return quantize_linear(_avg_pool_in_order(deq, p), np.float32(out["scale"]), int(out["zero_point"]), out["dtype"])
     elif kind == "softmax":  # QLinearSoftmax
         return ort_softmax(inputs[0], params["table"], out["scale"], int(out["zero_point"]), out["dtype"])
     elif kind == "mul":  # MLAS QLinearMul
@@ -382,6 +374,21 @@ def _recompute_qdq(layer: dict[str, Any], inputs: list[np.ndarray], params: dict
         i = qr["inputs"][0]
         return (inputs[0].astype(np.int32) - int(i["zero_point"])).astype(np.float32) * np.float32(i["scale"])
     raise NotImplementedError(f"qdq quant kind {kind!r}")
+
+
+def _avg_pool_in_order(deq: np.ndarray, p: dict) -> np.ndarray:
+    """NCHW average pool in float32: each window's in-bounds values added in row-major order, / count
+    (``kh * kw`` when padding counts)."""
+    (kh, kw), (sh, sw), (pt, pl, pb, pr) = p["size"], p["strides"], p["padding"]
+    x = np.pad(deq.astype(np.float32), ((0, 0), (0, 0), (pt, pb), (pl, pr)))
+    one = np.pad(np.ones(deq.shape[2:], np.float32), ((pt, pb), (pl, pr)))
+    oh, ow = (x.shape[2] - kh) // sh + 1, (x.shape[3] - kw) // sw + 1
+    total, count = np.zeros((*x.shape[:2], oh, ow), np.float32), np.zeros((oh, ow), np.float32)
+    for i in range(kh):
+        for j in range(kw):
+            total = total + x[:, :, i:i + sh * (oh - 1) + 1:sh, j:j + sw * (ow - 1) + 1:sw]
+            count = count + one[i:i + sh * (oh - 1) + 1:sh, j:j + sw * (ow - 1) + 1:sw]
+    return total / (np.float32(kh * kw) if p["count_include_pad"] else count)
 
 
 def torch_quantize(x, scale, zero_point: int, lo: int, hi: int, dtype: str) -> np.ndarray:

@@ -505,6 +505,33 @@ def _realize_global_avg(qg, qb, comp, out):
     return [dqx, comp.name, qb.name], expr, rec
 
 
+def _window_mean(qg, deq, a):
+    """NCHW average pool in float32 with each window summed in row-major order: padding, then one
+    strided slice per window offset added in turn, divided by the per-position count."""
+    _, op, q, _ = _ops()
+    e = qg.emit
+    (kh, kw), (sh, sw) = [int(v) for v in a.pool_size], [int(v) for v in a.strides]
+    pt, pl, pb, pr = [int(v) for v in a.padding]
+    n, c, h, w = [int(d) for d in deq.ty.shape.values]
+    xp = e(op.nn.pad(deq, [0, 0, 0, 0, pt, pb, pl, pr])) if (pt, pl, pb, pr) != (0, 0, 0, 0) else deq
+    oh, ow = (h + pt + pb - kh) // sh + 1, (w + pl + pr - kw) // sw + 1
+    one = np.pad(np.ones((h, w), np.float32), ((pt, pb), (pl, pr)))
+    total, count = None, np.zeros((oh, ow), np.float32)
+    for i in range(kh):
+        for j in range(kw):
+            win = e(op.strided_slice(xp, [2, 3], [i, j], [i + sh * (oh - 1) + 1, j + sw * (ow - 1) + 1], [sh, sw]))
+            total = win if total is None else e(op.add(total, win))
+            count = count + one[i:i + sh * (oh - 1) + 1:sh, j:j + sw * (ow - 1) + 1:sw]
+    if bool(a.count_include_pad):
+        count = np.full((oh, ow), np.float32(kh * kw))
+    return e(op.divide(total, q.rx_const(count.flat[0], "float32")))
+
+
+def _uniform_count(a) -> bool:
+    """Every window of the pool counts the same number of values (no padding, or padding counted)."""
+    return bool(a.count_include_pad) or all(int(v) == 0 for v in a.padding)
+
+
 def _realize_avg_pool(qg, qb, comp, out):
     relax, op, q, _ = _ops()
     tensor = qb.name
@@ -514,9 +541,12 @@ def _realize_avg_pool(qg, qb, comp, out):
         raise IrgenError(f"{SCHEME}: average pool at {tensor!r} with layout {a.layout}, ceil mode or dilation; not supported")
     e = qg.emit
     deq = e(op.multiply(e(op.astype(_offset(qg, x, int(qx.zero_point[0])), "float32")), q.rx_const(qx.scale[0], "float32")))
-    avg = e(op.nn.avg_pool2d(deq, pool_size=list(a.pool_size), strides=list(a.strides), padding=list(a.padding),
-                             dilation=list(a.dilation), ceil_mode=False, count_include_pad=bool(a.count_include_pad),
-                             layout="NCHW"))
+    if _is_torch(qg) or not _uniform_count(a):
+        avg = e(op.nn.avg_pool2d(deq, pool_size=list(a.pool_size), strides=list(a.strides), padding=list(a.padding),
+                                 dilation=list(a.dilation), ceil_mode=False, count_include_pad=bool(a.count_include_pad),
+                                 layout="NCHW"))
+    else:  # the window's values added in row-major order in float32, as explicit ops (irgen.quant._avg_pool_in_order)
+        avg = _window_mean(qg, deq, a)
     info = np.iinfo(out.dtype)
     if _is_torch(qg):  # torch: the window summed in row-major order in float32, / count, quantize_per_tensor
         expr = _rx_torch_quantize(qg, avg, out)
@@ -656,7 +686,7 @@ def _realize(qg, conv_requant) -> None:
         out = _qparams(qg, b.value, b.name, chans)
         if out.scale.size != 1:
             raise IrgenError(f"{SCHEME}: activation {b.name!r} is quantized per channel; not supported")
-        if f is None and isinstance(b.value.args[0], Constant):
+        if not _is_torch(qg) and _spans().constant_value(qg, b.value.args[0]) is not None:
             continue  # a constant quantized at run time: its consumers take the integers (spans.quantized_constant)
         if f is None:
             names, expr, rec = _realize_quantize(qg, b, out)
@@ -693,6 +723,8 @@ def _realize(qg, conv_requant) -> None:
             names, expr, rec = _realize_unary(qg, b, comp, out)
             if len(acts) > 1:
                 raise IrgenError(f"{SCHEME}: chained activations at {b.name!r}; not supported")
+        elif comp.op == "relax.mean" and not bool(comp.value.attrs.keepdims) and not _is_torch(qg):
+            names, expr, rec = _spans().realize_float(qg, b, f, out)  # ReduceMean without keepdims: float in ORT
         elif comp.op in ("relax.mean", "relax.nn.adaptive_avg_pool2d"):
             names, expr, rec = _realize_global_avg(qg, b, comp, out)
         elif comp.op == "relax.nn.avg_pool2d":

@@ -94,13 +94,30 @@ def quantized_constant(qg, expr):
     if dq is None or dq.op != "relax.dequantize":
         return None
     qb = qg.producer(dq.value.args[0])
-    if qb is None or qb.op != "relax.quantize" or not isinstance(qb.value.args[0], Constant):
+    if qb is None or qb.op != "relax.quantize":
+        return None
+    value = constant_value(qg, qb.value.args[0])
+    if value is None:
         return None
     qt = p._qparams(qg, qb.value, qb.name)
     if qt.scale.size != 1:
         return None
-    arr = quantize_linear(qb.value.args[0].value.numpy(), np.float32(qt.scale[0]), int(qt.zero_point[0]), qt.dtype)
+    arr = quantize_linear(value, np.float32(qt.scale[0]), int(qt.zero_point[0]), qt.dtype)
     return arr, p._qparams(qg, dq.value, dq.name), [dq.name, qb.name]
+
+
+def constant_value(qg, expr):
+    """The float32 value of a float constant, or of a dequantized integer constant (an initializer
+    shared through Identity and quantized again, DenseNet's BatchNorm weights), else None."""
+    from irgen.graph import Constant
+
+    if isinstance(expr, Constant):
+        v = expr.value.numpy()
+        return v if v.dtype == np.float32 else None
+    b = qg.producer(expr)
+    if b is not None and b.op == "relax.dequantize" and isinstance(b.value.args[0], Constant):
+        return _dequantized_constant(qg, b)
+    return None
 
 
 def constants_record(arrays) -> dict:
