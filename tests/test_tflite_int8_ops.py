@@ -234,3 +234,48 @@ def test_lut_records_say_how_the_table_is_made(tmp_path, host):
             else:  # sigmoid's output is fixed by TFLite: scale 1/256, zero point -128
                 assert q["output"]["scale"] == 1 / 256 and q["output"]["zero_point"] == -128
     assert seen == {"hard_swish", "logistic"}
+
+
+def _application(tf, name: str, size: int):
+    A = tf.keras.applications
+    kw = {"weights": None, "input_shape": (size, size, 3)}
+    if name == "MobileNetV3Small":
+        return A.MobileNetV3Small(**kw, include_preprocessing=False, minimalistic=False)
+    return getattr(A, name)(**kw)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,size", [("MobileNetV3Small", 32), ("EfficientNetB0", 32), ("ResNet50", 32)])
+def test_keras_application_int8_equals_the_interpreter(name, size, tmp_path, host):
+    """A keras.applications CNN (random weights, batch-norm statistics kept
+    positive) converted to full int8: every int8 activation equals the interpreter's."""
+    tf = tflite_models._tf()
+    tf.keras.utils.set_random_seed(0)
+    model = _application(tf, name, size)
+    rng = np.random.default_rng(0)
+    for w in model.weights:
+        shape = tuple(w.shape)
+        if "moving_variance" in w.path or "gamma" in w.path:
+            w.assign(rng.uniform(0.5, 1.5, shape).astype(np.float32))
+        elif "moving_mean" in w.path or "beta" in w.path:
+            w.assign(rng.normal(0.0, 0.1, shape).astype(np.float32))
+        else:
+            fan_in = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
+            w.assign(rng.normal(0.0, 1.0 / np.sqrt(max(fan_in, 1)), size=shape).astype(np.float32))
+    conv = tf.lite.TFLiteConverter.from_keras_model(model)
+    conv.optimizations = [tf.lite.Optimize.DEFAULT]
+    shape = (1, size, size, 3)
+    samples = [np.random.default_rng(1 + i).uniform(-1, 1, shape).astype(np.float32) * 127 for i in range(4)]
+    conv.representative_dataset = lambda: ([s] for s in samples)
+    conv.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+    conv.inference_input_type = conv.inference_output_type = tf.int8
+    path = tmp_path / f"{name}.tflite"
+    path.write_bytes(conv.convert())
+    x = np.random.default_rng(7).integers(-128, 128, shape).astype(np.int8)
+    np.save(tmp_path / "x.npy", x)
+    run(host, path, tmp_path / "out", inputs=[str(tmp_path / "x.npy")])
+    ir = json.loads((tmp_path / "out" / "ir.json").read_text())
+    ref = tflite_models.tflite_reference(path, x)
+    for layer in ir["layers"]:
+        for rec, src in zip(layer["outputs"], layer["source"]["outputs"], strict=True):
+            np.testing.assert_array_equal(np.load(tmp_path / "out" / rec["file"]), ref[src], err_msg=layer["name"])
