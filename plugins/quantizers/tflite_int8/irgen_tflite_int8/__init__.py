@@ -22,7 +22,12 @@ what the TFLite interpreter computes, bit for bit:
   ``p = e * (1 / (sum(e) * s_y))`` in float32 (the sum in row order), rounded
   half away from zero, plus ``zp_y``;
 * MAX_POOL_2D, RESHAPE, CONCATENATION with shared parameters: exact in int8
-  as imported.
+  as imported (and PAD, STRIDED_SLICE, TRANSPOSE, RESIZE_NEAREST_NEIGHBOR, which
+  the tflite frontend imports on int8 tensors itself);
+* LOGISTIC and HARD_SWISH (256-entry tables), MUL, RESIZE_BILINEAR,
+  BATCH_MATMUL, int8 RELU/QUANTIZE (requantize), and ADD/MUL with an int8
+  constant operand: :mod:`irgen_tflite_int8.kinds`, each realization beside its
+  numpy recompute.
 """
 
 from __future__ import annotations
