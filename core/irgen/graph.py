@@ -389,6 +389,8 @@ _SHAPE_ARITH = {"relax.take", "relax.add", "relax.subtract", "relax.multiply", "
                 "relax.greater_equal", "relax.concat", "relax.astype", "relax.reshape", "relax.squeeze",
                 "relax.expand_dims", "relax.maximum", "relax.minimum", "relax.strided_slice", "relax.negative"}
 _SHAPE_VALUE_LIMIT = 1 << 12
+#: ops that start shape arithmetic (no kernel runs them at opt level 0)
+_SHAPE_SOURCES = {"relax.shape_of", "relax.shape_to_tensor", "relax.tensor_to_shape", "relax.dynamic_strided_slice"}
 
 
 def _evaluate(call: relax.Call, args: list[relax.Expr]) -> Any:
@@ -460,7 +462,7 @@ def static_shapes(mod: tvm.IRModule) -> tvm.IRModule:
     """``mod`` with shape arithmetic on known shapes folded into constants and the ops
     that read it rebuilt with static shapes; unchanged when every shape is static."""
     func, bindings = main_bindings(mod)
-    if all(_static(b.var.ty) for b in bindings):
+    if all(_static(b.var.ty) for b in bindings) and not any(b.op in _SHAPE_SOURCES for b in bindings):
         return mod
     vmap: dict[str, relax.Expr] = {}
     bb = relax.BlockBuilder(tvm.IRModule({gv: f for gv, f in mod.functions.items() if gv.name_hint != "main"}))
