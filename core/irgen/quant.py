@@ -422,18 +422,8 @@ def _recompute_torch(layer: dict[str, Any], inputs: list[np.ndarray], params: di
     if kind == "add":  # dequantize, float32 add, (relu: the clamp), quantize
         return torch_quantize(deq[0] + deq[1], out["scale"], int(out["zero_point"]), lo, hi, out["dtype"])
     if kind == "avg_pool2d":  # torch's CPU kernel: the window's in-bounds values summed in row-major order, / count
-        p = qr["pool"]
-        (kh, kw), (sh, sw), (pt, pl, pb, pr) = p["size"], p["strides"], p["padding"]
-        x = np.pad(deq[0], ((0, 0), (0, 0), (pt, pb), (pl, pr)))
-        one = np.pad(np.ones(deq[0].shape[2:], np.float32), ((pt, pb), (pl, pr)))
-        oh, ow = (x.shape[2] - kh) // sh + 1, (x.shape[3] - kw) // sw + 1
-        total, count = np.zeros((*x.shape[:2], oh, ow), np.float32), np.zeros((oh, ow), np.float32)
-        for i in range(kh):
-            for j in range(kw):
-                total = total + x[:, :, i:i + sh * (oh - 1) + 1:sh, j:j + sw * (ow - 1) + 1:sw]
-                count = count + one[i:i + sh * (oh - 1) + 1:sh, j:j + sw * (ow - 1) + 1:sw]
-        count = np.float32(kh * kw) if p["count_include_pad"] else count
-        return torch_quantize(total / count, out["scale"], int(out["zero_point"]), lo, hi, out["dtype"])
+        return torch_quantize(_avg_pool_in_order(deq[0], qr["pool"]), out["scale"], int(out["zero_point"]),
+                              lo, hi, out["dtype"])
     if kind == "concatenate":  # tables, as the qdq record
         return _recompute_qdq({**layer, "quant": {k: v for k, v in qr.items() if k != "reference"}}, inputs, params)
     if kind == "quantize":
