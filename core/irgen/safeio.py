@@ -327,9 +327,3 @@ def _read_data(f, shape, fortran, dtype):
     data = np.frombuffer(f.read(count * dtype.itemsize), dtype=dtype, count=count)
     arr = data.reshape(shape[::-1]).transpose() if fortran else data.reshape(shape)
     return np.array(arr, copy=True)  # writable, owns its memory
-
-
-def inside_or_self(parent: Path, child: Path) -> bool:
-    """Whether ``child`` is ``parent`` or inside it (both resolved)."""
-    p, c = Path(os.path.realpath(parent)), Path(os.path.realpath(child))
-    return c == p or p in c.parents
