@@ -615,6 +615,13 @@ def load_ir(out_dir: str | Path) -> dict[str, Any]:
     return read_ir(out_dir)
 
 
+def _skip_source(source: dict[str, Any], notes: list[str], modes, err: IrgenError) -> list[str]:
+    """Record why the (optional) source check is skipped; the modes left to run."""
+    source["skipped"] = _one_line(err).removeprefix("source check: ")
+    notes.append(f"source check skipped: {source['skipped']}")
+    return [m for m in modes if m != "source"]
+
+
 def verify_output(out_dir: str | Path, *, modes=MODES, thresholds: Thresholds | None = None,
                   source_runner: Callable | None = None, model: str | Path | None = None,
                   progress=None, source_optional: bool = False, allow_pickle: bool = False,
@@ -669,9 +676,7 @@ def verify_output(out_dir: str | Path, *, modes=MODES, thresholds: Thresholds | 
         except IrgenError as err:
             if not source_optional:
                 raise
-            source["skipped"] = _one_line(err).removeprefix("source check: ")
-            notes.append(f"source check skipped: {source['skipped']}")
-            modes = [m for m in modes if m != "source"]
+            modes = _skip_source(source, notes, modes, err)
         else:
             model_path, model_sha_ok = src.path, src.sha256_matches
             notes += src.notes
@@ -829,9 +834,7 @@ def verify_output(out_dir: str | Path, *, modes=MODES, thresholds: Thresholds | 
         except IrgenError as err:
             if not source_optional:
                 raise
-            source["skipped"] = _one_line(err).removeprefix("source check: ")
-            notes.append(f"source check skipped: {source['skipped']}")
-            modes = [m for m in modes if m != "source"]
+            modes = _skip_source(source, notes, modes, err)
             values = None
         if values is not None:
             source["ran"] = True

@@ -347,6 +347,14 @@ def realize_hard_swish(qg, qb, comp, out, act, helpers):
     return _lut_layer(qg, qb, x, qx, out, "hard_swish", drop, params)
 
 
+def _product_multiplier(q1, q2, out) -> tuple[int, int]:
+    """TFLite's requantization of a product of two int8 operands: s1 * s2 / s_out as multiplier, shift."""
+    from irgen import quant as q
+
+    real = np.float64(np.float32(q1.scale[0])) * np.float64(np.float32(q2.scale[0])) / np.float64(np.float32(out.scale[0]))
+    return q.quantize_multiplier(float(real))
+
+
 def realize_mul(qg, qb, comp, out, act, helpers):
     from tvm import relax
     from tvm.relax import op
@@ -358,8 +366,7 @@ def realize_mul(qg, qb, comp, out, act, helpers):
     if any(i is None for i in ins):
         raise IrgenError(f"{SCHEME}: an input of the multiply {qb.name!r} is not a dequantized int8 tensor")
     (x1, q1, d1), (x2, q2, d2) = ins
-    real = np.float64(np.float32(q1.scale[0])) * np.float64(np.float32(q2.scale[0])) / np.float64(np.float32(out.scale[0]))
-    mult, shift = q.quantize_multiplier(float(real))
+    mult, shift = _product_multiplier(q1, q2, out)
     ndim = len(comp.var.ty.shape.values)
     prod = qg.emit(op.multiply(helpers.offset(qg, x1, int(q1.zero_point[0])), helpers.offset(qg, x2, int(q2.zero_point[0]))))
     y = q.rx_multiply_by_quantized_multiplier(qg.emit, prod, np.array([mult]), np.array([shift]), -1, ndim)
@@ -439,8 +446,7 @@ def realize_batch_matmul(qg, qb, comp, out, act, helpers):
     if any(i is None for i in ins):
         raise IrgenError(f"{SCHEME}: an input of the batch matmul {qb.name!r} is not a dequantized int8 tensor")
     (x1, q1, d1), (x2, q2, d2) = ins
-    real = np.float64(np.float32(q1.scale[0])) * np.float64(np.float32(q2.scale[0])) / np.float64(np.float32(out.scale[0]))
-    mult, shift = q.quantize_multiplier(float(real))
+    mult, shift = _product_multiplier(q1, q2, out)
     ndim = len(comp.var.ty.shape.values)
     # an adjoint flag: the importer's unnamed transpose of an int8 operand joins this layer
     # (operand a is emitted first, so that the layer's inputs are a, then b)
