@@ -130,3 +130,28 @@ def test_softmax_table_and_record(int8_runs):
     for x, out in runs:
         y = np.load(out / ir["outputs"][0]["file"]).astype(np.float64)
         assert abs(((y + 128) / 256).sum() - 1.0) < 0.05
+
+
+def test_a_float_input_file_is_quantized_with_the_int8_inputs_scale(tmp_path, host):
+    """A full-integer model's input is int8; a float ``--input`` file is quantized with that
+    input's scale and zero point (ties to even, clipped), as the user would do before calling
+    the interpreter, and the run equals a run on the int8 file made that way by hand."""
+    import tensorflow as tf
+
+    path, _ = tflite_models.export("small_cnn", tmp_path, "int8")
+    detail = tf.lite.Interpreter(model_path=str(path)).get_input_details()[0]
+    scale, zp = detail["quantization"]
+    x = np.random.default_rng(7).standard_normal(tuple(detail["shape"])).astype(np.float32) * 40 * scale
+    x.flat[0] = 10_000.0 * scale  # beyond int8: clipped
+    x.flat[1] = (2.5 - zp) * scale  # a tie: to even
+    np.save(tmp_path / "xf.npy", x)
+    by_hand = np.clip(np.round(x.astype(np.float64) / scale) + zp, -128, 127).astype(np.int8)
+    assert by_hand.flat[0] == 127
+    np.save(tmp_path / "xq.npy", by_hand)
+    run(host, path, tmp_path / "f", inputs=[str(tmp_path / "xf.npy")])
+    run(host, path, tmp_path / "q", inputs=[str(tmp_path / "xq.npy")])
+    ir = json.loads((tmp_path / "f" / "ir.json").read_text())
+    for layer in ir["layers"]:
+        for rec in layer["outputs"]:
+            a, b = np.load(tmp_path / "f" / rec["file"]), np.load(tmp_path / "q" / rec["file"])
+            assert a.dtype == np.int8 and np.array_equal(a, b), rec["name"]

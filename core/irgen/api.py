@@ -28,11 +28,17 @@ class UnsupportedOpsError(IrgenError):
 
 @dataclass
 class InputSpec:
-    """One model input: its name in the source model, shape and dtype."""
+    """One model input: its name in the source model, shape and dtype.
+
+    ``quantization`` is ``(scale, zero_point)`` of an integer input that stands for real
+    values (a TFLite full-integer model's int8 input): a float ``--input`` file is then
+    quantized with it (``round(x / scale) + zero_point``, ties to even, clipped to the
+    dtype), as the user would before calling the source runtime."""
 
     name: str
     shape: tuple[int, ...]
     dtype: str
+    quantization: tuple[float, int] | None = None
 
 
 @dataclass

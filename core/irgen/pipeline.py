@@ -64,6 +64,15 @@ def check_inputs(specs: list[InputSpec], shapes: dict[str, tuple[int, ...]], lim
         check_tensor_size(f"input {s.name!r}", s.shape, s.dtype, limit)
 
 
+def quantize_input(x: np.ndarray, spec: InputSpec) -> np.ndarray:
+    """A float input file for an integer input that has a scale and zero point: quantized
+    the way a user does before calling the source runtime (ties to even, clipped)."""
+    scale, zero_point = spec.quantization
+    info = np.iinfo(spec.dtype)
+    q = np.round(x.astype(np.float64) / float(scale)) + int(zero_point)
+    return np.clip(q, info.min, info.max).astype(spec.dtype)
+
+
 def load_inputs(specs: list[InputSpec], given: list[str], seed: int,
                 limit: int | None = DEFAULT_MAX_TENSOR_BYTES) -> list[np.ndarray]:
     """The model's input arrays: from ``--input`` files, else seeded random data."""
@@ -86,6 +95,9 @@ def load_inputs(specs: list[InputSpec], given: list[str], seed: int,
             arr = load_npy(path, "--input", limit)
             if tuple(arr.shape) != tuple(s.shape):
                 raise IrgenError(f"--input {path}: shape {tuple(arr.shape)} does not match input {s.name!r} shape {tuple(s.shape)}")
+            if str(arr.dtype) != s.dtype and s.quantization and arr.dtype.kind == "f" \
+                    and np.dtype(s.dtype).kind in "iu" and np.isfinite(arr).all():
+                arr = quantize_input(arr, s)
             if str(arr.dtype) != s.dtype:
                 raise IrgenError(f"--input {path}: dtype {arr.dtype} does not match input {s.name!r} dtype {s.dtype}")
             if arr.dtype.kind in "fc" and not np.isfinite(arr).all():

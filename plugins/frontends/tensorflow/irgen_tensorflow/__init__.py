@@ -187,8 +187,19 @@ def _input_specs(model, shapes: dict[str, tuple[int, ...]], limit: int | None = 
         elif any(d < 0 for d in shape) or (any(d < 0 for d in sig) and not shape):
             raise IrgenError(f"input {name!r} has an open dimension; give it with --input-shape {name}=1,...")
         check_tensor_size(f"input {name!r}", shape, dtype, limit)
-        specs.append(InputSpec(name, shape, dtype))
+        specs.append(InputSpec(name, shape, dtype, _input_quantization(t, dtype)))
     return specs
+
+
+def _input_quantization(t, dtype: str) -> tuple[float, int] | None:
+    """(scale, zero point) of an integer input with one per-tensor scale, else None."""
+    if dtype not in ("int8", "uint8", "int16"):
+        return None
+    q = t.Quantization()
+    if q is None or q.ScaleLength() != 1 or q.ZeroPointLength() != 1:
+        return None
+    scale = float(q.Scale(0))
+    return (scale, int(q.ZeroPoint(0))) if 0 < scale < float("inf") else None
 
 
 def _dims(shape) -> str:
