@@ -48,7 +48,7 @@ __version__ = "0.1.0"
 
 SCHEME = "qdq"
 _MOVE = ("relax.nn.max_pool2d", "relax.reshape", "relax.permute_dims", "relax.flatten", "relax.squeeze",
-         "relax.expand_dims")
+         "relax.expand_dims", "relax.take", "relax.strided_slice")
 _UNARY = {"relax.sigmoid": lambda v: np.float32(1) / (np.float32(1) + np.exp(-v)), "relax.tanh": np.tanh,
           "relax.nn.relu": lambda v: np.maximum(v, np.float32(0))}
 
@@ -585,11 +585,20 @@ def _realize_concat(qg, qb, comp, out):
     relax, op, _, _ = _ops()
     tensor = qb.name
     ins = [_need(qg, f, "an input", tensor) for f in comp.value.args[0].fields]
-    parts, tables = [], []
-    for x, qx, _ in ins:
+    parts, tables, consts = [], [], []
+    for k, (x, qx, _) in enumerate(ins):
         if qx.dtype != out.dtype:
             raise IrgenError(f"{SCHEME}: concatenation {tensor!r} mixes {qx.dtype} and {out.dtype}")
-        if qx.scale[0] == out.scale[0] and qx.zero_point[0] == out.zero_point[0]:
+        c = None if _is_torch(qg) else _spans().constant_tensor(qg, x)
+        consts.append(None)
+        if c is not None:  # computed from constants (ViT's class token): a literal, as TVM folds it
+            if qx.scale[0] != out.scale[0] or qx.zero_point[0] != out.zero_point[0]:
+                c = _table(qx, out)[c.astype(np.int64) - int(np.iinfo(qx.dtype).min)]
+            consts[k] = c.astype(out.dtype)
+            parts.append(relax.const(consts[k]))
+            tables.append(None)
+            ins[k] = (None, qx, ins[k][2])
+        elif qx.scale[0] == out.scale[0] and qx.zero_point[0] == out.zero_point[0]:
             parts.append(x)
             tables.append(None)
         else:
@@ -607,9 +616,15 @@ def _realize_concat(qg, qb, comp, out):
            **({"reference": "torch"} if _is_torch(qg) else {}),
            "output": out.record(), "tables": tables,
            "operands": [order.index(n) if n is not None else None for n in names],
+           **({"constants": _spans().constants_record(consts)} if any(c is not None for c in consts) else {}),
            "requant": {"rounding": "half_to_even", "rounding_rule": "inputs with other parameters: table[i - min] = "
                        "quantize(dequantize(i)) (QLinearConcat)"}}
-    return [d for _, _, d in ins] + [comp.name, qb.name], op.concat(parts, axis=axis), rec
+    expr = op.concat(parts, axis=axis)
+    if any(c is not None for c in consts):  # in int32, then narrowed: the IR's fused_ops keep a literal without its dtype
+        wide = [relax.const(c.astype(np.int32)) if c is not None else qg.emit(op.astype(p, "int32"))
+                for c, p in zip(consts, parts)]
+        expr = op.astype(qg.emit(op.concat(wide, axis=axis)), out.dtype)
+    return [d for _, _, d in ins] + [comp.name, qb.name], expr, rec
 
 
 def _realize_move(qg, qb, comp, out):
@@ -675,6 +690,7 @@ def _realize(qg, conv_requant) -> None:
     relax, op, q, Constant = _ops()
     if not _is_torch(qg):
         _spans().drop_dead_items(qg)
+        _spans().static_shape_of(qg)
     i = 0
     while i < len(qg.bindings):
         b = qg.bindings[i]
@@ -714,6 +730,12 @@ def _realize(qg, conv_requant) -> None:
             else _spans().elementwise_dag(qg, f)
         if chain is not None and not (len(chain[1]) == 1 and (f.op in _UNARY or f.op == "relax.clip")):
             names, expr, rec = _realize_table_chain(qg, b, chain, out)
+        elif not _is_torch(qg) and _spans().split_item(qg, f) is not None:
+            names, expr, rec = _spans().realize_split_item(qg, b, f, out)
+        elif comp.op == "relax.matmul" and bias_b is None and not acts and _dequantized(qg, comp.value.args[1]) is not None:
+            names, expr, rec = _spans().realize_matmul(qg, b, comp, out)
+        elif comp.op == "relax.take" and not _is_torch(qg) and _spans().gathered_table(qg, comp) is not None:
+            names, expr, rec = _spans().realize_gather_table(qg, b, comp, out)
         elif comp.op in ("relax.nn.conv2d", "relax.matmul"):
             names, expr, rec = _realize_conv(qg, b, comp, bias_b, acts, out, conv_requant)
         elif comp.op == "relax.add":  # with the relu/clip after it (torch: add, relu, quantize)

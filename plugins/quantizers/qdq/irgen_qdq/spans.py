@@ -67,6 +67,9 @@ def operand(qg, expr, tensor: str, what: str = "an input"):
     r = None if qc is not None else p._dequantized(qg, expr)
     if r is not None:
         x, qt, d = r
+        c = constant_tensor(qg, x)
+        if c is not None and qt.scale.size == 1:  # computed from constants: TVM folds it into a literal
+            return relax.const(c), qt, [d], c
         return x, qt, [d], None
     if qc is not None:
         arr, qt, names = qc
@@ -81,6 +84,83 @@ def operand(qg, expr, tensor: str, what: str = "an input"):
     if str(arr.dtype) not in ("int8", "uint8"):
         raise IrgenError(f"{p.SCHEME}: {what} of {tensor!r} is a {arr.dtype} constant; no integer kernel")
     return relax.const(arr), qt, p._drop(qg, chain), arr
+
+
+def constant_tensor(qg, expr):
+    """The value of a tensor computed from constants alone (a realized gather of an embedding table
+    by constant positions, a quantized class token), evaluated with irgen's numpy reference; else
+    None. TVM folds such layers into literals, so the layers reading them record the values."""
+    from tvm import relax
+
+    from irgen.graph import Constant, attrs_to_dict
+    from irgen.reference import run_op
+
+    if isinstance(expr, Constant):
+        return _const_array(expr)
+    members, stack = {}, [expr]
+    while stack:
+        e = stack.pop()
+        if isinstance(e, relax.Tuple):
+            stack.extend(e.fields)
+            continue
+        if not isinstance(e, relax.Var):
+            if isinstance(e, (Constant, relax.ShapeExpr)) or hasattr(e, "value"):
+                continue
+            return None
+        b = qg.producer(e)
+        if b is None or b.op in ("relax.quantize", "relax.dequantize"):
+            return None
+        if b.name in members:
+            continue
+        if not isinstance(b.value, (relax.Call, relax.TupleGetItem, relax.ShapeExpr)):
+            return None
+        members[b.name] = b
+        if isinstance(b.value, relax.ShapeExpr):
+            continue
+        stack.extend([b.value.tuple_value] if isinstance(b.value, relax.TupleGetItem) else list(b.value.args))
+    values: dict[str, object] = {}
+
+    def val(a):
+        if isinstance(a, relax.Var):
+            return values[a.name]
+        if isinstance(a, Constant):
+            return _const_array(a)
+        if isinstance(a, relax.ShapeExpr):
+            return np.asarray([int(d) for d in a.values], np.int64)
+        if hasattr(a, "value"):
+            return np.asarray(a.value)
+        raise IrgenError(f"{_pkg().SCHEME}: cannot evaluate {a!r}")
+
+    for b in qg.bindings:
+        if b.name not in members:
+            continue
+        v = b.value
+        if isinstance(v, relax.TupleGetItem):
+            values[b.name] = values[v.tuple_value.name][int(v.index)]
+            continue
+        if isinstance(v, relax.ShapeExpr):
+            values[b.name] = val(v)
+            continue
+        args = []
+        for a in v.args:
+            args.extend([val(f) for f in a.fields] if isinstance(a, relax.Tuple) else [val(a)])
+        if b.op == "relax.shape_to_tensor":
+            values[b.name] = np.asarray(args[0], np.int64)
+            continue
+        try:
+            values[b.name] = run_op(b.op, args, attrs_to_dict(v.attrs) if v.attrs is not None else {}, b.name)
+        except Exception:  # noqa: BLE001  an op the numpy reference lacks: left to TVM, as a layer
+            return None
+    return np.asarray(values[expr.name])
+
+
+def _const_array(c) -> np.ndarray:
+    """A constant's value as an array (scalar literals hold a Python number)."""
+    v = c.value
+    if hasattr(v, "numpy"):
+        return v.numpy()
+    dtype = getattr(getattr(c, "ty", None), "dtype", None)
+    return np.asarray(v, str(dtype) if dtype is not None else None)
 
 
 def quantized_constant(qg, expr):
@@ -117,7 +197,37 @@ def constant_value(qg, expr):
     b = qg.producer(expr)
     if b is not None and b.op == "relax.dequantize" and isinstance(b.value.args[0], Constant):
         return _dequantized_constant(qg, b)
-    return None
+    v = _scalar_constant(qg, expr)
+    return v if v is not None and v.dtype == np.float32 else None
+
+
+def _scalar_constant(qg, expr, depth: int = 0):
+    """The value of a scalar computed from constants only (ViT's ``sqrt(1 / sqrt(head_dim))`` from a
+    folded shape), evaluated in numpy as ORT's float32 kernels do (sqrt, divide: correctly rounded), or None."""
+    from tvm import relax
+
+    from irgen.graph import Constant, attrs_to_dict
+    from irgen.reference import run_op
+
+    if isinstance(expr, Constant):
+        return _const_array(expr)
+    b = qg.producer(expr)
+    if depth > 16 or b is None or not isinstance(b.value, relax.Call) or b.op in (
+            "relax.quantize", "relax.dequantize", None) or b.op not in _SCALAR_OPS:
+        return None
+    args = []
+    for a in b.value.args:
+        v = _scalar_constant(qg, a, depth + 1)
+        if v is None:
+            return None
+        args.append(v)
+    out = np.asarray(run_op(b.op, args, attrs_to_dict(b.value.attrs) if b.value.attrs is not None else {}, b.name))
+    return out if out.size == 1 else None
+
+
+#: ops a scalar constant may be computed with (each correctly rounded in float32, as ORT computes them)
+_SCALAR_OPS = {"relax.sqrt", "relax.divide", "relax.multiply", "relax.add", "relax.subtract", "relax.astype",
+               "relax.negative", "relax.reshape"}
 
 
 def constants_record(arrays) -> dict:
@@ -438,6 +548,162 @@ def realize_slice(qg, qb, comp, out):
     return [dqx, comp.name, qb.name], expr, rec
 
 
+# ------------------------------------------------------------------ split, gather, matmul of activations
+
+
+def split_item(qg, f):
+    """``(split binding, int var, QTensor, dq name)`` when ``f`` is an item of ``relax.split`` of a
+    dequantized tensor read only by one quantize, else None."""
+    from tvm import relax
+
+    if f is None or not isinstance(f.value, relax.TupleGetItem) or qg.n_users(f.name) != 1:
+        return None
+    sb = qg.producer(f.value.tuple_value)
+    if sb is None or sb.op != "relax.split":
+        return None
+    d = _pkg()._dequantized(qg, sb.value.args[0])
+    return None if d is None else (sb, *d)
+
+
+def realize_split_item(qg, qb, f, out):
+    """One output of ``Split`` on a quantized tensor (ViT's q, k, v): a slice of the integers
+    (ORT's QDQ Split runs on the integers when the parameters agree); the split and its dequantize
+    go when their last item is realized."""
+    from tvm.relax import op
+
+    p = _pkg()
+    tensor = qb.name
+    sb, x, qx, _ = split_item(qg, f)
+    if qx.scale[0] != out.scale[0] or qx.zero_point[0] != out.zero_point[0] or qx.dtype != out.dtype:
+        raise IrgenError(f"{p.SCHEME}: the split at {tensor!r} changes quantization parameters; not supported")
+    shape = [int(d) for d in x.ty.shape.values]
+    a = sb.value.attrs
+    axis = int(a.axis) % len(shape)
+    ios = a.indices_or_sections
+    if isinstance(ios, (int, np.integer)) or hasattr(ios, "value"):
+        n = int(ios.value if hasattr(ios, "value") else ios)
+        size = -(-shape[axis] // n)
+        bounds = [min(k * size, shape[axis]) for k in range(1, n)]
+    else:
+        bounds = [int(v) for v in ios]
+    edges = [0] + bounds + [shape[axis]]
+    k = int(f.value.index)
+    begin, end = edges[k], edges[k + 1]
+    expr = op.strided_slice(x, [axis], [begin], [end], [1])
+    rec = {"scheme": p.SCHEME, "kind": "integer", "op": "strided_slice", "inputs": [qx.record()], "output": out.record(),
+           "slice": {"axes": [axis], "begin": [begin], "end": [end], "strides": [1]}}
+    return [f.name, qb.name], expr, rec
+
+
+def gathered_table(qg, comp):
+    """``(integer table, QTensor, dq binding)`` when ``comp`` takes rows of a dequantized constant
+    (an embedding table gathered by token ids), else None."""
+    from irgen.graph import Constant
+
+    dq = qg.producer(comp.value.args[0])
+    if dq is None or dq.op != "relax.dequantize" or not isinstance(dq.value.args[0], Constant):
+        return None
+    return dq.value.args[0].value.numpy(), dq
+
+
+def realize_gather_table(qg, qb, comp, out):
+    """``Gather(DQ(table), ids) -> Q``: ORT gathers the integers (Q/DQ dropped when the parameters
+    agree, else the float values requantized); both are ``Q_out(DQ(table))`` gathered, which irgen
+    computes once: a gather of an integer table by the (integer) indices."""
+    from tvm import relax
+
+    from irgen.quant import quantize_linear
+
+    p = _pkg()
+    arr, dq = gathered_table(qg, comp)
+    qt = p._qparams(qg, dq.value, dq.name, arr.shape[int(dq.value.attrs.axis) % arr.ndim] if arr.ndim else 1)
+    same = qt.scale.size == 1 and qt.scale[0] == out.scale[0] and qt.zero_point[0] == out.zero_point[0] \
+        and str(arr.dtype) == out.dtype
+    table = arr if same else quantize_linear(_dequantized_constant(qg, dq), np.float32(out.scale[0]),
+                                             int(out.zero_point[0]), out.dtype)
+    v = comp.value
+    expr = relax.Call(v.op, [relax.const(table)] + list(v.args[1:]), v.attrs)
+    rec = {"scheme": p.SCHEME, "kind": "integer", "op": "take", "inputs": [], "output": out.record(),
+           "table": qt.record(),
+           "requant": {"rounding": "half_to_even", "rounding_rule":
+                       "parameter 'table' = the integer table (when its parameters are the output's) or "
+                       "quantize(dequantize(table)) with the output's parameters; y = table[ids]"}}
+    names = [dq.name] if qg.n_users(dq.name) == 1 else []
+    return names + [comp.name, qb.name], expr, rec
+
+
+def realize_matmul(qg, qb, comp, out):
+    """MatMul of two quantized activations (attention's Q·Kᵀ and A·V) as ORT's QLinearMatMul:
+    int32 ``sum((a - zp_a) * (b - zp_b))``, MLAS requantization by ``float32(s_a * s_b) / s_y``."""
+    from tvm.relax import op
+
+    p = _pkg()
+    _, _, q, _ = p._ops()
+    tensor = qb.name
+    a, qa, da = p._need(qg, comp.value.args[0], "the first input", tensor)
+    b, qb_, db = p._need(qg, comp.value.args[1], "the second input", tensor)
+    xa = p._offset(qg, a, int(qa.zero_point[0]))
+    xb = xa if a.same_as(b) and qa.zero_point[0] == qb_.zero_point[0] else p._offset(qg, b, int(qb_.zero_point[0]))
+    acc = qg.emit(op.matmul(xa, xb, out_dtype="int32"))
+    scale = np.float32(np.float32(qa.scale[0]) * np.float32(qb_.scale[0])) / np.float32(out.scale[0])
+    info = np.iinfo(out.dtype)
+    lo, hi = int(info.min), int(info.max)
+    expr = q.rx_requantize_float(qg.emit, acc, np.float32(scale), int(out.zero_point[0]), lo, hi, out.dtype)
+    rec = {"scheme": p.SCHEME, "kind": "matmul", "inputs": [qa.record(), qb_.record()], "output": out.record(),
+           **({"operands": [0, 0]} if a.same_as(b) else {}),
+           "requant": {"scale": float(scale), "rounding": "half_to_even",
+                       "rounding_rule": "y = clamp(round_half_even(float32(acc) * scale) + zp_y, clamp); acc = int32 "
+                                        "sum((a - zp_a) * (b - zp_b)); scale = float32(s_a * s_b) / s_y (QLinearMatMul)"},
+           "clamp": [lo, hi]}
+    return [da, db, comp.name, qb.name], expr, rec
+
+
+def recompute_matmul(layer, inputs, params=None) -> np.ndarray:
+    """A ``matmul`` layer (QLinearMatMul of two activations) from its record."""
+    from irgen.quant import requantize_float
+
+    qr = layer["quant"]
+    out = qr["output"]
+    ops = [inputs[k] for k in qr.get("operands") or (0, 1)]
+    za, zb = (int(i["zero_point"]) for i in qr["inputs"])
+    acc = np.matmul(ops[0].astype(np.int64) - za, ops[1].astype(np.int64) - zb)
+    lo, hi = qr["clamp"]
+    return requantize_float(acc.astype(np.int32), np.float32(qr["requant"]["scale"]), int(out["zero_point"]), lo, hi,
+                            out["dtype"])
+
+
+def static_shape_of(qg) -> None:
+    """``shape_of`` of a tensor with a static shape becomes that shape (the index arithmetic of a
+    Gather reads the shape of its dequantized table: the table is gathered as integers)."""
+    from tvm import relax
+
+    for b in list(qg.bindings):
+        if b.op != "relax.shape_of":
+            continue
+        shape = getattr(b.value.args[0].ty, "shape", None)
+        if shape is None or not hasattr(shape, "values") or any(not hasattr(d, "value") for d in shape.values):
+            continue
+        qg.replace([b.name], relax.ShapeExpr([int(d) for d in shape.values]))
+
+
+def recompute_concat(layer, inputs, params=None) -> np.ndarray:
+    """A ``concatenate`` layer: operand k is the layer input ``operands[k]`` (through ``tables[k]``
+    when its parameters differ from the output's, QLinearConcat) or the literal ``constants[k]``."""
+    qr = layer["quant"]
+    out = qr["output"]
+    consts = qr.get("constants") or {}
+    order = qr.get("operands") or list(range(len(qr["tables"])))
+    parts = []
+    for k, t in enumerate(qr["tables"]):
+        c = consts.get(str(k))
+        if c is not None:
+            parts.append(np.asarray(c["values"], out["dtype"]).reshape(c["shape"]))
+            continue
+        inp = inputs[order[k]]
+        parts.append(inp if t is None else np.asarray(t, out["dtype"])[inp.astype(np.int64) - np.iinfo(inp.dtype).min])
+    return np.concatenate(parts, axis=qr["axis"])
+
+
 def drop_dead(qg) -> None:
     """Remove bindings nobody reads any more (shape computations of realized slices)."""
     while True:
@@ -499,3 +765,5 @@ def register() -> None:
     from irgen.quant import register_recompute
 
     register_recompute("qdq", "float", recompute_float)
+    register_recompute("qdq", "matmul", recompute_matmul)
+    register_recompute("qdq", "concatenate", recompute_concat)
