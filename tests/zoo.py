@@ -1,0 +1,464 @@
+"""The model zoo: public architectures, random seeded weights, small inputs, built by code.
+
+Nothing is downloaded: every model is built from its library's own class
+(torchvision, transformers, keras.applications) with seeded random weights, and
+quantized the ways users quantize:
+
+* torch models: exported to ONNX (``onnx``), to ``.pt2`` (``pt2``), and (the
+  models of ``QUANTIZED_TORCH_MODELS``) ONNX quantized by onnxruntime's ``quantize_static`` with default options
+  (``qdq``), with ``per_channel=True`` (``qdq-pc``), and after
+  ``quant_pre_process`` (``qdq-pre``);
+* Keras models: ``.keras`` (``keras``) and the TFLite converter's ``.tflite``
+  (``tflite``), float; the ``.keras`` file with irgen's
+  ``--calibration`` (``keras-int8``), and the TFLite converter's full-int8
+  ``.tflite`` with a representative dataset (``tflite-int8``).
+
+``python tests/zoo.py --table [--update-readme] [CASE ...]`` runs every case
+through ``irgen run`` + ``irgen verify`` and prints the table of what works
+(the README's table is written by this).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+QUANTIZED_FORMATS = ("qdq", "qdq-pc", "qdq-pre", "tflite-int8", "keras-int8")
+TORCH_FORMATS = ("onnx", "pt2", "qdq", "qdq-pc", "qdq-pre")
+KERAS_FORMATS = ("keras", "tflite", "keras-int8", "tflite-int8")
+CALIBRATION_SAMPLES = 8
+
+
+def import_torchvision():
+    """``import torchvision`` with the package index's wheel: it links CUDA libraries and
+    registers its C++ ops only there, so its Python side fails ("operator torchvision::nms
+    does not exist") unless the two schemas are declared first. No zoo model uses nms."""
+    import torch
+
+    try:
+        import torchvision  # noqa: F401
+    except RuntimeError as err:
+        if "torchvision::nms" not in str(err):
+            raise
+        for mod in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
+            del sys.modules[mod]
+        global _TV_LIB
+        _TV_LIB = torch.library.Library("torchvision", "DEF")
+        _TV_LIB.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+        _TV_LIB.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+        import torchvision  # noqa: F401
+    import torchvision
+
+    return torchvision
+
+
+_TV_LIB = None
+
+
+# ------------------------------------------------------------------ torch models
+
+
+def _randomize_bn(model) -> None:
+    import torch
+    from torch import nn
+
+    for m in model.modules():
+        if isinstance(m, (nn.BatchNorm2d, nn.BatchNorm1d)):
+            with torch.no_grad():
+                m.running_mean.uniform_(-0.3, 0.3)
+                m.running_var.uniform_(0.5, 2.0)
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.uniform_(-0.2, 0.2)
+
+
+def _tv(name: str, size: int = 64, **kwargs) -> Callable:
+    def build():
+        tv = import_torchvision()
+        model = getattr(tv.models, name)(weights=None, num_classes=10, **kwargs)
+        _randomize_bn(model)
+        return model, {"x": (1, 3, size, size)}
+
+    return build
+
+
+def _vit():
+    """timm's VisionTransformer, 2 blocks (its attention is explicit matmul/softmax or
+    ``scaled_dot_product_attention``; torchvision's ``nn.MultiheadAttention`` fast path
+    exports as ``_native_multi_head_attention``, which the ONNX exporter refuses)."""
+    import_torchvision()  # timm imports it
+    from timm.models.vision_transformer import VisionTransformer
+
+    model = VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, mlp_ratio=2.0,
+                              num_classes=10)
+    return model, {"x": (1, 3, 32, 32)}
+
+
+def _tv_vit_b_16():
+    """torchvision's ViT-B/16 (86 M parameters) on a 32x32 image (2x2 patches)."""
+    tv = import_torchvision()
+    return tv.models.vit_b_16(weights=None, image_size=32, num_classes=10), {"x": (1, 3, 32, 32)}
+
+
+def _gpt2():
+    """A 2-layer GPT-2 (transformers ``GPT2Model``) over token ids; returns the last hidden state."""
+    import torch
+    import transformers
+
+    cfg = transformers.GPT2Config(vocab_size=128, n_positions=32, n_embd=32, n_layer=2, n_head=2)
+    gpt2 = transformers.GPT2Model(cfg).eval()
+
+    class GPT2(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gpt2 = gpt2
+
+        def forward(self, input_ids):
+            return self.gpt2(input_ids=input_ids, use_cache=False).last_hidden_state
+
+    return GPT2(), {"input_ids": (1, 16)}
+
+
+class _BertEncoder:
+    """A 2-layer BERT (transformers ``BertModel``) over token ids; returns the last hidden state."""
+
+    @staticmethod
+    def build():
+        import torch
+        import transformers
+
+        cfg = transformers.BertConfig(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                      intermediate_size=64, max_position_embeddings=32, type_vocab_size=2)
+        bert = transformers.BertModel(cfg, add_pooling_layer=False).eval()
+
+        class Bert(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.bert = bert
+
+            def forward(self, input_ids):
+                return self.bert(input_ids=input_ids).last_hidden_state
+
+        return Bert(), {"input_ids": (1, 16)}
+
+
+TORCH_MODELS: dict[str, Callable] = {
+    "resnet18": _tv("resnet18"),
+    "mobilenet_v2": _tv("mobilenet_v2"),
+    "mobilenet_v3_small": _tv("mobilenet_v3_small"),
+    "efficientnet_b0": _tv("efficientnet_b0"),
+    "squeezenet1_1": _tv("squeezenet1_1"),
+    "shufflenet_v2_x0_5": _tv("shufflenet_v2_x0_5"),
+    "googlenet": _tv("googlenet", aux_logits=False, init_weights=True),
+    "densenet121": _tv("densenet121"),
+    "convnext_tiny": _tv("convnext_tiny"),
+    "vit": _vit,
+    "bert": _BertEncoder.build,
+    "vit_b_16": _tv_vit_b_16,
+    "swin_t": _tv("swin_t"),
+    "gpt2": _gpt2,
+}
+#: the torch models that are also quantized (the others are float only)
+QUANTIZED_TORCH_MODELS = ("resnet18", "mobilenet_v2", "mobilenet_v3_small", "efficientnet_b0", "squeezenet1_1",
+                          "shufflenet_v2_x0_5", "googlenet", "densenet121", "convnext_tiny", "vit", "bert")
+
+# ------------------------------------------------------------------ keras models
+
+KERAS_MODELS: dict[str, tuple[str, int]] = {
+    "MobileNetV2": ("MobileNetV2", 64),
+    "MobileNetV3Small": ("MobileNetV3Small", 64),
+    "EfficientNetB0": ("EfficientNetB0", 64),
+    "ResNet50": ("ResNet50", 64),
+    "DenseNet121": ("DenseNet121", 64),
+}
+
+
+@dataclass
+class Case:
+    model: str
+    fmt: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.model}-{self.fmt}"
+
+    @property
+    def quantized(self) -> bool:
+        return self.fmt in QUANTIZED_FORMATS
+
+
+def cases(formats=None) -> list[Case]:
+    out = [Case(m, f) for m in TORCH_MODELS for f in TORCH_FORMATS
+           if f in ("onnx", "pt2") or m in QUANTIZED_TORCH_MODELS]
+    out += [Case(m, f) for m in KERAS_MODELS for f in KERAS_FORMATS]
+    return [c for c in out if formats is None or c.fmt in formats]
+
+
+def _sample(shape, dtype, seed):
+    rng = np.random.default_rng(seed)
+    if np.dtype(dtype).kind == "i":
+        return rng.integers(0, 128, size=shape).astype(dtype)
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def _torch_base(model_name: str, folder: Path):
+    """(float ONNX path, .pt2 path, {input: array}); built once per folder."""
+    import torch
+
+    onnx_path, pt2_path = folder / f"{model_name}.onnx", folder / f"{model_name}.pt2"
+    inputs_path = folder / f"{model_name}.inputs.npz"
+    if onnx_path.exists() and pt2_path.exists() and inputs_path.exists():
+        return onnx_path, pt2_path, dict(np.load(inputs_path))
+    torch.manual_seed(0)
+    model, shapes = TORCH_MODELS[model_name]()
+    model.eval()
+    dtypes = {name: (np.int64 if name == "input_ids" else np.float32) for name in shapes}
+    feeds = {name: _sample(shape, dtypes[name], 1) for name, shape in shapes.items()}
+    args = tuple(torch.from_numpy(feeds[n]) for n in shapes)
+    fastpath = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)  # nn.MultiheadAttention as matmul/softmax, exportable
+    with torch.no_grad():
+        torch.onnx.export(model, args, str(onnx_path), input_names=list(shapes), output_names=["y"],
+                          dynamo=False, opset_version=17)
+        ep = torch.export.export(model, args)
+        torch.export.save(ep, str(pt2_path))
+    torch.backends.mha.set_fastpath_enabled(fastpath)
+    np.savez(inputs_path, **feeds)
+    return onnx_path, pt2_path, feeds
+
+
+def _calibration_reader(feeds: dict[str, np.ndarray]):
+    from onnxruntime.quantization import CalibrationDataReader
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.it = iter([{n: _sample(a.shape, a.dtype, 100 + k) for n, a in feeds.items()}
+                            for k in range(CALIBRATION_SAMPLES)])
+
+        def get_next(self):
+            return next(self.it, None)
+
+    return Reader()
+
+
+def _quantize_onnx(model_name: str, fmt: str, folder: Path, onnx_path: Path, feeds) -> Path:
+    from onnxruntime.quantization import quantize_static
+
+    out = folder / f"{model_name}.{fmt}.onnx"
+    if out.exists():
+        return out
+    src = onnx_path
+    if fmt == "qdq-pre":
+        from onnxruntime.quantization.shape_inference import quant_pre_process
+
+        src = folder / f"{model_name}.pre.onnx"
+        with contextlib.redirect_stdout(io.StringIO()):
+            quant_pre_process(str(onnx_path), str(src))
+    with contextlib.redirect_stdout(io.StringIO()):
+        quantize_static(str(src), str(out), _calibration_reader(feeds), per_channel=(fmt == "qdq-pc"))
+    return out
+
+
+def _keras(model_name: str, fmt: str, folder: Path):
+    import tensorflow as tf
+
+    app, size = KERAS_MODELS[model_name]
+    keras_path = folder / f"{model_name}.keras"
+    x = _sample((1, size, size, 3), np.float32, 1)
+    calib = folder / f"{model_name}.calibration"
+    if not keras_path.exists():
+        tf.keras.utils.set_random_seed(0)
+        model = getattr(tf.keras.applications, app)(weights=None, input_shape=(size, size, 3), classes=10)
+        model.save(keras_path)
+    if not calib.exists():
+        calib.mkdir()
+        for k in range(CALIBRATION_SAMPLES):
+            np.save(calib / f"{k:02d}.npy", _sample((1, size, size, 3), np.float32, 100 + k))
+    if fmt == "tflite":
+        path = folder / f"{model_name}.float.tflite"
+        if not path.exists():
+            model = tf.keras.models.load_model(keras_path)
+            path.write_bytes(tf.lite.TFLiteConverter.from_keras_model(model).convert())
+        return path, x, []
+    if fmt == "tflite-int8":
+        path = folder / f"{model_name}.int8.tflite"
+        if not path.exists():
+            model = tf.keras.models.load_model(keras_path)
+            conv = tf.lite.TFLiteConverter.from_keras_model(model)
+            conv.optimizations = [tf.lite.Optimize.DEFAULT]
+            samples = [np.load(f) for f in sorted(calib.glob("*.npy"))]
+            conv.representative_dataset = lambda: ([s] for s in samples)
+            conv.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+            conv.inference_input_type = tf.int8
+            conv.inference_output_type = tf.int8
+            path.write_bytes(conv.convert())
+        detail = tf.lite.Interpreter(model_path=str(path)).get_input_details()[0]
+        scale, zp = detail["quantization"]
+        x = np.clip(np.round(x / scale) + zp, -128, 127).astype(np.int8)
+        return path, x, []
+    extra = ["--calibration", str(calib)] if fmt == "keras-int8" else []
+    return keras_path, x, extra
+
+
+def build(case: Case, folder: Path) -> tuple[Path, list[str]]:
+    """Build ``case`` under ``folder`` (cached there); return (model path, extra ``irgen run`` args,
+    including ``--input`` files)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    if case.model in TORCH_MODELS:
+        onnx_path, pt2_path, feeds = _torch_base(case.model, folder)
+        args = []
+        for name, a in feeds.items():
+            f = folder / f"{case.model}.{name}.npy"
+            np.save(f, a)
+            args += ["--input", f"{name}={f}"]
+        if case.fmt == "onnx":
+            return onnx_path, args
+        if case.fmt == "pt2":
+            return pt2_path, args
+        return _quantize_onnx(case.model, case.fmt, folder, onnx_path, feeds), args
+    path, x, extra = _keras(case.model, case.fmt, folder)
+    f = folder / f"{case.model}.x.npy"
+    np.save(f, x)
+    return path, [*extra, "--input", str(f)]
+
+
+# ------------------------------------------------------------------ run + verify, and the table
+
+
+def run_case(case: Case, folder: Path, runner=None) -> dict:
+    """``irgen run`` then ``irgen verify --json`` (all modes) on ``case``; returns a summary:
+    ``passed``, ``source_ran``, ``layers``, ``exact_share`` (of the layers compared with the source
+    runtime, those equal to it), ``worst_local_lsb`` (quantized), ``worst_rel`` (float),
+    ``drift`` (end-to-end, quantized), ``problems``, ``seconds``, and ``verify`` (the whole JSON).
+    ``runner(argv) -> (exit code, stdout, stderr)`` runs the CLI (default: in this process)."""
+    runner = runner or _in_process
+    model, args = build(case, folder / "models")
+    out = folder / "out" / case.id
+    out.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    code, _, err = runner(["run", str(model), "-o", str(out), "--force", "--no-progress", *args])
+    summary = {"case": case.id, "model": case.model, "format": case.fmt, "run_exit": code, "passed": False,
+               "source_ran": False, "seconds": None, "error": err.strip().splitlines()[-1:] if code else []}
+    if code != 0:
+        return summary
+    code, stdout, err = runner(["verify", str(out), "--json", "--no-report", "--no-progress"])
+    summary["seconds"] = round(time.perf_counter() - t0, 1)
+    try:
+        r = json.loads(stdout)
+    except json.JSONDecodeError:
+        summary["error"] = err.strip().splitlines()[-1:]
+        return summary
+    src = r.get("source") or {}
+    rows = [row for row in r["layers"] if "source" in row["checks"]]
+    compared = [row["checks"]["source"] for row in rows if row["checks"]["source"].get("status") in ("pass", "fail")]
+    lsbs = [m.get("local", m).get("max_lsb") for m in compared]
+    rels = [m.get("max_rel") for m in compared if m.get("max_lsb") is None]
+    drift = src.get("end_to_end") or {}
+    summary.update(
+        passed=bool(r["passed"]) and code == 0, verify_exit=code, source_ran=bool(src.get("ran")),
+        runtime=src.get("runtime"), skipped=src.get("skipped"), layers=len(r["layers"]), compared=len(compared),
+        exact_share=(sum(bool(m.get("exact")) for m in compared) / len(compared)) if compared else None,
+        worst_local_lsb=max((v for v in lsbs if v is not None), default=None),
+        worst_rel=max((v for v in rels if v is not None), default=None),
+        drift_lsb=drift.get("max_lsb"), drift_first=(drift.get("first") or {}).get("layer"),
+        problems=[f"{p.get('layer')}: {p.get('check')}: {p.get('message')}" for p in r.get("problems", [])][:5],
+        verify=r,
+    )
+    return summary
+
+
+def _in_process(argv: list[str]) -> tuple[int, str, str]:
+    from irgen.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(argv)
+    return code, out.getvalue(), err.getvalue()
+
+
+def _subprocess(argv: list[str]) -> tuple[int, str, str]:
+    import subprocess
+
+    p = subprocess.run([sys.executable, "-m", "irgen", *argv], capture_output=True, text=True)
+    return p.returncode, p.stdout, p.stderr
+
+
+FORMAT_TITLES = {
+    "onnx": "ONNX float", "pt2": "`.pt2` float", "qdq": "ORT QDQ", "qdq-pc": "ORT QDQ per-channel",
+    "qdq-pre": "ORT QDQ after `quant_pre_process`", "keras": "`.keras` float", "tflite": "TFLite float",
+    "keras-int8": "`.keras` + `--calibration`", "tflite-int8": "TFLite full-int8",
+}
+
+
+def table(summaries: list[dict]) -> str:
+    """Markdown: one row per case (model × format → layers, exact share vs the source runtime,
+    worst local LSB or relative error, end-to-end drift, verify verdict)."""
+    lines = ["| model | format | layers | equal to the source runtime | worst layer | end-to-end drift | verify |",
+             "|---|---|---|---|---|---|---|"]
+    for s in summaries:
+        if not s.get("layers"):
+            why = (s.get("error") or ["?"])[0][:90].replace("|", "\\|")
+            lines.append(f"| {s['model']} | {FORMAT_TITLES[s['format']]} | | | | | fails: {why} |")
+            continue
+        share = "" if s["exact_share"] is None else f"{s['exact_share']:.0%} of {s['compared']}"
+        if s["worst_local_lsb"] is not None:
+            worst = f"{s['worst_local_lsb']} LSB"
+        elif s["worst_rel"] is not None:
+            worst = f"rel {s['worst_rel']:.1e}"
+        else:
+            worst = ""
+        drift = "" if s["drift_lsb"] is None else (f"{s['drift_lsb']} LSB" if s["drift_lsb"] else "none")
+        verdict = "PASS" if s["passed"] and s["source_ran"] else ("PASS (no source check)" if s["passed"] else "FAIL")
+        lines.append(f"| {s['model']} | {FORMAT_TITLES[s['format']]} | {s['layers']} | {share} | {worst} | {drift} | {verdict} |")
+    return "\n".join(lines)
+
+
+README_BEGIN = "<!-- zoo table: generated by `python tests/zoo.py --table --update-readme` -->"
+README_END = "<!-- end of zoo table -->"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("cases", nargs="*", help="case ids (model-format) or model names; default: all")
+    ap.add_argument("--folder", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "irgen-zoo")
+    ap.add_argument("--table", action="store_true", help="print the markdown table")
+    ap.add_argument("--update-readme", action="store_true", help="write the table into README.md")
+    ap.add_argument("--json", type=Path, default=None, help="write the summaries (without verify JSON) here")
+    args = ap.parse_args(argv)
+    todo = [c for c in cases() if not args.cases or c.id in args.cases or c.model in args.cases or c.fmt in args.cases]
+    summaries = []
+    for c in todo:
+        t0 = time.perf_counter()
+        try:
+            s = run_case(c, args.folder, runner=_subprocess)
+        except Exception as err:  # a build failure is a row too
+            s = {"case": c.id, "model": c.model, "format": c.fmt, "passed": False, "error": [f"build: {err}"[:200]]}
+        s.pop("verify", None)
+        summaries.append(s)
+        print(f"{c.id}: {'PASS' if s['passed'] else 'FAIL'} ({time.perf_counter() - t0:.0f} s) "
+              f"{'' if s['passed'] else (s.get('error') or s.get('problems'))}", file=sys.stderr, flush=True)
+        if args.json:
+            args.json.write_text(json.dumps(summaries, indent=1))
+    text = table(summaries)
+    if args.table:
+        print(text)
+    if args.update_readme:
+        readme = Path(__file__).resolve().parent.parent / "README.md"
+        s = readme.read_text()
+        a, b = s.index(README_BEGIN) + len(README_BEGIN), s.index(README_END)
+        readme.write_text(s[:a] + "\n" + text + "\n" + s[b:])
+    return 0 if all(s["passed"] for s in summaries) else 1
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    sys.exit(main())
