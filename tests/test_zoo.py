@@ -35,13 +35,21 @@ def zoo_folder(tmp_path_factory):
     return tmp_path_factory.mktemp("zoo")
 
 
-@pytest.mark.parametrize("case", [_param(c) for c in zoo.cases()])
-def test_zoo_case_runs_and_verifies_against_its_source_runtime(case, zoo_folder):
+def _cases():
+    """Every case at the default opt level; the float ones also at opt level 0 (no graph
+    optimization: every op its own kernel), all of those slow."""
+    params = [_param(c) for c in zoo.cases()]
+    params += [pytest.param(c, 0, id=f"{c.id}-O0", marks=[pytest.mark.slow]) for c in zoo.cases() if not c.quantized]
+    return [p if len(p.values) == 2 else pytest.param(p.values[0], None, id=p.id, marks=p.marks) for p in params]
+
+
+@pytest.mark.parametrize("case, opt_level", _cases())
+def test_zoo_case_runs_and_verifies_against_its_source_runtime(case, opt_level, zoo_folder):
     if case.model in zoo.TORCH_MODELS:
         pytest.importorskip("torch")
     else:
         pytest.importorskip("tensorflow")
-    s = zoo.run_case(case, zoo_folder)
+    s = zoo.run_case(case, zoo_folder, opt_level=opt_level)
     assert s["run_exit"] == 0, s["error"]
     assert s["passed"], (s["problems"], zoo.table([s]))
     assert s["source_ran"], s.get("skipped")

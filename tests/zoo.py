@@ -334,7 +334,7 @@ def build(case: Case, folder: Path) -> tuple[Path, list[str]]:
 # ------------------------------------------------------------------ run + verify, and the table
 
 
-def run_case(case: Case, folder: Path, runner=None) -> dict:
+def run_case(case: Case, folder: Path, runner=None, opt_level: int | None = None) -> dict:
     """``irgen run`` then ``irgen verify --json`` (all modes) on ``case``; returns a summary:
     ``passed``, ``source_ran``, ``layers``, ``exact_share`` (of the layers compared with the source
     runtime, those equal to it), ``worst_local_lsb`` (quantized), ``worst_rel`` (float),
@@ -342,11 +342,14 @@ def run_case(case: Case, folder: Path, runner=None) -> dict:
     ``runner(argv) -> (exit code, stdout, stderr)`` runs the CLI (default: in this process)."""
     runner = runner or _in_process
     model, args = build(case, folder / "models")
-    out = folder / "out" / case.id
+    out = folder / "out" / (case.id if opt_level is None else f"{case.id}-O{opt_level}")
+    if opt_level is not None:
+        args = [*args, "--opt-level", str(opt_level)]
     out.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     code, _, err = runner(["run", str(model), "-o", str(out), "--force", "--no-progress", *args])
-    summary = {"case": case.id, "model": case.model, "format": case.fmt, "run_exit": code, "passed": False,
+    summary = {"case": case.id, "model": case.model, "format": case.fmt, "opt_level": opt_level,
+               "run_exit": code, "passed": False,
                "source_ran": False, "seconds": None, "error": err.strip().splitlines()[-1:] if code else []}
     if code != 0:
         return summary
@@ -433,13 +436,14 @@ def main(argv=None) -> int:
     ap.add_argument("--table", action="store_true", help="print the markdown table")
     ap.add_argument("--update-readme", action="store_true", help="write the table into README.md")
     ap.add_argument("--json", type=Path, default=None, help="write the summaries (without verify JSON) here")
+    ap.add_argument("--opt-level", type=int, default=None, help="irgen run --opt-level (default: irgen's)")
     args = ap.parse_args(argv)
     todo = [c for c in cases() if not args.cases or c.id in args.cases or c.model in args.cases or c.fmt in args.cases]
     summaries = []
     for c in todo:
         t0 = time.perf_counter()
         try:
-            s = run_case(c, args.folder, runner=_subprocess)
+            s = run_case(c, args.folder, runner=_subprocess, opt_level=args.opt_level)
         except Exception as err:  # a build failure is a row too
             s = {"case": c.id, "model": c.model, "format": c.fmt, "passed": False, "error": [f"build: {err}"[:200]]}
         s.pop("verify", None)
