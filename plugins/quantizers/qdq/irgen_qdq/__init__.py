@@ -584,12 +584,25 @@ def _realize_unary(qg, qb, comp, out):
 def _realize_concat(qg, qb, comp, out):
     relax, op, _, _ = _ops()
     tensor = qb.name
-    ins = [_need(qg, f, "an input", tensor) for f in comp.value.args[0].fields]
+    ins, given = [], []
+    for f in comp.value.args[0].fields:
+        r = _dequantized(qg, f)
+        if r is None and not _is_torch(qg):  # a dequantized constant (a folded class token): QLinearConcat's input
+            arr, qt, chain = _const_chain(qg, f, tensor, "an input")
+            if qt.scale.size != 1:
+                raise IrgenError(f"{SCHEME}: an input of {tensor!r} is a per-channel constant; not supported")
+            ins.append((None, qt, _drop(qg, chain)))
+            given.append(arr)
+            continue
+        if r is None:
+            r = _need(qg, f, "an input", tensor)
+        ins.append((r[0], r[1], [r[2]]))
+        given.append(None)
     parts, tables, consts = [], [], []
     for k, (x, qx, _) in enumerate(ins):
         if qx.dtype != out.dtype:
             raise IrgenError(f"{SCHEME}: concatenation {tensor!r} mixes {qx.dtype} and {out.dtype}")
-        c = None if _is_torch(qg) else _spans().constant_tensor(qg, x)
+        c = given[k] if given[k] is not None or _is_torch(qg) else _spans().constant_tensor(qg, x)
         consts.append(None)
         if c is not None:  # computed from constants (ViT's class token): a literal, as TVM folds it
             if qx.scale[0] != out.scale[0] or qx.zero_point[0] != out.zero_point[0]:
@@ -624,7 +637,7 @@ def _realize_concat(qg, qb, comp, out):
         wide = [relax.const(c.astype(np.int32)) if c is not None else qg.emit(op.astype(p, "int32"))
                 for c, p in zip(consts, parts)]
         expr = op.astype(qg.emit(op.concat(wide, axis=axis)), out.dtype)
-    return [d for _, _, d in ins] + [comp.name, qb.name], expr, rec
+    return [d for _, _, ds in ins for d in ds] + [comp.name, qb.name], expr, rec
 
 
 def _realize_move(qg, qb, comp, out):
