@@ -501,6 +501,8 @@ def _evaluate(qg, expr):
     if isinstance(expr, relax.ShapeExpr):
         return np.asarray([int(d) for d in expr.values], np.int64)
     b = qg.producer(expr)
+    if b is not None and isinstance(b.value, relax.ShapeExpr):  # a static shape_of (static_shape_of)
+        return _evaluate(qg, b.value)
     if b is None or not isinstance(b.value, relax.Call):
         raise IrgenError(f"{p.SCHEME}: cannot evaluate {getattr(expr, 'name', expr)!r}: not a shape computation")
     v = b.value
