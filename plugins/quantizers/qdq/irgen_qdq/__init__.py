@@ -661,7 +661,8 @@ def _realize_move(qg, qb, comp, out):
                          f"({qx.scale[0]}/{qx.zero_point[0]} -> {out.scale[0]}/{out.zero_point[0]}); not supported")
     v = comp.value
     expr = relax.Call(v.op, [x] + list(v.args[1:]), v.attrs, v.sinfo_args if hasattr(v, "sinfo_args") else None)
-    rec = {"scheme": SCHEME, "kind": "integer", "inputs": [qx.record()], "output": out.record()}
+    rec = {"scheme": SCHEME, "kind": "integer", "op": comp.op.removeprefix("relax.").removeprefix("nn."),
+           "inputs": [qx.record()], "output": out.record()}
     return [dqx, comp.name, qb.name], expr, rec
 
 
