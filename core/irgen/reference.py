@@ -457,14 +457,22 @@ def _shape_or(v):
     return v["shape"] if isinstance(v, dict) and "shape" in v else v
 
 
+#: relax.nn.pad modes -> numpy's
+_PAD_MODES = {"reflect": "reflect", "replicate": "edge", "circular": "wrap"}
+
+
 def _pad(args, attrs):
-    """relax.nn.pad, constant mode: ``pad_width`` is (before, after) per axis, flattened."""
+    """relax.nn.pad: ``pad_width`` is (before, after) per axis, flattened; constant (``pad_value``),
+    reflect (mirror without the edge), replicate (edge) or circular (wrap) mode."""
     x = np.asarray(args[0])
-    if str(attrs.get("pad_mode", "constant")) != "constant":
-        raise NotImplementedError(f"pad mode {attrs.get('pad_mode')!r}")
+    mode = str(attrs.get("pad_mode", "constant"))
     w = [int(v) for v in attrs["pad_width"]]
-    return np.pad(x, [(w[2 * a], w[2 * a + 1]) for a in range(x.ndim)],
-                  constant_values=np.asarray(attrs.get("pad_value", 0)).astype(x.dtype))
+    widths = [(w[2 * a], w[2 * a + 1]) for a in range(x.ndim)]
+    if mode == "constant":
+        return np.pad(x, widths, constant_values=np.asarray(attrs.get("pad_value", 0)).astype(x.dtype))
+    if mode not in _PAD_MODES:
+        raise NotImplementedError(f"pad mode {mode!r}")
+    return np.pad(x, widths, mode=_PAD_MODES[mode])
 
 
 # ------------------------------------- transformer, resize and elementwise ops (TVM's legalization)

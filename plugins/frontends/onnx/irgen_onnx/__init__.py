@@ -16,6 +16,7 @@ from irgen.api import Frontend, ImportedModel, IrgenError, Provenance, Unsupport
 
 from . import checks, loader
 from .converters import CONVERTERS
+from .fold import fold_shape_computations
 from .inline import inline_constant_ifs
 from .loader import all_graphs, one_line
 
@@ -32,7 +33,8 @@ def prepare(path: Path, options: dict[str, Any], for_tvm: bool = True):
     is known statically (:mod:`.checks`). ``If`` nodes with a constant
     condition are replaced by their branch (:mod:`.inline`). ``for_tvm=False``
     (ONNX Runtime, which runs any op and any If) skips the op check and keeps
-    an If with a condition computed at run time."""
+    an If with a condition computed at run time. For TVM, values computed from the
+    fixed input shapes are folded to constants (:mod:`.fold`)."""
     path = Path(path)
     limit = checks.default_limit(options)
     model = loader.load_model(path, limit)
@@ -44,6 +46,8 @@ def prepare(path: Path, options: dict[str, Any], for_tvm: bool = True):
     inline_constant_ifs(model, path, refuse_dynamic=for_tvm)
     specs = checks.input_specs(model, options.get("input_shapes") or {}, limit, path)
     checks.check_sizes(model, checks.skeleton(model), specs, limit, path)
+    if for_tvm:
+        fold_shape_computations(model, specs)
     return model, specs
 
 
@@ -108,8 +112,9 @@ def load_onnx(path: Path, options: dict[str, Any]) -> ImportedModel:
         def _convert_operator(self, op_name, inputs, attrs, opset):
             own = CONVERTERS.get(op_name)
             theirs = of._get_convert_map().get(op_name)
-            if own is not None:
-                sym = self.bb.normalize(own(self.bb, inputs, attrs, opset))
+            sym = own(self.bb, inputs, attrs, opset) if own is not None else NotImplemented
+            if sym is not NotImplemented:
+                sym = self.bb.normalize(sym)
             elif theirs is not None and NamingImporter.current is not None:
                 # TVM's own step, except that a tuple's ops (LayerNormalization's output beside
                 # its placeholders) are bound under the node's output names before normalize

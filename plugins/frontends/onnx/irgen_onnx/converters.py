@@ -6,6 +6,12 @@ TVM's table).
 ``minimum`` kernels, opaque to layer forming and to verify's numpy reference;
 here constant bounds become one ``relax.clip`` (ReLU6 stays a recognizable
 op) and tensor bounds ``relax.maximum`` / ``relax.minimum``.
+
+``Pad``: TVM's importer emits a ``call_tir`` of ``topi.nn.pad``; here it is one
+``relax.nn.pad`` (modes constant, reflect, edge → replicate, wrap → circular).
+
+A converter returns ``NotImplemented`` to leave a node form it does not handle
+to TVM's converter.
 """
 
 from __future__ import annotations
@@ -78,7 +84,59 @@ def _clip_op(x, lo: float, hi: float, dtype: str):
     return relax.op.clip(x, lo, hi)
 
 
+_PAD_MODES = {"constant": "constant", "reflect": "reflect", "edge": "replicate", "wrap": "circular"}
+
+
+def _const_list(expr) -> list | None:
+    import tvm
+
+    if isinstance(expr, tvm.ir.Constant):
+        return expr.value.numpy().reshape(-1).tolist()
+    return None
+
+
+def pad(bb, inputs: list, attrs: dict, opset: int):
+    from tvm import relax
+
+    x = inputs[0]
+    mode = attrs.get("mode", b"constant")
+    mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+    if mode not in _PAD_MODES:
+        return NotImplemented
+    if opset < 11:
+        pads, value = list(attrs.get("pads", [])), float(attrs.get("value", 0.0))
+    else:
+        pads = _const_list(inputs[1]) if len(inputs) > 1 and inputs[1] is not None else None
+        value = 0.0
+        if len(inputs) > 2 and inputs[2] is not None:
+            v = _const_list(inputs[2])
+            if v is None or len(v) != 1:
+                return NotImplemented
+            value = float(v[0])
+    rank = len(x.ty.shape) if getattr(x.ty, "shape", None) is not None else None
+    if pads is None or rank is None or len(pads) % 2:
+        return NotImplemented
+    half = len(pads) // 2
+    axes = list(range(half))
+    if len(inputs) > 3 and inputs[3] is not None:
+        axes = _const_list(inputs[3])
+        if axes is None or len(axes) != half:
+            return NotImplemented
+    elif half != rank:
+        return NotImplemented
+    width = [0] * (2 * rank)
+    for k, a in enumerate(axes):
+        a = int(a) % rank
+        width[2 * a], width[2 * a + 1] = int(pads[k]), int(pads[half + k])
+    if min(width) < 0:
+        return NotImplemented  # negative pads crop: TVM's converter
+    if mode == "constant":
+        return relax.op.nn.pad(x, width, "constant", value)
+    return relax.op.nn.pad(x, width, _PAD_MODES[mode])
+
+
 #: ONNX op type -> converter(bb, inputs, attrs, opset) -> Relax expression
 CONVERTERS: dict[str, Callable[..., Any]] = {
     "Clip": clip,
+    "Pad": pad,
 }

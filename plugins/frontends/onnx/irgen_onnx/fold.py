@@ -1,0 +1,179 @@
+"""Shape computations folded to constants before TVM's importer sees the graph.
+
+Exporters (torch's TorchScript exporter above all) write the sizes a model
+computes from its input shape as ONNX graph arithmetic: ``Shape`` → ``Gather``
+→ ``Sub`` → ``Mod`` → ``Concat`` → ``ConstantOfShape`` → ``Reshape`` → ``Pad``
+(Swin's window padding, ``F.pad(x, (0, (w - W % w) % w))``). The input shapes
+are fixed when irgen imports, so all of it is constant; TVM's importer folds
+only part of it and then refuses ("Reshape expects the input tensor to have
+known shape"). Here every node whose value follows from the static shapes
+(a ``Shape``/``Size`` of a tensor whose shape ONNX shape inference knows, and
+any shape-computation op all of whose inputs are such values or constants) is
+evaluated with ONNX's reference evaluator and replaced by a ``Constant`` node
+with the same name and output, so provenance keeps the source names. Only
+small integer/shape-sized values are folded (at most :data:`MAX_ELEMENTS`
+elements each); the model's float data flow is left to TVM.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+#: the largest value (elements) folded
+MAX_ELEMENTS = 1 << 12
+#: ops that compute shapes and sizes (evaluated when all their inputs are known)
+_SHAPE_OPS = frozenset({
+    "Shape", "Size", "Gather", "Unsqueeze", "Squeeze", "Concat", "Cast", "Slice", "Add", "Sub", "Mul", "Div",
+    "Mod", "Floor", "Ceil", "Equal", "Where", "Not", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And",
+    "Or", "Reshape", "ConstantOfShape", "Range", "Expand", "ReduceProd", "ReduceSum", "ReduceMax", "ReduceMin",
+    "Min", "Max", "Abs", "Neg", "Identity", "Flatten", "Tile", "Sign", "Clip", "Transpose", "Split",
+})
+
+
+def _static_shapes(inferred, model, specs) -> dict[str, list[int]]:
+    from .checks import _static
+
+    shapes: dict[str, list[int]] = {s.name: [int(d) for d in s.shape] for s in specs}
+    if inferred is not None:
+        g = inferred.graph
+        for vi in (*g.value_info, *g.output, *g.input):
+            st = _static(vi)
+            if st is not None:
+                shapes.setdefault(vi.name, st[0])
+    for t in model.graph.initializer:
+        shapes.setdefault(t.name, [int(d) for d in t.dims])
+    return shapes
+
+
+def _small(arr: np.ndarray) -> bool:
+    return arr.size <= MAX_ELEMENTS
+
+
+def _bounded(node, vals: list) -> bool:
+    """Ops whose output size is set by an input value: evaluate only when that stays small."""
+    op = node.op_type
+    try:
+        if op == "ConstantOfShape":
+            return math.prod(int(v) for v in vals[0].reshape(-1)) <= MAX_ELEMENTS
+        if op == "Expand":
+            shape = np.broadcast_shapes(vals[0].shape, tuple(int(v) for v in vals[1].reshape(-1)))
+            return math.prod(shape) <= MAX_ELEMENTS
+        if op == "Tile":
+            return vals[0].size * math.prod(int(v) for v in vals[1].reshape(-1)) <= MAX_ELEMENTS
+        if op == "Range":
+            start, stop, delta = (float(v.reshape(-1)[0]) for v in vals)
+            return delta != 0 and max(math.ceil((stop - start) / delta), 0) <= MAX_ELEMENTS
+    except Exception:  # noqa: BLE001  malformed: leave it to the importer's own errors
+        return False
+    return True
+
+
+def _evaluate(node, vals: list, opsets) -> list | None:
+    import onnx
+    from onnx import helper
+    from onnx.reference import ReferenceEvaluator
+
+    ins = [helper.make_tensor_value_info(f"i{k}", helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+           for k, v in enumerate(vals)]
+    n = onnx.NodeProto()
+    n.CopyFrom(node)
+    del n.input[:]
+    names = []
+    k = 0
+    for name in node.input:
+        if name:
+            names.append(f"i{k}")
+            k += 1
+        else:
+            names.append("")
+    n.input.extend(names)
+    del n.output[:]
+    n.output.extend([f"o{j}" for j in range(len(node.output))])
+    outs = [helper.make_empty_tensor_value_info(f"o{j}") for j in range(len(node.output))]
+    g = helper.make_graph([n], "fold", ins, outs)
+    m = helper.make_model(g, opset_imports=list(opsets))
+    try:
+        res = ReferenceEvaluator(m).run(None, {f"i{j}": v for j, v in enumerate(vals)})
+    except Exception:  # noqa: BLE001  the reference evaluator cannot: leave the node to TVM
+        return None
+    out = [np.asarray(r) for r in res]
+    return out if all(_small(r) for r in out) else None
+
+
+def fold_shape_computations(model, specs, max_rounds: int = 32) -> int:
+    """Replace, in ``model`` (top-level graph), every node computable from the fixed input
+    shapes by a ``Constant`` of its value; returns how many nodes were replaced. Shape
+    inference stops at a shape it cannot compute (a Reshape to a computed shape), so this
+    repeats (infer, fold) until nothing more folds."""
+    total = 0
+    for _ in range(max_rounds):
+        n = _fold_once(model, specs)
+        total += n
+        if n == 0:
+            break
+    return total
+
+
+def _fold_once(model, specs) -> int:
+    from onnx import helper, numpy_helper
+
+    from .checks import infer, skeleton
+
+    inferred = infer(skeleton(model), specs)
+    shapes = _static_shapes(inferred, model, specs)
+    consts: dict[str, np.ndarray] = {}
+    for t in model.graph.initializer:
+        if math.prod(int(d) for d in t.dims) <= MAX_ELEMENTS:
+            try:
+                consts[t.name] = numpy_helper.to_array(t)
+            except Exception:  # noqa: BLE001
+                pass
+    replaced: dict[int, list[Any]] = {}
+    for i, node in enumerate(model.graph.node):
+        if node.domain not in ("", "ai.onnx"):
+            continue
+        if node.op_type == "Constant":
+            for a in node.attribute:
+                if a.name == "value" and a.HasField("t") and math.prod(int(d) for d in a.t.dims) <= MAX_ELEMENTS:
+                    try:
+                        consts[node.output[0]] = numpy_helper.to_array(a.t)
+                    except Exception:  # noqa: BLE001
+                        pass
+            continue
+        if node.op_type not in _SHAPE_OPS or any(a.type in (5, 10) for a in node.attribute):  # no subgraphs
+            continue
+        if node.op_type in ("Shape", "Size"):
+            if not node.input or node.input[0] not in shapes:
+                continue
+            dims = np.asarray(shapes[node.input[0]], np.int64)
+            if node.op_type == "Size":
+                values = [np.asarray(math.prod(int(d) for d in dims), np.int64)]
+            else:
+                attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+                values = [dims[slice(attrs.get("start", 0), attrs.get("end"))]]
+        else:
+            ins = [x for x in node.input if x]
+            if not ins or not all(x in consts for x in ins):
+                continue
+            vals = [consts[x] for x in ins]
+            if not _bounded(node, vals):
+                continue
+            values = _evaluate(node, vals, model.opset_import)
+            if values is None:
+                continue
+        for name, v in zip(node.output, values):
+            consts[name] = v
+        replaced[i] = [helper.make_node("Constant", [], [name], name=node.name if len(node.output) == 1 else
+                                        f"{node.name}:{k}", value=numpy_helper.from_array(np.asarray(v), name))
+                       for k, (name, v) in enumerate(zip(node.output, values)) if name]
+    if not replaced:
+        return 0
+    nodes = []
+    for i, node in enumerate(model.graph.node):
+        nodes.extend(replaced.get(i, [node]))
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    return len(replaced)
