@@ -1,0 +1,138 @@
+"""qdq: transformer blocks quantized by ``quantize_static``, bit-exact with ONNX Runtime.
+
+Small torch modules reproduce the int8 transformer patterns of timm's ViT and
+transformers' BERT; each is exported to ONNX (opset 17), quantized by
+``quantize_static`` (QDQ, default options and ``per_channel=True``), then
+``irgen run`` and ``irgen verify`` (single, entire and the source check against
+onnxruntime with ``session.qdqisint8allowed=1``) must pass with every integer
+layer equal to ONNX Runtime's tensor:
+
+* ``attention`` (ViT): qkv Linear, Reshape/Transpose, a ``Split`` with three
+  quantized outputs (integer slices), Squeeze, ``scaled_dot_product_attention``
+  (its ``sqrt(1/sqrt(d))`` scale computed from a shape and quantized: QLinearMul
+  with a constant), Q·Kᵀ and A·V (QLinearMatMul of two activations, kind
+  ``matmul``), QLinearSoftmax, LayerNorm (a float layer), the class token picked
+  by a Gather;
+* ``embedding`` (BERT): token ids gathering rows of a quantized embedding table
+  (an integer gather), position rows gathered by constant indices (folded: the
+  add records them as a literal), explicit ``q @ k.transpose`` attention.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("onnxruntime")
+from torch import nn  # noqa: E402
+
+from test_verify import _assert_source_checked, _run, _verify_json  # noqa: E402
+
+
+class Attention(nn.Module):
+    """A ViT block's attention on [1, 9, 16] tokens, 2 heads, then the class token's LayerNorm."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv, self.proj, self.norm = nn.Linear(16, 48), nn.Linear(16, 16), nn.LayerNorm(16)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).reshape(1, 9, 3, 2, 8).permute(2, 0, 3, 1, 4).unbind(0)
+        a = nn.functional.scaled_dot_product_attention(q, k, v)
+        x = x + self.proj(a.transpose(1, 2).reshape(1, 9, 16))
+        return self.norm(x)[:, 0]
+
+
+class Embedding(nn.Module):
+    """BERT's embeddings (token and position rows added) and one attention head written out."""
+
+    def __init__(self):
+        super().__init__()
+        self.words, self.pos = nn.Embedding(32, 16), nn.Embedding(8, 16)
+        self.norm, self.q, self.k, self.v = nn.LayerNorm(16), nn.Linear(16, 16), nn.Linear(16, 16), nn.Linear(16, 16)
+
+    def forward(self, ids):
+        h = self.norm(self.words(ids) + self.pos(torch.arange(8).unsqueeze(0)))
+        s = self.q(h) @ self.k(h).transpose(-1, -2) * 0.25
+        return torch.softmax(s, dim=-1) @ self.v(h)
+
+
+MODELS = {"attention": (Attention, "x", (1, 9, 16)), "embedding": (Embedding, "ids", (1, 8))}
+
+
+def _sample(name: str, shape, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, 32, shape).astype(np.int64) if name == "ids" else rng.standard_normal(shape).astype(np.float32)
+
+
+def quantized(name: str, per_channel: bool, folder: Path) -> tuple[Path, np.ndarray]:
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
+
+    cls, input_name, shape = MODELS[name]
+    torch.manual_seed(0)
+    model = cls().eval()
+    src = folder / f"{name}.onnx"
+    x = _sample(input_name, shape, 99)
+    torch.onnx.export(model, (torch.from_numpy(x),), str(src), dynamo=False, opset_version=17,
+                      input_names=[input_name], output_names=["y"])
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.it = iter([{input_name: _sample(input_name, shape, k)} for k in range(4)])
+
+        def get_next(self):
+            return next(self.it, None)
+
+    out = folder / f"{name}_{'pc' if per_channel else 'default'}.onnx"
+    quantize_static(str(src), str(out), Reader(), quant_format=QuantFormat.QDQ, per_channel=per_channel)
+    return out, x
+
+
+def _golden_vs_ort(model: Path, out: Path, ir: dict, x: np.ndarray, input_name: str) -> None:
+    """The model output irgen wrote equals ONNX Runtime's (the integers before the last dequantize)."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.add_session_config_entry("session.qdqisint8allowed", "1")
+    y = ort.InferenceSession(str(model), so, providers=["CPUExecutionProvider"]).run(None, {input_name: x})[0]
+    rec = ir["outputs"][0]
+    got = np.load(out / rec["file"])
+    np.testing.assert_array_equal(got, y)
+
+
+@pytest.mark.parametrize("per_channel", [False, True], ids=["default", "per_channel"])
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_transformer_against_onnxruntime(name, per_channel, tmp_path, capsys):
+    path, x = quantized(name, per_channel, tmp_path)
+    input_name = MODELS[name][1]
+    np.save(tmp_path / "x.npy", x)
+    out = tmp_path / "out"
+    _run(path, "-o", out, "--input", f"{input_name}={tmp_path / 'x.npy'}")
+    ir = json.loads((out / "ir.json").read_text())
+    assert ir["producer"]["quantizer"] == "qdq"
+    code, r = _verify_json(capsys, out)
+    assert code == 0, r["problems"]
+    # every layer compared with onnxruntime; integer layers bit for bit
+    assert _assert_source_checked(r, ir, integer_exact=True) == len(ir["layers"])
+    for row in r["layers"]:
+        if row["integer"]:
+            for mode in ("single", "entire"):
+                assert row["checks"][mode]["max_lsb"] == 0, (row["name"], mode, row["checks"][mode])
+    _golden_vs_ort(path, out, ir, x, input_name)
+    quant = [layer["quant"] or {} for layer in ir["layers"]]
+    kinds = {q.get("kind") for q in quant}
+    assert {"matmul", "softmax", "float"} <= kinds, kinds
+    matmuls = [q for q in quant if q.get("kind") == "matmul"]
+    assert len(matmuls) == 2 and all(len(q["inputs"]) == 2 for q in matmuls)
+    assert any("layer_norm" in q.get("op", "") for q in quant if q.get("realization") == "float")
+    if name == "attention":  # q, k, v: three integer slices of one tensor; the class token: a gather
+        assert sum(q.get("op") == "strided_slice" for q in quant) == 3, [q.get("op") for q in quant]
+        assert any(q.get("op") == "take" for q in quant)
+    else:  # the token ids gather integer rows; the position rows are a literal operand of the add
+        gather = [q for q in quant if q.get("op") == "take" and not q["inputs"]]
+        assert len(gather) == 1 and gather[0]["table"]["dtype"] == gather[0]["output"]["dtype"]
+        assert any(q.get("kind") == "add" and q.get("constants") for q in quant)
