@@ -402,6 +402,11 @@ FORMAT_TITLES = {
 }
 
 
+def _format_title(s: dict) -> str:
+    title = FORMAT_TITLES[s["format"]]
+    return title if s.get("opt_level") is None else f"{title}, `--opt-level {s['opt_level']}`"
+
+
 def table(summaries: list[dict]) -> str:
     """Markdown: one row per case (model × format → layers, exact share vs the source runtime,
     worst local LSB or relative error, end-to-end drift, verify verdict)."""
@@ -410,7 +415,7 @@ def table(summaries: list[dict]) -> str:
     for s in summaries:
         if not s.get("layers"):
             why = (s.get("error") or ["?"])[0][:90].replace("|", "\\|")
-            lines.append(f"| {s['model']} | {FORMAT_TITLES[s['format']]} | | | | | fails: {why} |")
+            lines.append(f"| {s['model']} | {_format_title(s)} | | | | | fails: {why} |")
             continue
         share = "" if s["exact_share"] is None else f"{s['exact_share']:.0%} of {s['compared']}"
         if s["worst_local_lsb"] is not None:
@@ -421,7 +426,7 @@ def table(summaries: list[dict]) -> str:
             worst = ""
         drift = "" if s["drift_lsb"] is None else (f"{s['drift_lsb']} LSB" if s["drift_lsb"] else "none")
         verdict = "PASS" if s["passed"] and s["source_ran"] else ("PASS (no source check)" if s["passed"] else "FAIL")
-        lines.append(f"| {s['model']} | {FORMAT_TITLES[s['format']]} | {s['layers']} | {share} | {worst} | {drift} | {verdict} |")
+        lines.append(f"| {s['model']} | {_format_title(s)} | {s['layers']} | {share} | {worst} | {drift} | {verdict} |")
     return "\n".join(lines)
 
 
@@ -437,9 +442,20 @@ def main(argv=None) -> int:
     ap.add_argument("--update-readme", action="store_true", help="write the table into README.md")
     ap.add_argument("--json", type=Path, default=None, help="write the summaries (without verify JSON) here")
     ap.add_argument("--opt-level", type=int, default=None, help="irgen run --opt-level (default: irgen's)")
+    ap.add_argument("--from-json", type=Path, nargs="+", default=None, metavar="FILE",
+                    help="make the table from summaries that --json wrote (the last of a case wins), run nothing")
     args = ap.parse_args(argv)
     todo = [c for c in cases() if not args.cases or c.id in args.cases or c.model in args.cases or c.fmt in args.cases]
     summaries = []
+    if args.from_json:
+        found = {}
+        for f in args.from_json:
+            for s in json.loads(f.read_text()):
+                found[(s["case"], s.get("opt_level"))] = s
+        order = {c.id: k for k, c in enumerate(cases())}
+        summaries = sorted((s for s in found.values() if s["case"] in order),
+                           key=lambda s: (order[s["case"]], s.get("opt_level") or 0))
+        todo = []
     for c in todo:
         t0 = time.perf_counter()
         try:
