@@ -25,15 +25,20 @@ This scheme rewrites each span into the same integer arithmetic:
   on one dequantized tensor and constants (HardSigmoid as multiply, add, clip):
   a 256-entry lookup table of the chain evaluated in float32 (ORT runs such
   ops in float on the dequantized values, or as QLinearSigmoid's table);
-* Concat: identity, or a lookup table per input whose parameters differ;
-* MaxPool, Reshape, Flatten, Transpose with equal in/out parameters: as is.
+* MatMul of two activations (attention's Q·Kᵀ, A·V): QLinearMatMul, int32
+  ``sum((a - zp_a) * (b - zp_b))`` with the MLAS requantization above (kind ``matmul``);
+* Concat: identity, or a lookup table per input whose parameters differ; an
+  operand computed from constants is a literal (``constants``);
+* MaxPool, Reshape, Flatten, Transpose, Squeeze, Gather/Slice with constant
+  indices, with equal in/out parameters: as is.
 
 The spans ``quantize_static`` writes around ops without an integer kernel are in
 :mod:`irgen_qdq.spans`: Add/Mul with a quantized constant operand (QLinearAdd/
 QLinearMul with an initializer), float layers (LayerNorm, BatchNorm left alone,
 ...: dequantize, the float ops, quantize; ``"realization": "float"``),
-elementwise graphs on one tensor as tables (HardSwish, GELU's erf) and
-channel splits (Slice with shape-computed bounds).
+elementwise graphs on one tensor as tables (HardSwish, GELU's erf),
+channel splits (Slice with shape-computed bounds), the items of a Split, a
+Gather of a quantized embedding table by token ids, and QLinearMatMul.
 """
 
 from __future__ import annotations
@@ -746,7 +751,8 @@ def _realize(qg, conv_requant) -> None:
             names, expr, rec = _realize_table_chain(qg, b, chain, out)
         elif not _is_torch(qg) and _spans().split_item(qg, f) is not None:
             names, expr, rec = _spans().realize_split_item(qg, b, f, out)
-        elif comp.op == "relax.matmul" and bias_b is None and not acts and _dequantized(qg, comp.value.args[1]) is not None:
+        elif comp.op == "relax.matmul" and bias_b is None and not acts and _dequantized(qg, comp.value.args[1]) is not None \
+                and _spans().quantized_constant(qg, comp.value.args[1]) is None:
             names, expr, rec = _spans().realize_matmul(qg, b, comp, out)
         elif comp.op == "relax.take" and not _is_torch(qg) and _spans().gathered_table(qg, comp) is not None:
             names, expr, rec = _spans().realize_gather_table(qg, b, comp, out)

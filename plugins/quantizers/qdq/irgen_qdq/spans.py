@@ -14,7 +14,14 @@
 * **Elementwise graphs on one tensor** (:func:`elementwise_dag`): HardSwish
   (``x * clip(x + 3, 0, 6) / 6``), GELU's ``x/sqrt2 -> erf``: a 256-entry table.
 * **Channel split** (:func:`realize_slice`): ``Slice``/``Split`` on a quantized
-  tensor, a data movement on the integers.
+  tensor, a data movement on the integers; each quantized output of a ``Split``
+  (ViT's q, k, v) is an integer slice (:func:`realize_split_item`).
+* **Transformer spans**: MatMul of two activations as QLinearMatMul
+  (:func:`realize_matmul`, kind ``matmul``); ``Gather`` of a quantized embedding
+  table by token ids (:func:`realize_gather_table`); scalars computed from
+  shapes and quantized (``sqrt(1/sqrt(d))`` of ``scaled_dot_product_attention``)
+  and operands computed from constants alone (:func:`constant_tensor`), which TVM
+  folds into literals and the quant record carries as ``constants``.
 """
 
 from __future__ import annotations
