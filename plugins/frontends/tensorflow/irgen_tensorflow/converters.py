@@ -99,32 +99,70 @@ def convert_shape(conv, op):
     return relax.const(np.array(shape, dtype))
 
 
-def slice_indices(shape, begin, end, strides, begin_mask: int, end_mask: int, shrink_mask: int):
-    """TFLite STRIDED_SLICE without ellipsis or new axes: the source indices along
-    each axis, and the axes the shrink mask removes."""
-    picks, shrunk = [], []
-    for a, dim in enumerate(shape):
-        if a >= len(begin):
-            picks.append(np.arange(dim))
-            continue
-        b, e, s = int(begin[a]), int(end[a]), int(strides[a])
-        if shrink_mask >> a & 1:
+def dense_slice_spec(rank: int, begin, end, strides, begin_mask: int, end_mask: int, ellipsis_mask: int,
+                     new_axis_mask: int, shrink_mask: int):
+    """TFLite/TF STRIDED_SLICE's sparse spec (an ellipsis, new axes) made dense, as
+    TF's ``BuildDenseSpec``: per input axis ``(begin, end, stride, begin bit, end
+    bit, shrink bit)``, and the output's axes in order, each an input axis number
+    or ``None`` for a new axis of size 1. Without an ellipsis the unspecified
+    trailing axes are taken whole (an implicit ellipsis at the end)."""
+    n = len(begin)
+    if bin(ellipsis_mask & ((1 << n) - 1)).count("1") > 1:
+        raise ValueError("STRIDED_SLICE: more than one ellipsis")
+    if not ellipsis_mask & ((1 << n) - 1):
+        ellipsis_mask |= 1 << n  # an implicit ellipsis after the spec
+        n_spec = n + 1
+    else:
+        n_spec = n
+    real = [i for i in range(n) if not (ellipsis_mask >> i & 1) and not (new_axis_mask >> i & 1)]
+    dense = [(0, 0, 1, True, True, False)] * rank
+    order: list[int | None] = []
+    axis = 0
+    for i in range(n_spec):
+        if ellipsis_mask >> i & 1:
+            covered = rank - len([j for j in real if j > i]) - axis
+            if covered < 0:
+                raise ValueError("STRIDED_SLICE: the spec has more axes than the tensor")
+            order.extend(range(axis, axis + covered))
+            axis += covered
+        elif new_axis_mask >> i & 1:
+            order.append(None)
+        else:
+            if axis >= rank:
+                raise ValueError("STRIDED_SLICE: the spec has more axes than the tensor")
+            dense[axis] = (int(begin[i]), int(end[i]), int(strides[i]), bool(begin_mask >> i & 1),
+                           bool(end_mask >> i & 1), bool(shrink_mask >> i & 1))
+            if not dense[axis][5]:
+                order.append(axis)
+            axis += 1
+    return dense, order
+
+
+def slice_indices(shape, begin, end, strides, begin_mask: int, end_mask: int, shrink_mask: int,
+                  ellipsis_mask: int = 0, new_axis_mask: int = 0):
+    """TFLite STRIDED_SLICE: the source indices along each input axis, and the
+    output shape (shrunk axes removed, new axes of size 1 inserted)."""
+    dense, order = dense_slice_spec(len(shape), begin, end, strides, begin_mask, end_mask, ellipsis_mask,
+                                    new_axis_mask, shrink_mask)
+    picks = []
+    for dim, (b, e, s, bm, em, shrink) in zip(shape, dense):
+        if s == 0:
+            raise ValueError("STRIDED_SLICE: a stride of 0")
+        if shrink:
             k = b + dim if b < 0 else b
             if not 0 <= k < dim:
                 raise ValueError(f"STRIDED_SLICE: index {b} out of range for a dimension of {dim}")
             picks.append(np.array([k]))
-            shrunk.append(a)
             continue
-        lo = None if begin_mask >> a & 1 else b
-        hi = None if end_mask >> a & 1 else e
-        picks.append(np.arange(dim)[slice(lo, hi, s)])
-    return picks, shrunk
+        picks.append(np.arange(dim)[slice(None if bm else b, None if em else e, s)])
+    return picks, [1 if a is None else len(picks[a]) for a in order]
 
 
 def convert_strided_slice(conv, op):
     """STRIDED_SLICE on a quantized tensor: int8 values only move, so it is a
-    gather of constant indices along each sliced axis (then a reshape for the
-    shrunk axes); other tensors go through TVM's converter."""
+    gather of constant indices along each sliced axis, then a reshape to the
+    output shape (shrunk axes removed, new axes inserted; an ellipsis expanded as
+    TF's dense spec does); other tensors go through TVM's converter."""
     from tflite.StridedSliceOptions import StridedSliceOptions
     from tvm import relax
 
@@ -136,17 +174,16 @@ def convert_strided_slice(conv, op):
     options = StridedSliceOptions()
     table = op.BuiltinOptions()
     options.Init(table.Bytes, table.Pos)
-    if options.EllipsisMask() or options.NewAxisMask():
-        raise ValueError("STRIDED_SLICE on a quantized tensor with an ellipsis or new-axis mask is not supported")
+    if options.Offset():
+        raise ValueError("STRIDED_SLICE with offset=true (end relative to begin) is not supported")
     begin, end, strides = (np.asarray(conv.get_tensor_value(t)).reshape(-1) for t in ins[1:4])
     expr = conv.get_expr(x.tensor_idx)
     shape = [int(d) for d in expr.ty.shape.values]
-    picks, shrunk = slice_indices(shape, begin, end, strides, options.BeginMask(), options.EndMask(),
-                                  options.ShrinkAxisMask())
+    picks, final = slice_indices(shape, begin, end, strides, options.BeginMask(), options.EndMask(),
+                                 options.ShrinkAxisMask(), options.EllipsisMask(), options.NewAxisMask())
     for a, idx in enumerate(picks):
         if len(idx) != shape[a] or np.any(idx != np.arange(shape[a])):
             expr = conv.bb.normalize(relax.op.take(expr, relax.const(idx.astype(np.int32)), axis=a))
-    final = [len(idx) for a, idx in enumerate(picks) if a not in shrunk]
     return relax.op.reshape(expr, final)
 
 

@@ -430,6 +430,25 @@ class _Helpers:
     finish = staticmethod(_finish)
 
 
+def _take_identity_reshape(qg, names: list[str]) -> list[str]:
+    """``names`` and the reshape to the same shape that reads the span's result, if
+    one does: TVM's FULLY_CONNECTED with keep_num_dims (a Dense on [1, T, C]) ends
+    in one, and it holds the source tensor's name. The realized layer takes that
+    binding, so the layer's record is the span's (requant and all), not a
+    pass-through of an int8 reshape."""
+    last = names[-1]
+    users = qg.users.get(last, [])
+    if len(users) != 1 or qg.n_users(last) != 1:
+        return names
+    r = qg.bindings[users[0]]
+    if r.op != "relax.reshape" or not getattr(r.value.args[0], "name", None) == last:
+        return names
+    src = qg.by_name[last]
+    shape_in = [int(d) for d in src.var.ty.shape.values]
+    shape_out = [int(d) for d in r.var.ty.shape.values]
+    return names + [r.name] if shape_in == shape_out else names
+
+
 def _is_quantized(qg) -> bool:
     return any(b.op in ("relax.quantize", "relax.dequantize") for b in qg.bindings)
 
@@ -503,6 +522,7 @@ def realize(qg) -> None:
             names, expr, rec = kinds.SPANS[comp.op](qg, b, comp, out, act, _Helpers)
         else:
             raise IrgenError(f"{SCHEME}: cannot realize {comp.op or comp.kind} at tensor {b.name!r} in integer arithmetic")
+        names = _take_identity_reshape(qg, names)
         qparams[names[-1]] = out
         qg.replace(names, expr, rec)
         i = 0  # indices moved; realized spans no longer match

@@ -1,0 +1,156 @@
+"""TFLite/Keras gaps found on the keras.applications zoo, each on a small seeded
+Keras model compared with the TFLite interpreter through ``irgen run`` and
+``irgen verify`` (single, entire and source: the source check must run):
+
+* a model with several outputs (float and full int8) at opt level 3 and 0: the
+  output tuple is not a layer;
+* STRIDED_SLICE with ellipsis and new-axis masks (the converter canonicalizes
+  them away, so the flatbuffer's slice options are rewritten to a mask form
+  of the same slice), on int8 and float tensors;
+* FULLY_CONNECTED on a 3-D int8 tensor (keep_num_dims, a Dense on [1, T, C]):
+  the ``dense`` record carries its requant and recomputes exactly.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import tflite_models
+from irgen.pipeline import run
+from irgen.plugins import PluginHost
+from irgen.verify import format_table, verify_output
+
+
+@pytest.fixture(scope="module")
+def host():
+    return PluginHost().load()
+
+
+def _run_verify(host, path, x, folder, opt_level=3):
+    np.save(folder / "x.npy", x)
+    out = folder / f"out{opt_level}"
+    run(host, path, out, inputs=[str(folder / "x.npy")], opt_level=opt_level)
+    result = verify_output(out, host=host)
+    assert result["passed"], format_table(result)
+    assert result["source"]["ran"], result["source"]
+    compared = [row for row in result["layers"] if row["checks"].get("source", {}).get("status") == "pass"]
+    assert len(compared) == len(result["layers"]), format_table(result)
+    return json.loads((out / "ir.json").read_text()), out
+
+
+# ------------------------------------------------------------------ several outputs
+
+
+def two_outputs(tf):
+    """A conv map and a pooled dense head: two model outputs."""
+    L = tf.keras.layers
+    x = L.Input((8, 8, 3), batch_size=1, name="x")
+    c = L.Conv2D(4, 3, padding="same", activation="relu")(x)
+    return tf.keras.Model(x, [L.Conv2D(4, 1)(c), L.Dense(5)(L.GlobalAveragePooling2D()(c))]), (1, 8, 8, 3)
+
+
+@pytest.mark.parametrize("quant,opt_level", [("int8", 3), ("float", 3), ("int8", 0)])
+def test_several_outputs(quant, opt_level, tmp_path, host):
+    tflite_models.BUILDERS["two_outputs"] = two_outputs
+    path, x = tflite_models.export("two_outputs", tmp_path, quant)
+    ir, out = _run_verify(host, path, x, tmp_path, opt_level)
+    assert len(ir["outputs"]) == 2
+    ref = tflite_models.tflite_reference(path, x)
+    for o in ir["outputs"]:
+        got = np.load(out / o["file"])
+        if quant == "int8":
+            np.testing.assert_array_equal(got, ref[o["name"]])
+        else:
+            np.testing.assert_allclose(got, ref[o["name"]], rtol=1e-5, atol=1e-5)
+    assert all(layer["op"] != "tuple" for layer in ir["layers"])
+
+
+# ------------------------------------------------------------------ STRIDED_SLICE masks
+
+
+def slices(tf):
+    """Two strided slices the rewrite below turns into mask forms of themselves."""
+    L = tf.keras.layers
+    x = L.Input((6, 8, 4), batch_size=1, name="x")
+    c = L.Conv2D(4, 1)(x)
+    a = L.Conv2D(4, 1)(L.Lambda(lambda t: t[:, 1:5, :, ::2])(c))  # -> [1, 4, 8, 2]
+    b = L.Lambda(lambda t: t[:, 2:3, :, ::2])(c)  # -> [1, 1, 8, 2]
+    return tf.keras.Model(x, [a, L.Conv2D(3, 1)(b)]), (1, 6, 8, 4)
+
+
+#: output shape -> (begin, end, strides, begin_mask, end_mask, ellipsis_mask, new_axis_mask, shrink_mask)
+MASK_FORMS = {
+    (1, 4, 8, 2): ([0, 1, 0, 0], [0, 5, 0, 0], [1, 1, 1, 2], 0b1001, 0b1001, 0b0100, 0, 0),  # [:, 1:5, ..., ::2]
+    (1, 1, 8, 2): ([0, 0, 2, 0, 0], [0, 0, 3, 0, 0], [1, 1, 1, 1, 2], 0b11001, 0b11001, 0, 0b00010, 0b00100),
+    # [:, newaxis, 2, :, ::2]
+}
+
+
+def _rewrite_slices(path):
+    """Each STRIDED_SLICE of the model gets the mask form of its slice (new begin,
+    end, strides tensors and options); returns the number rewritten."""
+    from tensorflow.lite.python import schema_py_generated as schema
+    from tensorflow.lite.tools import flatbuffer_utils
+
+    model = flatbuffer_utils.read_model(str(path))
+    sg = model.subgraphs[0]
+    done = 0
+    for op in sg.operators:
+        code = model.operatorCodes[op.opcodeIndex]
+        if max(code.builtinCode, code.deprecatedBuiltinCode) != schema.BuiltinOperator.STRIDED_SLICE:
+            continue
+        form = MASK_FORMS[tuple(int(d) for d in sg.tensors[op.outputs[0]].shape)]
+        for k, values in enumerate(form[:3]):
+            buf = schema.BufferT()
+            buf.data = np.frombuffer(np.asarray(values, np.int32).tobytes(), np.uint8)
+            model.buffers.append(buf)
+            t = schema.TensorT()
+            t.shape, t.type, t.buffer = [len(values)], schema.TensorType.INT32, len(model.buffers) - 1
+            t.name = f"mask_form_{done}_{k}".encode()
+            sg.tensors.append(t)
+            op.inputs[1 + k] = len(sg.tensors) - 1
+        o = op.builtinOptions
+        o.beginMask, o.endMask, o.ellipsisMask, o.newAxisMask, o.shrinkAxisMask = form[3:]
+        done += 1
+    flatbuffer_utils.write_model(model, str(path))
+    return done
+
+
+@pytest.mark.parametrize("quant", ["int8", "float"])
+def test_strided_slice_ellipsis_and_new_axis(quant, tmp_path, host):
+    tflite_models.BUILDERS["slices"] = slices
+    path, x = tflite_models.export("slices", tmp_path, quant)
+    before = tflite_models.tflite_reference(path, x)
+    assert _rewrite_slices(path) == 2
+    after = tflite_models.tflite_reference(path, x)
+    for name in tflite_models.output_names(path):  # the mask forms slice the same values
+        np.testing.assert_array_equal(after[name], before[name])
+    ir, _ = _run_verify(host, path, x, tmp_path)
+    assert sum(layer["op"] in ("strided_slice", "take", "reshape") or "STRIDED_SLICE" in layer["name"]
+               for layer in ir["layers"]) >= 2
+
+
+# ------------------------------------------------------------------ FULLY_CONNECTED on 3-D int8
+
+
+def dense_tokens(tf):
+    """Dense layers on [1, T, C] (a transformer's projections): FULLY_CONNECTED keep_num_dims."""
+    L = tf.keras.layers
+    x = L.Input((6, 8), batch_size=1, name="x")
+    h = L.Dense(12, activation="relu")(x)
+    return tf.keras.Model(x, L.Add()([L.Dense(8)(h), x])), (1, 6, 8)
+
+
+def test_fully_connected_3d_int8(tmp_path, host):
+    tflite_models.BUILDERS["dense_tokens"] = dense_tokens
+    path, x = tflite_models.export("dense_tokens", tmp_path, "int8")
+    ir, out = _run_verify(host, path, x, tmp_path)
+    dense = [layer for layer in ir["layers"] if layer["quant"]["kind"] == "dense"]
+    assert len(dense) == 2
+    for layer in dense:
+        rq = layer["quant"]["requant"]
+        assert rq["axis"] == 2 and len(rq["multiplier"]) in (1, layer["outputs"][0]["shape"][-1])
+        assert layer["outputs"][0]["shape"][:2] == [1, 6]
