@@ -26,7 +26,9 @@ The graph is translated without ATen decomposition, so FX node names and ops
 TVM's importer names its bindings ``lv``, ``lv1``, ...; this frontend renames
 the binding that holds each FX node's result after the FX node
 (``t_<node name>``) and records it in :class:`irgen.api.Provenance` as
-(FX node name, ATen op name, FX node name).
+(FX node name, ATen op name, FX node name). Values that do not depend on the
+user inputs (masks and index tensors built from shapes) are computed by torch
+and imported as constants (:mod:`irgen_torch.fold`).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from irgen import hookimpl
 from irgen.api import Frontend, ImportedModel, InputSpec, IrgenError, Provenance, UnsupportedOpsError
 from irgen.safeio import regular_file
 
+from .fold import constant_nodes
 from .loader import load_pt2, load_pth
 
 __version__ = "0.1.0"
@@ -67,10 +70,12 @@ def _user_inputs(ep) -> list[InputSpec]:
     return specs
 
 
-def _check_ops(ep, importer, where: str) -> None:
+def _check_ops(ep, importer, where: str, computed=()) -> None:
     known = set(importer.convert_map)
     missing = []
     for node in ep.graph.nodes:
+        if node.name in computed:
+            continue
         if node.op == "call_function" and getattr(node.target, "__name__", str(node.target)) not in known:
             missing.append(str(node.target))
         elif node.op not in ("placeholder", "call_function", "output", "get_attr"):
@@ -139,14 +144,30 @@ def translate(ep, where: str, input_names: list[str] | None = None) -> ImportedM
         if spec.target in _state:
             bound[spec.arg.name] = _state[spec.target]
 
+    computed = constant_nodes(ep)  # input-independent values, computed by torch (masks, index tensors)
+
     class NamingImporter(ExportedProgramImporter):
         """Names the binding of each FX node's result after the node."""
+
+        def _translate_fx_graph(self, graph_module, nodes, inputs_vars, custom_ops=None):
+            rest = []
+            for node in nodes:
+                if node.name not in computed:
+                    rest.append(node)
+                elif computed[node.name] is not None:
+                    self.env[node] = relax.const(computed[node.name].numpy())
+            return super()._translate_fx_graph(graph_module, rest, inputs_vars, custom_ops)
+
+        def _check_unsupported_func_type(self, nodes):
+            return super()._check_unsupported_func_type([n for n in nodes if n.name not in computed])
 
         def create_convert_map(self):
             cmap = super().create_convert_map()
             # TVM 0.27 reads aten.batch_norm's (training, momentum) as (momentum, eps)
             # and always sets training=True: convert it here with the real signature.
             cmap["batch_norm.default"] = self._aten_batch_norm
+            # TVM 0.27 refuses a bool attn_mask and ignores scale=
+            cmap["scaled_dot_product_attention.default"] = self._aten_sdpa
             # torch quantization: quantized_decomposed Q/DQ ops (FX reference flow) and fake quant (QAT)
             for k in ("quantize_per_tensor.default", "quantize_per_tensor.tensor", "quantize_per_channel.default"):
                 cmap[k] = self._q_quantize
@@ -314,6 +335,51 @@ def translate(ep, where: str, input_names: list[str] | None = None) -> ImportedM
             )
             return self.block_builder.emit(bn[0])
 
+        def _aten_sdpa(self, node):
+            # aten::scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *,
+            #                                    scale=None, enable_gqa=False); q (..., L, E), k (..., S, E)
+            import numpy as np
+
+            def arg(i, key, default):
+                return node.args[i] if len(node.args) > i else node.kwargs.get(key, default)
+
+            q, k, v = (self.env[a] for a in node.args[:3])
+            if float(arg(4, "dropout_p", 0.0)) != 0.0:
+                raise IrgenError(f"{where}: node {node.name!r} (scaled_dot_product_attention) has dropout; export in eval mode")
+            ndim = len(q.ty.shape)
+            if ndim not in (3, 4) or len(k.ty.shape) != ndim or len(v.ty.shape) != ndim:
+                raise IrgenError(f"{where}: node {node.name!r} (scaled_dot_product_attention): inputs of rank "
+                                 f"{ndim}; 3 or 4 supported")
+            if [int(d) for d in list(q.ty.shape)[:-2]] != [int(d) for d in list(k.ty.shape)[:-2]]:
+                raise IrgenError(f"{where}: node {node.name!r} (scaled_dot_product_attention): query and key heads "
+                                 f"differ (grouped-query attention); not supported")
+            bb = self.block_builder
+            if ndim == 3:
+                q, k, v = (bb.emit(relax.op.expand_dims(t, 0)) for t in (q, k, v))
+            bsnh = [0, 2, 1, 3]  # torch (B, H, L, E) <-> relax.nn.attention (B, L, H, E)
+            q, k, v = (bb.emit(relax.op.permute_dims(t, bsnh)) for t in (q, k, v))
+            mask = arg(3, "attn_mask", None)
+            bias = None
+            if mask is not None:
+                m = self.env[mask]
+                dtype = str(q.ty.dtype)
+                if str(m.ty.dtype) == "bool":  # True = attend: a bias of 0 or the most negative float
+                    lowest = float(np.finfo(dtype).min)
+                    if isinstance(m, tvm.ir.Constant):
+                        m = relax.const(np.where(m.value.numpy(), 0.0, lowest).astype(dtype))
+                    else:
+                        m = bb.emit(relax.op.where(m, relax.const(0.0, dtype), relax.const(lowest, dtype)))
+                while len(m.ty.shape) < 4:
+                    m = relax.const(np.expand_dims(m.value.numpy(), 0)) if isinstance(m, tvm.ir.Constant) \
+                        else bb.emit(relax.op.expand_dims(m, 0))
+                bias = m
+            scale = node.kwargs.get("scale", None)
+            causal = "TopLeft" if arg(5, "is_causal", False) else None
+            out = bb.emit(relax.op.nn.attention(q, k, v, bias=bias, scale=None if scale is None else float(scale),
+                                                causal_mask=causal))
+            out = relax.op.permute_dims(out, bsnh)
+            return relax.op.squeeze(bb.emit(out), [0]) if ndim == 3 else out
+
         def _known_names(self) -> set[str]:
             return {v.name for v in self.env.values() if isinstance(v, relax.Var)}
 
@@ -346,7 +412,7 @@ def translate(ep, where: str, input_names: list[str] | None = None) -> ImportedM
             return params, users, ranges
 
     importer = NamingImporter()
-    _check_ops(ep, importer, where)
+    _check_ops(ep, importer, where, computed)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
