@@ -30,10 +30,14 @@ def host():
 
 
 def _run_verify(host, path, x, folder, opt_level=3):
+    """irgen run, then verify (single, entire, source: the TFLite interpreter's
+    reference kernels, in this process); every layer is compared with the source."""
+    from irgen_tensorflow import interpreter_runner
+
     np.save(folder / "x.npy", x)
     out = folder / f"out{opt_level}"
     run(host, path, out, inputs=[str(folder / "x.npy")], opt_level=opt_level)
-    result = verify_output(out, host=host)
+    result = verify_output(out, host=host, source_runner=interpreter_runner(path.read_bytes(), str(path)))
     assert result["passed"], format_table(result)
     assert result["source"]["ran"], result["source"]
     compared = [row for row in result["layers"] if row["checks"].get("source", {}).get("status") == "pass"]
@@ -41,47 +45,20 @@ def _run_verify(host, path, x, folder, opt_level=3):
     return json.loads((out / "ir.json").read_text()), out
 
 
-# ------------------------------------------------------------------ several outputs
-
-
-def two_outputs(tf):
-    """A conv map and a pooled dense head: two model outputs."""
-    L = tf.keras.layers
-    x = L.Input((8, 8, 3), batch_size=1, name="x")
-    c = L.Conv2D(4, 3, padding="same", activation="relu")(x)
-    return tf.keras.Model(x, [L.Conv2D(4, 1)(c), L.Dense(5)(L.GlobalAveragePooling2D()(c))]), (1, 8, 8, 3)
-
-
-@pytest.mark.parametrize("quant,opt_level", [("int8", 3), ("float", 3), ("int8", 0)])
-def test_several_outputs(quant, opt_level, tmp_path, host):
-    tflite_models.BUILDERS["two_outputs"] = two_outputs
-    path, x = tflite_models.export("two_outputs", tmp_path, quant)
-    ir, out = _run_verify(host, path, x, tmp_path, opt_level)
-    assert len(ir["outputs"]) == 2
-    ref = tflite_models.tflite_reference(path, x)
-    for o in ir["outputs"]:
-        got = np.load(out / o["file"])
-        if quant == "int8":
-            np.testing.assert_array_equal(got, ref[o["name"]])
-        else:
-            np.testing.assert_allclose(got, ref[o["name"]], rtol=1e-5, atol=1e-5)
-    assert all(layer["op"] != "tuple" for layer in ir["layers"])
-
-
-# ------------------------------------------------------------------ STRIDED_SLICE masks
-
-
-def slices(tf):
-    """Two strided slices the rewrite below turns into mask forms of themselves."""
+def zoo_ops(tf):
+    """Three outputs: two strided slices (rewritten below into mask forms of
+    themselves) and Dense layers on a [1, T, C] tensor."""
     L = tf.keras.layers
     x = L.Input((6, 8, 4), batch_size=1, name="x")
-    c = L.Conv2D(4, 1)(x)
+    c = L.Conv2D(4, 1, activation="relu")(x)
     a = L.Conv2D(4, 1)(L.Lambda(lambda t: t[:, 1:5, :, ::2])(c))  # -> [1, 4, 8, 2]
-    b = L.Lambda(lambda t: t[:, 2:3, :, ::2])(c)  # -> [1, 1, 8, 2]
-    return tf.keras.Model(x, [a, L.Conv2D(3, 1)(b)]), (1, 6, 8, 4)
+    b = L.Conv2D(3, 1)(L.Lambda(lambda t: t[:, 2:3, :, ::2])(c))  # -> [1, 1, 8, 2]
+    t = L.Dense(6, activation="relu")(L.Reshape((48, 4))(c))  # FULLY_CONNECTED, keep_num_dims
+    return tf.keras.Model(x, [a, b, L.Add()([L.Dense(4)(t), L.Reshape((48, 4))(x)])]), (1, 6, 8, 4)
 
 
-#: output shape -> (begin, end, strides, begin_mask, end_mask, ellipsis_mask, new_axis_mask, shrink_mask)
+#: a slice's output shape -> its mask form:
+#: (begin, end, strides, begin_mask, end_mask, ellipsis_mask, new_axis_mask, shrink_mask)
 MASK_FORMS = {
     (1, 4, 8, 2): ([0, 1, 0, 0], [0, 5, 0, 0], [1, 1, 1, 2], 0b1001, 0b1001, 0b0100, 0, 0),  # [:, 1:5, ..., ::2]
     (1, 1, 8, 2): ([0, 0, 2, 0, 0], [0, 0, 3, 0, 0], [1, 1, 1, 1, 2], 0b11001, 0b11001, 0, 0b00010, 0b00100),
@@ -89,7 +66,7 @@ MASK_FORMS = {
 }
 
 
-def _rewrite_slices(path):
+def _rewrite_slices(path) -> int:
     """Each STRIDED_SLICE of the model gets the mask form of its slice (new begin,
     end, strides tensors and options); returns the number rewritten."""
     from tensorflow.lite.python import schema_py_generated as schema
@@ -119,38 +96,42 @@ def _rewrite_slices(path):
     return done
 
 
-@pytest.mark.parametrize("quant", ["int8", "float"])
-def test_strided_slice_ellipsis_and_new_axis(quant, tmp_path, host):
-    tflite_models.BUILDERS["slices"] = slices
-    path, x = tflite_models.export("slices", tmp_path, quant)
-    before = tflite_models.tflite_reference(path, x)
-    assert _rewrite_slices(path) == 2
-    after = tflite_models.tflite_reference(path, x)
-    for name in tflite_models.output_names(path):  # the mask forms slice the same values
-        np.testing.assert_array_equal(after[name], before[name])
-    ir, _ = _run_verify(host, path, x, tmp_path)
-    assert sum(layer["op"] in ("strided_slice", "take", "reshape") or "STRIDED_SLICE" in layer["name"]
-               for layer in ir["layers"]) >= 2
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    tflite_models.BUILDERS["zoo_ops"] = zoo_ops
+    made = {}
+    for quant in ("int8", "float"):
+        folder = tmp_path_factory.mktemp(f"zoo_ops_{quant}")
+        path, x = tflite_models.export("zoo_ops", folder, quant)
+        before = tflite_models.tflite_reference(path, x)
+        assert _rewrite_slices(path) == 2
+        after = tflite_models.tflite_reference(path, x)
+        for name in tflite_models.output_names(path):  # the mask forms slice the same values
+            np.testing.assert_array_equal(after[name], before[name])
+        made[quant] = (path, x, after)
+    return made
 
 
-# ------------------------------------------------------------------ FULLY_CONNECTED on 3-D int8
-
-
-def dense_tokens(tf):
-    """Dense layers on [1, T, C] (a transformer's projections): FULLY_CONNECTED keep_num_dims."""
-    L = tf.keras.layers
-    x = L.Input((6, 8), batch_size=1, name="x")
-    h = L.Dense(12, activation="relu")(x)
-    return tf.keras.Model(x, L.Add()([L.Dense(8)(h), x])), (1, 6, 8)
-
-
-def test_fully_connected_3d_int8(tmp_path, host):
-    tflite_models.BUILDERS["dense_tokens"] = dense_tokens
-    path, x = tflite_models.export("dense_tokens", tmp_path, "int8")
-    ir, out = _run_verify(host, path, x, tmp_path)
-    dense = [layer for layer in ir["layers"] if layer["quant"]["kind"] == "dense"]
-    assert len(dense) == 2
-    for layer in dense:
-        rq = layer["quant"]["requant"]
-        assert rq["axis"] == 2 and len(rq["multiplier"]) in (1, layer["outputs"][0]["shape"][-1])
-        assert layer["outputs"][0]["shape"][:2] == [1, 6]
+@pytest.mark.parametrize("quant,opt_level", [("int8", 3), ("int8", 0), ("float", 3)])
+def test_outputs_slices_and_tokens_dense(quant, opt_level, models, tmp_path, host):
+    path, x, ref = models[quant]
+    ir, out = _run_verify(host, path, x, tmp_path, opt_level)
+    # several outputs: each equals the interpreter's, no layer for the output tuple
+    assert len(ir["outputs"]) == 3
+    for o in ir["outputs"]:
+        got = np.load(out / o["file"])
+        if quant == "int8":
+            np.testing.assert_array_equal(got, ref[o["name"]])
+        else:
+            np.testing.assert_allclose(got, ref[o["name"]], rtol=1e-5, atol=1e-5)
+    # both mask-form slices are layers of their own, compared with the interpreter
+    names = [layer["name"] for layer in ir["layers"]]
+    assert sum(n.startswith("STRIDED_SLICE") for n in names) == 2, names
+    if quant == "int8":
+        # FULLY_CONNECTED on [1, 48, 6] (keep_num_dims): a dense record with its per-channel requant on the last axis
+        dense = [layer for layer in ir["layers"] if layer["quant"]["kind"] == "dense"]
+        assert len(dense) == 2, [(layer["name"], layer["quant"]["kind"]) for layer in ir["layers"]]
+        for layer in dense:  # the converter moves the first Dense before the reshape (4-D)
+            rq, shape = layer["quant"]["requant"], layer["outputs"][0]["shape"]
+            assert rq["axis"] == len(shape) - 1 and len(rq["multiplier"]) == shape[-1]
+        assert [1, 48, 4] in [layer["outputs"][0]["shape"] for layer in dense]
