@@ -591,6 +591,11 @@ def _realize_concat(qg, qb, comp, out):
     tensor = qb.name
     ins, given = [], []
     for f in comp.value.args[0].fields:
+        qc = None if _is_torch(qg) else _spans().quantized_constant(qg, f)
+        if qc is not None:  # a constant quantized at run time (the class token, folded by the importer)
+            ins.append((None, qc[1], qc[2]))
+            given.append(qc[0])
+            continue
         r = _dequantized(qg, f)
         if r is None and not _is_torch(qg):  # a dequantized constant (a folded class token): QLinearConcat's input
             arr, qt, chain = _const_chain(qg, f, tensor, "an input")
