@@ -7,7 +7,8 @@ transformers' BERT; each is exported to ONNX (opset 17), quantized by
 onnxruntime with ``session.qdqisint8allowed=1``) must pass with every integer
 layer equal to ONNX Runtime's tensor:
 
-* ``attention`` (ViT): qkv Linear, Reshape/Transpose, a ``Split`` with three
+* ``attention`` (ViT): the class token (a constant quantized at run time: a
+  literal operand of QLinearConcat), position embeddings, qkv Linear, Reshape/Transpose, a ``Split`` with three
   quantized outputs (integer slices), Squeeze, ``scaled_dot_product_attention``
   (its ``sqrt(1/sqrt(d))`` scale computed from a shape and quantized: QLinearMul
   with a constant), Q·Kᵀ and A·V (QLinearMatMul of two activations, kind
@@ -34,13 +35,16 @@ from test_verify import _assert_source_checked, _run, _verify_json  # noqa: E402
 
 
 class Attention(nn.Module):
-    """A ViT block's attention on [1, 9, 16] tokens, 2 heads, then the class token's LayerNorm."""
+    """ViT: a class token before 8 patch tokens, position embeddings, one attention block
+    (2 heads) on the 9 tokens, then the class token's LayerNorm."""
 
     def __init__(self):
         super().__init__()
+        self.cls, self.pos = nn.Parameter(torch.randn(1, 1, 16) * 0.02), nn.Parameter(torch.randn(1, 9, 16) * 0.1)
         self.qkv, self.proj, self.norm = nn.Linear(16, 48), nn.Linear(16, 16), nn.LayerNorm(16)
 
     def forward(self, x):
+        x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], dim=1) + self.pos
         q, k, v = self.qkv(x).reshape(1, 9, 3, 2, 8).permute(2, 0, 3, 1, 4).unbind(0)
         a = nn.functional.scaled_dot_product_attention(q, k, v)
         x = x + self.proj(a.transpose(1, 2).reshape(1, 9, 16))
@@ -61,7 +65,7 @@ class Embedding(nn.Module):
         return torch.softmax(s, dim=-1) @ self.v(h)
 
 
-MODELS = {"attention": (Attention, "x", (1, 9, 16)), "embedding": (Embedding, "ids", (1, 8))}
+MODELS = {"attention": (Attention, "x", (1, 8, 16)), "embedding": (Embedding, "ids", (1, 8))}
 
 
 def _sample(name: str, shape, seed: int) -> np.ndarray:
@@ -132,6 +136,8 @@ def test_transformer_against_onnxruntime(name, per_channel, tmp_path, capsys):
     if name == "attention":  # q, k, v: three integer slices of one tensor; the class token: a gather
         assert sum(q.get("op") == "strided_slice" for q in quant) == 3, [q.get("op") for q in quant]
         assert any(q.get("op") == "take" for q in quant)
+        # the class token is a constant quantized at run time: a literal operand of the concatenation
+        assert any(q.get("kind") == "concatenate" and q.get("constants") for q in quant), kinds
     else:  # the token ids gather integer rows; the position rows are a literal operand of the add
         gather = [q for q in quant if q.get("op") == "take" and not q["inputs"]]
         assert len(gather) == 1 and gather[0]["table"]["dtype"] == gather[0]["output"]["dtype"]
