@@ -607,25 +607,31 @@ def form_layers(
     idx = {b.name: i for i, b in enumerate(bindings)}
     layers, assigned = _absorb_item_views(layers, bindings, users, provenance, assigned, idx)
 
-    # ops a converter split into several bindings: merge unnamed single-use
-    # results into the layer of the same source node that consumes them
+    # ops a converter split into several bindings: merge unnamed results used only by
+    # one other layer (a roll over two axes: both slices of the second read the first)
+    # into that layer, of the same source node
     merged_into: dict[int, int] = {}
-    for layer in layers:
+
+    def root(k: int) -> int:
+        while k in merged_into:
+            k = merged_into[k]
+        return k
+
+    for layer in reversed(layers):  # readers first: their own merges are known
         last = layer.members[-1]
         if last in provenance.by_var:
             continue
         u = users.get(last, [])
-        if len(u) != 1 or bindings[u[0]].name not in assigned:
+        if not u or any(bindings[k].name not in assigned for k in u) or last in set(var_names(main_output)):
             continue
-        target = assigned[bindings[u[0]].name]
+        targets = {root(assigned[bindings[k].name]) for k in u}
+        if len(targets) != 1:
+            continue
+        target = targets.pop()
         if target == layer.index:
             continue
         merged_into[layer.index] = target
     if merged_into:
-        def root(k: int) -> int:
-            while k in merged_into:
-                k = merged_into[k]
-            return k
 
         groups: dict[int, list[str]] = {}
         for layer in layers:
