@@ -41,6 +41,9 @@ def prepare(path: Path, options: dict[str, Any], for_tvm: bool = True):
     checks.check_structure(model, path)
     checks.check_tensors(model, path, limit)
     if for_tvm:
+        from .qoperator import to_qdq
+
+        to_qdq(model)  # QOperator-format nodes -> their QDQ node units (ONNX Runtime runs the original)
         _check_ops(model, path)
     checks.run_checker(checks.skeleton(model), path)
     inline_constant_ifs(model, path, refuse_dynamic=for_tvm)
