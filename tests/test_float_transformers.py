@@ -10,6 +10,7 @@ with onnxruntime / torch):
 - Swin's shifted window: ``F.pad`` by sizes computed from the shape (ONNX shape
   arithmetic that TVM's importer could not fold), ``roll``, and the attention mask
   written with ``fill_`` into slices of ``new_zeros`` (``.pt2``);
+- ``pixel_shuffle`` (depth-to-space) and ``diff`` of an activation (``.pt2``);
 - ONNX ``Pad`` in constant, reflect and edge modes as one ``relax.nn.pad``.
 """
 
@@ -125,11 +126,25 @@ class Pads(nn.Module):
         return self.conv(a) + self.conv(b) * self.conv(c)
 
 
+class ShuffleDiff(nn.Module):
+    """Depth-to-space (``pixel_shuffle``) after a convolution, and ``diff`` of an activation with
+    ``prepend`` (n=2)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.pixel_shuffle(self.conv(x), 2)
+        return torch.diff(y * 2.0, n=2, dim=-1, prepend=y[..., :1])
+
+
 MODELS = {
     "bool_mask_attention": (BoolMaskAttention, (1, 6, 16)),
     "position_mask": (PositionMask, (1, 6, 16)),
     "shifted_window": (ShiftedWindow, (1, 6, 7, 8)),
     "pads": (Pads, (1, 3, 8, 8)),
+    "shuffle_diff": (ShuffleDiff, (1, 3, 6, 6)),
 }
 
 
@@ -153,7 +168,8 @@ def _export(name: str, fmt: str, d: Path) -> tuple[Path, Path, np.ndarray]:
 #: each pattern at opt level 3 or 0 (both for the bool mask): 10-30 s each
 CASES = [pytest.param(name, fmt, opt, id=f"{name}-{fmt}-O{opt}") for name, fmt, opt in (
     ("bool_mask_attention", "pt2", 3), ("bool_mask_attention", "pt2", 0), ("position_mask", "pt2", 3),
-    ("shifted_window", "onnx", 3), ("shifted_window", "pt2", 0), ("pads", "onnx", 0))]
+    ("shifted_window", "onnx", 3), ("shifted_window", "pt2", 0), ("pads", "onnx", 0),
+    ("shuffle_diff", "pt2", 0))]
 
 
 @pytest.mark.parametrize("name,fmt,opt", CASES)

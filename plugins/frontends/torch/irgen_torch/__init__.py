@@ -168,6 +168,10 @@ def translate(ep, where: str, input_names: list[str] | None = None) -> ImportedM
             cmap["batch_norm.default"] = self._aten_batch_norm
             # TVM 0.27 refuses a bool attn_mask and ignores scale=
             cmap["scaled_dot_product_attention.default"] = self._aten_sdpa
+            # relax.nn.pixel_shuffle has no legalization in TVM 0.27 (no topi.nn.pixel_shuffle): torch's own
+            # definition, reshape / permute / reshape; aten.diff has no converter: slices and a subtract
+            cmap["pixel_shuffle.default"] = self._aten_pixel_shuffle
+            cmap["diff.default"] = self._aten_diff
             # torch quantization: quantized_decomposed Q/DQ ops (FX reference flow) and fake quant (QAT)
             for k in ("quantize_per_tensor.default", "quantize_per_tensor.tensor", "quantize_per_channel.default"):
                 cmap[k] = self._q_quantize
@@ -379,6 +383,38 @@ def translate(ep, where: str, input_names: list[str] | None = None) -> ImportedM
                                                 causal_mask=causal))
             out = relax.op.permute_dims(out, bsnh)
             return relax.op.squeeze(bb.emit(out), [0]) if ndim == 3 else out
+
+        def _aten_pixel_shuffle(self, node):
+            x = self.env[node.args[0]]
+            r = int(node.args[1])
+            *lead, c, h, w = (int(d) for d in x.ty.shape)
+            bb = self.block_builder
+            k = len(lead)
+            y = bb.emit(relax.op.reshape(x, [*lead, c // (r * r), r, r, h, w]))
+            y = bb.emit(relax.op.permute_dims(y, [*range(k), k, k + 3, k + 1, k + 4, k + 2]))
+            return relax.op.reshape(y, [*lead, c // (r * r), h * r, w * r])
+
+        def _aten_diff(self, node):
+            # aten::diff(x, n=1, dim=-1, prepend=None, append=None)
+            def arg(i, key, default):
+                return node.args[i] if len(node.args) > i else node.kwargs.get(key, default)
+
+            bb = self.block_builder
+            x = self.env[node.args[0]]
+            n, dim = int(arg(1, "n", 1)), int(arg(2, "dim", -1))
+            rank = len(x.ty.shape)
+            dim %= rank
+            pre, app = arg(3, "prepend", None), arg(4, "append", None)
+            parts = ([self.env[pre]] if pre is not None else []) + [x] + ([self.env[app]] if app is not None else [])
+            if len(parts) > 1:
+                x = bb.emit(relax.op.concat(parts, axis=dim))
+            for step in range(n):
+                size = int(x.ty.shape[dim])
+                hi = bb.emit(relax.op.strided_slice(x, [dim], [1], [size]))
+                lo = bb.emit(relax.op.strided_slice(x, [dim], [0], [size - 1]))
+                d = relax.op.subtract(hi, lo) if str(x.ty.dtype) != "bool" else relax.op.not_equal(hi, lo)
+                x = d if step == n - 1 else bb.emit(d)
+            return x
 
         def _known_names(self) -> set[str]:
             return {v.name for v in self.env.values() if isinstance(v, relax.Var)}
