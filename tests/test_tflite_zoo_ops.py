@@ -8,7 +8,9 @@ Keras model compared with the TFLite interpreter through ``irgen run`` and
   them away, so the flatbuffer's slice options are rewritten to a mask form
   of the same slice), on int8 and float tensors;
 * FULLY_CONNECTED on a 3-D int8 tensor (keep_num_dims, a Dense on [1, T, C]):
-  the ``dense`` record carries its requant and recomputes exactly.
+  the ``dense`` record carries its requant and recomputes exactly;
+* int8 ADD and MUL whose operands are one tensor (``x + x``, NASNetMobile): the
+  record maps its operands to the layer's one input and recomputes.
 """
 
 from __future__ import annotations
@@ -47,13 +49,14 @@ def _run_verify(host, path, x, folder, opt_level=3):
 
 def zoo_ops(tf):
     """Three outputs: two strided slices (rewritten below into mask forms of
-    themselves) and Dense layers on a [1, T, C] tensor."""
+    themselves), Dense layers on a [1, T, C] tensor, and ``c * c``, ``c + c``
+    (one tensor read by both operands: NASNetMobile)."""
     L = tf.keras.layers
     x = L.Input((6, 8, 4), batch_size=1, name="x")
     c = L.Conv2D(4, 1, activation="relu")(x)
     a = L.Conv2D(4, 1)(L.Lambda(lambda t: t[:, 1:5, :, ::2])(c))  # -> [1, 4, 8, 2]
-    b = L.Conv2D(3, 1)(L.Lambda(lambda t: t[:, 2:3, :, ::2])(c))  # -> [1, 1, 8, 2]
-    t = L.Dense(6, activation="relu")(L.Reshape((48, 4))(c))  # FULLY_CONNECTED, keep_num_dims
+    b = L.Conv2D(3, 1)(L.Lambda(lambda t: t[:, 2:3, :, ::2])(L.Multiply()([c, c])))  # -> [1, 1, 8, 2]
+    t = L.Dense(6, activation="relu")(L.Reshape((48, 4))(L.Add()([c, c])))  # FULLY_CONNECTED, keep_num_dims
     return tf.keras.Model(x, [a, b, L.Add()([L.Dense(4)(t), L.Reshape((48, 4))(x)])]), (1, 6, 8, 4)
 
 
@@ -107,7 +110,7 @@ def models(tmp_path_factory):
         path, x = tflite_models.export("zoo_ops", folder, quant)
         tf = tflite_models._tf()
         ops = {o["op_name"] for o in tf.lite.Interpreter(model_path=str(path))._get_ops_details()}
-        assert {"STRIDED_SLICE", "FULLY_CONNECTED"} <= ops, ops
+        assert {"STRIDED_SLICE", "FULLY_CONNECTED", "MUL", "ADD"} <= ops, ops
         before = tflite_models.tflite_reference(path, x)
         assert _rewrite_slices(path) == 2
         after = tflite_models.tflite_reference(path, x)
@@ -140,3 +143,7 @@ def test_outputs_slices_and_tokens_dense(quant, opt_level, models, tmp_path, hos
             rq, shape = layer["quant"]["requant"], layer["outputs"][0]["shape"]
             assert rq["axis"] == len(shape) - 1 and len(rq["multiplier"]) == shape[-1]
         assert [1, 48, 4] in [layer["outputs"][0]["shape"] for layer in dense]
+        # x * x and x + x: one layer input read by both operands, recomputed from the record
+        same = [layer for layer in ir["layers"] if layer["quant"].get("operands") == [0, 0]]
+        assert {layer["quant"]["kind"] for layer in same} == {"add", "mul"}
+        assert all(len(layer["inputs"]) == 1 for layer in same)

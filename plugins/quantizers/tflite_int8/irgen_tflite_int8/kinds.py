@@ -158,12 +158,34 @@ def operands(qr: dict[str, Any], inputs: list[np.ndarray]) -> list[np.ndarray]:
     """The operands of a layer: its inputs, with the integer constants the record
     holds (``constants``: operand index -> values and shape) in their places."""
     consts = qr.get("constants") or {}
+    picks = qr.get("operands")  # operand k is layer input picks[k] (one tensor read twice: x + x)
     it = iter(inputs)
     out = []
     for k, q in enumerate(qr["inputs"]):
         c = consts.get(str(k))
-        out.append(next(it) if c is None else np.asarray(c["values"], q["dtype"]).reshape(c["shape"]))
+        if c is not None:
+            out.append(np.asarray(c["values"], q["dtype"]).reshape(c["shape"]))
+        else:
+            out.append(inputs[picks[k]] if picks else next(it))
     return out
+
+
+def operands_record(*operands) -> list[int | None] | None:
+    """``operands`` of a record when one tensor is read by several operands (``x + x``,
+    ``x * x``; the layer has it as one input): operand k -> layer input index (None
+    for a constant); None when every tensor operand is a layer input of its own."""
+    from tvm import relax
+
+    names: list[str] = []
+    picks: list[int | None] = []
+    for x in operands:
+        if not isinstance(x, relax.Var):
+            picks.append(None)
+            continue
+        if x.name not in names:
+            names.append(x.name)
+        picks.append(names.index(x.name))
+    return picks if len(names) < sum(p is not None for p in picks) else None
 
 
 def _constant_record(value) -> dict[str, Any]:
@@ -385,6 +407,9 @@ def realize_mul(qg, qb, comp, out, act, helpers):
     consts = constants_record(x1, x2)
     if consts:
         rec["constants"] = consts
+    picks = operands_record(x1, x2)
+    if picks:
+        rec["operands"] = picks
     drop = [d for d in (d1, d2) if d is not None] + [comp.name]
     return drop + helpers.tail(qb, act, last), helpers.finish(qg, y, out, lo, hi), rec
 
