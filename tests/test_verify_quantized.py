@@ -307,3 +307,44 @@ def test_keras_applications_mobilenet_v2_int8_source_check_runs(tmp_path, capsys
     assert "builtin optimized kernels; reference kernels crashed" in r["source"]["runtime"]
     assert all(row["checks"]["source"]["status"] == "pass" and row["checks"]["source"]["max_lsb"] <= 1
                for row in r["layers"])
+
+
+# ------------------------------------------------------------------ uint8 weights (weight_type=QUInt8)
+
+
+@pytest.mark.parametrize("per_channel", [False, True], ids=["per_tensor", "per_channel"])
+def test_uint8_weights_with_zero_points_equal_ort(tmp_path, capsys, per_channel):
+    """``quantize_static(weight_type=QUInt8)``: uint8 weights with non-zero zero points. The
+    parameter file holds ``w - zp_w`` (int16), the record says so, and every layer equals
+    ORT's QLinearConv bit for bit."""
+    from onnxruntime.quantization import QuantType, quantize_static
+
+    _branches_model(tmp_path, False)
+    fp = tmp_path / "branches.onnx"
+
+    class Reader:
+        def __init__(self):
+            self.it = iter([{"x": np.random.default_rng(k).standard_normal((1, 3, 24, 24)).astype(np.float32)}
+                            for k in range(8)])
+
+        def get_next(self):
+            return next(self.it, None)
+
+    q = tmp_path / "u8.onnx"
+    quantize_static(str(fp), str(q), Reader(), per_channel=per_channel,
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QUInt8)
+    out = tmp_path / "out"
+    _run(q, "-o", out, "--input", tmp_path / "x.npy")
+    ir = json.loads((out / "ir.json").read_text())
+    convs = [l for l in ir["layers"] if (l.get("quant") or {}).get("kind") == "conv2d"]
+    assert convs
+    for layer in convs:
+        w = layer["quant"]["weight"]
+        assert w["dtype"] == "uint8" and w["zero_point_applied"]
+        assert np.any(np.asarray(w["zero_point"]) != 0)
+        assert np.load(out / layer["params"]["weight"]["file"]).dtype == np.int16
+    code, r, err = _verify_json(capsys, out)
+    assert code == 0 and r["passed"], r["problems"]
+    assert r["source"]["ran"], err
+    for row in r["layers"]:
+        assert row["checks"]["source"]["exact"], (row["name"], row["checks"]["source"])

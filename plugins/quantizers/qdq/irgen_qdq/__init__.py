@@ -203,15 +203,31 @@ def _table(qin, qout, fn=lambda v: v, torch_rule: bool = False) -> np.ndarray:
     return quantize_linear(fn(v).astype(np.float32), np.float32(qout.scale[0]), int(qout.zero_point[0]), qout.dtype)
 
 
+def _weights_less_zero_point(w: np.ndarray, qw, tensor: str) -> tuple[np.ndarray, dict]:
+    """int8 weights with zero point 0 as they are; uint8 weights (``weight_type=QUInt8``) or
+    non-zero zero points as ``w - zp_w`` in int16 (exact: -255..255), the product ORT's
+    QLinearConv/MatMulInteger accumulate. The record then says the parameter file holds
+    ``w - zero_point`` (``zero_point_applied``), and keeps the zero points for the hardware
+    that stores the raw weights."""
+    if w.dtype not in (np.int8, np.uint8):
+        raise IrgenError(f"{SCHEME}: weights of {tensor!r} are {w.dtype}, not int8 or uint8")
+    zp = np.asarray(qw.zero_point).reshape(-1)
+    if w.dtype == np.int8 and not np.any(zp != 0):
+        return w, {}
+    if zp.size > 1:
+        shape = [1] * w.ndim
+        shape[qw.axis % w.ndim] = zp.size
+        zp = zp.reshape(shape)
+    return (w.astype(np.int16) - zp.astype(np.int16)).astype(np.int16), \
+        {"zero_point_applied": True, "parameter_dtype": "int16"}
+
+
 def _realize_conv(qg, qb, comp, bias_b, acts, out, requant=None):
     relax, op, q, Constant = _ops()
     tensor = qb.name
     x, qx, dqx = _need(qg, comp.value.args[0], "the input", tensor)
     w, qw, wchain = _const_chain(qg, comp.value.args[1], tensor, "weights")
-    if w.dtype != np.int8:
-        raise IrgenError(f"{SCHEME}: weights of {tensor!r} are {w.dtype}, not int8")
-    if np.any(qw.zero_point != 0):
-        raise IrgenError(f"{SCHEME}: weights of {tensor!r} have non-zero zero points; not supported")
+    w, w_offset = _weights_less_zero_point(w, qw, tensor)
     a = comp.value.attrs
     xs = _offset(qg, x, int(qx.zero_point[0]))
     if comp.op == "relax.matmul":
@@ -281,7 +297,7 @@ def _realize_conv(qg, qb, comp, bias_b, acts, out, requant=None):
     else:  # another scheme's requantization of the same accumulator
         expr, rq = requant(qg, acc, scale, out, lo, hi, ch_axis % ndim, ndim, tensor)
     rec = {
-        "scheme": SCHEME, "kind": kind, "inputs": [qx.record()], "weight": qw.record(), "bias": bias_rec,
+        "scheme": SCHEME, "kind": kind, "inputs": [qx.record()], "weight": {**qw.record(), **w_offset}, "bias": bias_rec,
         **({"reference": "torch"} if _is_torch(qg) and requant is None else {}),
         "output": out.record(), "requant": rq, "clamp": [lo, hi],
     }
