@@ -16,7 +16,8 @@ ORT's quantizer computed it), the float op under the node's name, and
 QuantizeLinear to the node's original output tensor name, so every layer's
 provenance names a tensor the original model produces in ONNX Runtime. A plain
 op on quantized tensors gets DequantizeLinear -> op -> QuantizeLinear with its
-input's parameters (an exact round trip for ops that move or select values).
+input's parameters (an exact round trip for ops that move or select values;
+a constant operand of the quantized type, Pad's value, is dequantized with them).
 
 One function per op type in :data:`REWRITES`.
 """
@@ -35,7 +36,7 @@ _DOMAINS = ("", "ai.onnx", "com.microsoft")
 _PASSTHROUGH = frozenset({
     "MaxPool", "GlobalMaxPool", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Slice",
     "Gather", "Split", "Identity", "Expand", "Tile", "DepthToSpace", "SpaceToDepth", "Resize",
-    "ReduceMax", "ReduceMin", "Relu",
+    "ReduceMax", "ReduceMin", "Relu", "Pad",
 })
 
 
@@ -51,9 +52,21 @@ class _Rewriter:
         self.nodes: list = []
         self.new_inits: list = []
         self.qparams: dict[str, tuple[str, str]] = {}  # quantized tensor -> (scale, zero point) names
+        self.qconsts: dict[str, np.ndarray] = {}  # QuantizeLinear of a constant -> its dequantized value
         self.used = {o for n in self.graph.node for o in (*n.input, *n.output)} | set(self.inits)
         self.used |= {v.name for v in (*self.graph.input, *self.graph.output)}
         self._np = numpy_helper
+
+    def quantized_constant(self, n) -> None:
+        """Record the dequantized value of a QuantizeLinear of a constant (per tensor)."""
+        c, scale = self.value(n.input[0]), self.value(n.input[1])
+        zp = self.value(_inp(n, 2)) if _inp(n, 2) else np.zeros((), np.uint8)
+        if c is None or scale is None or zp is None or scale.size != 1 or zp.size != 1 or c.dtype != np.float32:
+            return
+        info = np.iinfo(zp.dtype)
+        s, z = np.float32(scale.reshape(())), int(zp.reshape(()))
+        q = np.clip(np.rint(c / s) + z, info.min, info.max)
+        self.qconsts[n.output[0]] = ((q - z) * s).astype(np.float32)
 
     def fresh(self, base: str) -> str:
         name, k = base, 1
@@ -200,7 +213,18 @@ REWRITES: dict[str, Callable] = {
 def _passthrough(rw: _Rewriter, n) -> None:
     """A plain op on quantized tensors: DQ -> op -> Q with its (first) quantized input's parameters."""
     params = next(rw.qparams[i] for i in n.input if i in rw.qparams)
-    ins = [rw.dq(i, *rw.qparams[i], n) if i in rw.qparams else i for i in n.input]
+    zp = rw.value(params[1]) if params[1] else None
+    dtype = zp.dtype if zp is not None else np.dtype(np.uint8)
+
+    def operand(i: str) -> str:
+        if i in rw.qconsts and n.op_type == "Pad":  # a constant quantized at run time: its float value
+            return rw.const(f"{i}_value", rw.qconsts[i])
+        if i in rw.qparams:
+            return rw.dq(i, *rw.qparams[i], n)
+        v = rw.value(i) if i else None  # a constant of the quantized type (Pad's value): the same parameters
+        return rw.dq(i, *params, n) if v is not None and v.dtype == dtype else i
+
+    ins = [operand(i) for i in n.input]
     outs = [rw.fresh(f"{o}_float") if o else "" for o in n.output]
     rw.node(n.op_type, ins, outs, n.name or f"{n.op_type}_{n.output[0]}", n.attribute, domain=n.domain)
     for f, o in zip(outs, n.output):
@@ -224,11 +248,13 @@ def to_qdq(model):
         elif n.op_type == "QuantizeLinear" and n.domain in ("", "ai.onnx"):
             rw.nodes.append(n)
             rw.qparams[n.output[0]] = (n.input[1], _inp(n, 2))
+            rw.quantized_constant(n)
         elif n.op_type in _PASSTHROUGH and n.domain in ("", "ai.onnx") and any(i in rw.qparams for i in n.input):
             _passthrough(rw, n)
         else:
             rw.nodes.append(n)
-    del model.graph.node[:]
-    model.graph.node.extend(rw.nodes)
+    read = {i for n in rw.nodes for i in n.input} | {o.name for o in model.graph.output}
+    del model.graph.node[:]  # a constant's QuantizeLinear whose value was taken as a float constant goes
+    model.graph.node.extend(n for n in rw.nodes if not (n.output and n.output[0] in rw.qconsts and n.output[0] not in read))
     model.graph.initializer.extend(rw.new_inits)
     return model
