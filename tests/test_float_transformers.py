@@ -11,6 +11,7 @@ with onnxruntime / torch):
   arithmetic that TVM's importer could not fold), ``roll``, and the attention mask
   written with ``fill_`` into slices of ``new_zeros`` (``.pt2``);
 - ``pixel_shuffle`` (depth-to-space) and ``diff`` of an activation (``.pt2``);
+- ONNX GELU (Div, Erf, Add, Mul, Mul as exported) as one ``gelu`` layer;
 - ONNX ``Pad`` in constant, reflect and edge modes as one ``relax.nn.pad``.
 """
 
@@ -139,12 +140,24 @@ class ShuffleDiff(nn.Module):
         return torch.diff(y * 2.0, n=2, dim=-1, prepend=y[..., :1])
 
 
+class GeluMLP(nn.Module):
+    """A transformer MLP: Linear, GELU (erf form: five ONNX nodes), Linear, residual."""
+
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        self.fc1, self.act, self.fc2 = nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc2(self.act(self.fc1(x)))
+
+
 MODELS = {
     "bool_mask_attention": (BoolMaskAttention, (1, 6, 16)),
     "position_mask": (PositionMask, (1, 6, 16)),
     "shifted_window": (ShiftedWindow, (1, 6, 7, 8)),
     "pads": (Pads, (1, 3, 8, 8)),
     "shuffle_diff": (ShuffleDiff, (1, 3, 6, 6)),
+    "gelu_mlp": (GeluMLP, (1, 5, 16)),
 }
 
 
@@ -169,7 +182,7 @@ def _export(name: str, fmt: str, d: Path) -> tuple[Path, Path, np.ndarray]:
 CASES = [pytest.param(name, fmt, opt, id=f"{name}-{fmt}-O{opt}") for name, fmt, opt in (
     ("bool_mask_attention", "pt2", 3), ("bool_mask_attention", "pt2", 0), ("position_mask", "pt2", 3),
     ("shifted_window", "onnx", 3), ("shifted_window", "pt2", 0), ("pads", "onnx", 0),
-    ("shuffle_diff", "pt2", 0))]
+    ("shuffle_diff", "pt2", 0), ("gelu_mlp", "onnx", 3))]
 
 
 @pytest.mark.parametrize("name,fmt,opt", CASES)
@@ -198,6 +211,11 @@ def test_transformer_pattern_runs_and_verifies(name, fmt, opt, tmp_path, capsys)
     if name in ("bool_mask_attention", "position_mask"):
         att = [l for l in ir["layers"] if l["op"] == "attention"]
         assert att and all(l["source"]["op_types"] == ["aten.scaled_dot_product_attention.default"] for l in att)
+    if name == "gelu_mlp":
+        gelu = [l for l in ir["layers"] if l["op"] == "gelu"]
+        assert len(gelu) == 1 and [op["relax_op"] for op in gelu[0]["fused_ops"]] == ["relax.nn.gelu"], \
+            [(l["name"], l["op"]) for l in ir["layers"]]
+        assert not any(op["relax_op"] == "relax.erf" for l in ir["layers"] for op in l["fused_ops"])
     if name == "pads":
         modes = sorted(str(op["attrs"].get("pad_mode")) for l in ir["layers"] for op in l["fused_ops"]
                        if op["relax_op"] == "relax.nn.pad")

@@ -16,7 +16,7 @@ from irgen.api import Frontend, ImportedModel, IrgenError, Provenance, Unsupport
 
 from . import checks, loader
 from .converters import CONVERTERS
-from .fold import fold_shape_computations
+from .fold import fold_shape_computations, fuse_erf_gelu
 from .inline import inline_constant_ifs
 from .loader import all_graphs, one_line
 
@@ -34,7 +34,8 @@ def prepare(path: Path, options: dict[str, Any], for_tvm: bool = True):
     condition are replaced by their branch (:mod:`.inline`). ``for_tvm=False``
     (ONNX Runtime, which runs any op and any If) skips the op check and keeps
     an If with a condition computed at run time. For TVM, values computed from the
-    fixed input shapes are folded to constants (:mod:`.fold`)."""
+    fixed input shapes are folded to constants and the erf form of GELU becomes one
+    ``Gelu`` node (:mod:`.fold`)."""
     path = Path(path)
     limit = checks.default_limit(options)
     model = loader.load_model(path, limit)
@@ -51,6 +52,7 @@ def prepare(path: Path, options: dict[str, Any], for_tvm: bool = True):
     checks.check_sizes(model, checks.skeleton(model), specs, limit, path)
     if for_tvm:
         fold_shape_computations(model, specs)
+        fuse_erf_gelu(model)
     return model, specs
 
 

@@ -13,6 +13,9 @@ evaluated with ONNX's reference evaluator and replaced by a ``Constant`` node
 with the same name and output, so provenance keeps the source names. Only
 small integer/shape-sized values are folded (at most :data:`MAX_ELEMENTS`
 elements each); the model's float data flow is left to TVM.
+
+The erf form of GELU, which exporters write as five nodes (Div, Erf, Add, Mul,
+Mul), becomes one ``Gelu`` node (:func:`fuse_erf_gelu`): one layer, ``relax.nn.gelu``.
 """
 
 from __future__ import annotations
@@ -177,3 +180,110 @@ def _fold_once(model, specs) -> int:
     del model.graph.node[:]
     model.graph.node.extend(nodes)
     return len(replaced)
+
+
+# ------------------------------------------------------------------ GELU as one node
+
+_SQRT2 = math.sqrt(2.0)
+
+
+def _scalar_const(consts: dict, name: str) -> float | None:
+    v = consts.get(name)
+    if v is None or v.size != 1 or v.dtype.kind != "f":
+        return None
+    return float(v.reshape(-1)[0])
+
+
+def fuse_erf_gelu(model) -> int:
+    """The erf form of GELU as exporters write it, ``x * 0.5 * (1 + erf(x / sqrt(2)))`` (Div or Mul
+    by 1/sqrt(2), Erf, Add 1, two Muls with x and 0.5 in either order), replaced by one ``Gelu``
+    node named after the last Mul and writing its output (the tensor ONNX Runtime reports);
+    the intermediate values must have no other reader. Returns how many were fused."""
+    from onnx import helper, numpy_helper
+
+    g = model.graph
+    consts: dict[str, np.ndarray] = {}
+    for t in g.initializer:
+        if math.prod(int(d) for d in t.dims) == 1:
+            consts[t.name] = numpy_helper.to_array(t)
+    for n in g.node:
+        if n.op_type == "Constant":
+            for a in n.attribute:
+                if a.name == "value" and a.HasField("t") and math.prod(int(d) for d in a.t.dims) == 1:
+                    consts[n.output[0]] = numpy_helper.to_array(a.t)
+    producer = {o: n for n in g.node for o in n.output}
+    readers: dict[str, list] = {}
+    for n in g.node:
+        for i in n.input:
+            readers.setdefault(i, []).append(n)
+    graph_outputs = {o.name for o in g.output}
+
+    def only_reader(name: str, node) -> bool:
+        return name not in graph_outputs and [r is node for r in readers.get(name, [])] == [True]
+
+    def other(node, name: str) -> str | None:
+        ins = list(node.input)
+        if len(ins) != 2 or name not in ins:
+            return None
+        return ins[1] if ins[0] == name else ins[0]
+
+    drop: set[str] = set()
+    replace: dict[str, Any] = {}
+    for erf in g.node:
+        if erf.op_type != "Erf" or erf.domain not in ("", "ai.onnx"):
+            continue
+        scale = producer.get(erf.input[0])
+        if scale is None or scale.op_type not in ("Div", "Mul") or not only_reader(scale.output[0], erf):
+            continue
+        x = scale.input[0]
+        c = _scalar_const(consts, scale.input[1])
+        if c is None or not np.isclose(c if scale.op_type == "Div" else 1.0 / c if c else 0.0, _SQRT2, rtol=1e-5):
+            continue
+        adds = readers.get(erf.output[0], [])
+        if len(adds) != 1 or adds[0].op_type != "Add" or not only_reader(erf.output[0], adds[0]):
+            continue
+        add = adds[0]
+        one = other(add, erf.output[0])
+        if one is None or _scalar_const(consts, one) != 1.0:
+            continue
+        # two Muls: {x, half, add} multiplied in some order
+        muls = readers.get(add.output[0], [])
+        if len(muls) != 1 or muls[0].op_type != "Mul" or add.output[0] in graph_outputs:
+            continue
+        m1 = muls[0]
+        a = other(m1, add.output[0])
+        if a is None:
+            continue
+        nxt = readers.get(m1.output[0], [])
+        if len(nxt) != 1 or nxt[0].op_type != "Mul" or m1.output[0] in graph_outputs:
+            continue
+        m2 = nxt[0]
+        b = other(m2, m1.output[0])
+        if b is None:
+            continue
+        if a == x and _scalar_const(consts, b) == 0.5:
+            pass  # (x * (1 + erf)) * 0.5
+        elif b == x and a in producer and producer[a].op_type == "Mul" and only_reader(a, m1):
+            half = producer[a]  # (0.5 * x) * (1 + erf): a = Mul(x, 0.5)
+            h = other(half, x)
+            if h is None or _scalar_const(consts, h) != 0.5:
+                continue
+            drop.add(half.output[0])
+        elif a == x or b == x:
+            continue
+        else:
+            continue
+        for n in (scale, erf, add, m1):
+            drop.add(n.output[0])
+        replace[m2.output[0]] = helper.make_node("Gelu", [x], [m2.output[0]], name=m2.name or m2.output[0])
+    if not replace:
+        return 0
+    nodes = []
+    for n in g.node:
+        if n.output and n.output[0] in replace:
+            nodes.append(replace[n.output[0]])
+        elif not (n.output and n.output[0] in drop):
+            nodes.append(n)
+    del g.node[:]
+    g.node.extend(nodes)
+    return len(replace)
