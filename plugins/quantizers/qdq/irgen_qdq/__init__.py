@@ -708,6 +708,31 @@ def _realize_quantize(qg, qb, out):
     return [qb.name], expr, rec
 
 
+#: ops whose quantized span needs a dequantized input; on a float tensor (ONNX QOperator models leave
+#: GlobalAveragePool after a float HardSwish, a Gather after LayerNorm) they stay float ops, then a quantize
+_FLOAT_FED = ("relax.mean", "relax.nn.adaptive_avg_pool2d", "relax.nn.avg_pool2d", "relax.nn.softmax", *_MOVE)
+
+
+def _float_operand(qg, expr) -> bool:
+    """``expr`` is a float tensor computed by float ops (not a dequantize, nor from constants)."""
+    relax, _, _, _ = _ops()
+    b = qg.producer(expr) if isinstance(expr, relax.Var) else None
+    return b is not None and b.op != "relax.dequantize" and _spans().constant_value(qg, expr) is None \
+        and _spans().quantized_constant(qg, expr) is None
+
+
+def _still_read(qg, names: list[str], last: str) -> list[str]:
+    """``names`` less the bindings another op outside the span still reads (a float HardSwish whose
+    result both a table span and a float GlobalAveragePool read), and what those read."""
+    drop = set(names)
+    while True:
+        inside = drop | {last}
+        keep = {n for n in drop if qg.n_users(n) > sum(qg.bindings[i].name in inside for i in qg.users.get(n, []))}
+        if not keep:
+            return [n for n in names if n in drop]
+        drop -= keep
+
+
 def _is_quantized(qg) -> bool:
     return any(b.op in ("relax.quantize", "relax.dequantize") for b in qg.bindings)
 
@@ -788,6 +813,8 @@ def _realize(qg, conv_requant) -> None:
                 raise IrgenError(f"{SCHEME}: chained activations at {b.name!r}; not supported")
         elif comp.op == "relax.mean" and not bool(comp.value.attrs.keepdims) and not _is_torch(qg):
             names, expr, rec = _spans().realize_float(qg, b, f, out)  # ReduceMean without keepdims: float in ORT
+        elif comp.op in _FLOAT_FED and not _is_torch(qg) and _float_operand(qg, comp.value.args[0]):
+            names, expr, rec = _realize_quantize(qg, b, out)  # ORT: the float op, then QuantizeLinear
         elif comp.op in ("relax.mean", "relax.nn.adaptive_avg_pool2d"):
             names, expr, rec = _realize_global_avg(qg, b, comp, out)
         elif comp.op == "relax.nn.avg_pool2d":
@@ -810,6 +837,7 @@ def _realize(qg, conv_requant) -> None:
             names, expr, rec = _spans().realize_float(qg, b, f, out)
         keep_last = names[-1]
         names = [n for n in dict.fromkeys(names[:-1]) if qg.n_users(n) <= 1 or qg.by_name[n].op != "relax.dequantize"]
+        names = _still_read(qg, names, keep_last)
         qg.replace(names + [keep_last], expr, rec)
         i = 0
         if comp.op == "relax.dynamic_strided_slice":
