@@ -222,7 +222,11 @@ def _passthrough(rw: _Rewriter, n) -> None:
         if i in rw.qparams:
             return rw.dq(i, *rw.qparams[i], n)
         v = rw.value(i) if i else None  # a constant of the quantized type (Pad's value): the same parameters
-        return rw.dq(i, *params, n) if v is not None and v.dtype == dtype else i
+        scale = rw.value(params[0])
+        if v is None or v.dtype != dtype or scale is None or scale.size != 1:
+            return i
+        z = zp.astype(np.int64) if zp is not None else 0
+        return rw.const(f"{i}_value", ((v.astype(np.int64) - z) * np.float32(scale.reshape(()))).astype(np.float32))
 
     ins = [operand(i) for i in n.input]
     outs = [rw.fresh(f"{o}_float") if o else "" for o in n.output]
