@@ -99,7 +99,22 @@ class EncoderBlock(nn.Module):
         return torch.cat((w, u * torch.sigmoid(u)), dim=-1)
 
 
+class TwoHeads(nn.Module):
+    """A model with two outputs (a detector's boxes and scores): the importers bind the
+    output tuple inside the dataflow block, where it must not become a layer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, padding=1)
+        self.boxes, self.scores = nn.Conv2d(8, 4, 1), nn.Conv2d(8, 2, 1)
+
+    def forward(self, x: torch.Tensor):
+        y = torch.relu(self.stem(x))
+        return self.boxes(y), torch.sigmoid(self.scores(y))
+
+
 MODELS = {
+    "two_heads": (TwoHeads, (1, 3, 16, 16)),
     "inverted_residual": (InvertedResidual, (1, 3, 32, 32)),
     "shuffle_unit": (ShuffleUnit, (1, 3, 32, 32)),
     "encoder_block": (EncoderBlock, (1, 5, 16)),

@@ -566,6 +566,31 @@ class Layer:
     name: str = ""
 
 
+def tuple_output_outside_dataflow(mod: tvm.IRModule) -> tvm.IRModule:
+    """A model with several outputs: importers (TFLite, ONNX) bind the output tuple inside
+    the dataflow block (``gv = (a, b)``), where layer forming would take it for a layer of
+    its own with no kernel (FuseTIR then fails at opt level 3). ``main`` returns the tuple
+    literal instead, its fields the block's outputs, as a multi-output function is written
+    in Relax. The module's other functions are kept."""
+    func, bindings = main_bindings(mod)
+    ret = func.body.body
+    if not bindings or not isinstance(ret, relax.Var) or bindings[-1].name != ret.name \
+            or not isinstance(bindings[-1].value, relax.Tuple) \
+            or not all(isinstance(f, relax.Var) for f in bindings[-1].value.fields):
+        return mod
+    fields = {f.name for f in bindings[-1].value.fields}
+    vmap: dict[str, Any] = {}
+    bb = relax.BlockBuilder(tvm.IRModule({gv: f for gv, f in mod.functions.items() if gv.name_hint != "main"}))
+    with bb.function("main", list(func.params), attrs=dict(func.attrs) if func.attrs else None, pure=True):
+        with bb.dataflow():
+            for b in bindings[:-1]:
+                value = substitute(b.value, vmap)
+                emit = bb.emit_output if b.name in fields or not isinstance(b.var, relax.DataflowVar) else bb.emit
+                vmap[b.name] = emit(value, name_hint=b.name)
+        bb.emit_func_output(relax.Tuple([vmap.get(f.name, f) for f in bindings[-1].value.fields]))
+    return relax.transform.Normalize()(bb.get())
+
+
 def form_layers(
     bindings: list[Binding], rules: list[FusionRule], provenance: Provenance, main_output: relax.Expr
 ) -> list[Layer]:

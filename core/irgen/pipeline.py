@@ -208,11 +208,12 @@ def _form_layers(host, imported: ImportedModel, be: Backend, quantizer: str | No
     """Fold batch norms, realize the quantization scheme (if any), cut ``main`` into layers."""
     from tvm import relax
 
-    from irgen.graph import cut_layers, flatten_tuples, fold_batch_norm, form_layers, main_bindings, static_shapes
+    from irgen.graph import (cut_layers, flatten_tuples, fold_batch_norm, form_layers, main_bindings, static_shapes,
+                             tuple_output_outside_dataflow)
     from irgen.quant import QGraph
 
     progress.stage("form layers")
-    mod = fold_batch_norm(imported.mod, imported.provenance)
+    mod = fold_batch_norm(tuple_output_outside_dataflow(imported.mod), imported.provenance)
     quant: dict[str, dict] = {}
     qg = QGraph(mod, frontend=imported.frontend)
     scheme = pick_quantizer(host, qg, quantizer)

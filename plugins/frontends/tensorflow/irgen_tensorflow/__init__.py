@@ -371,36 +371,9 @@ def _finish_main(mod, param_names: list[str]):
     if attrs:
         new = new.with_attrs(attrs)
     mod = tvm.IRModule({"main": new})
-    return _tuple_out_of_dataflow(relax.transform.Normalize()(mod))
+    from irgen.graph import tuple_output_outside_dataflow
 
-
-def _tuple_out_of_dataflow(mod):
-    """A model with several outputs: ``from_tflite`` binds the output tuple in the
-    dataflow block (``gv = (a, b)``), where layer forming would take it for a layer
-    of its own (with no kernel). ``main`` returns the tuple literal instead, its
-    fields the block's outputs, as a multi-output function is written in Relax."""
-    import tvm
-    from tvm import relax
-
-    from irgen.graph import main_bindings, substitute
-
-    func, bindings = main_bindings(mod)
-    ret = func.body.body
-    if not bindings or not isinstance(ret, relax.Var) or bindings[-1].name != ret.name \
-            or not isinstance(bindings[-1].value, relax.Tuple) \
-            or not all(isinstance(f, relax.Var) for f in bindings[-1].value.fields):
-        return mod
-    fields = {f.name for f in bindings[-1].value.fields}
-    vmap: dict[str, Any] = {}
-    bb = relax.BlockBuilder()
-    with bb.function("main", list(func.params), attrs=dict(func.attrs) if func.attrs else None, pure=True):
-        with bb.dataflow():
-            for b in bindings[:-1]:
-                value = substitute(b.value, vmap)
-                emit = bb.emit_output if b.name in fields or not isinstance(b.var, relax.DataflowVar) else bb.emit
-                vmap[b.name] = emit(value, name_hint=b.name)
-        bb.emit_func_output(relax.Tuple([vmap.get(f.name, f) for f in bindings[-1].value.fields]))
-    return relax.transform.Normalize()(tvm.IRModule({"main": bb.get()["main"]}))
+    return tuple_output_outside_dataflow(relax.transform.Normalize()(mod))
 
 
 #: the TFLite interpreter's kernels the source check can use: (op resolver, what the report calls them)
