@@ -219,6 +219,9 @@ def source_runner(path: Path, options: dict[str, Any]):
         values.update({k: v for k, v in inputs.items()})
         return {t: values[t] for t in tensors if t in values}
 
+    run.runtime = f"onnxruntime {ort.__version__}"
+    run.kernels = ("CPU; Q/DQ groups fused into integer kernels (session.qdqisint8allowed=1)" if quantized
+                   else "CPU; no graph optimization")
     return run
 
 
