@@ -348,3 +348,63 @@ def test_uint8_weights_with_zero_points_equal_ort(tmp_path, capsys, per_channel)
     assert r["source"]["ran"], err
     for row in r["layers"]:
         assert row["checks"]["source"]["exact"], (row["name"], row["checks"]["source"])
+
+
+# ------------------------------------------------------------------ a conv bias shared with a quantized Add
+
+
+def test_conv_whose_bias_the_exporter_shared_with_a_quantized_add(tmp_path, capsys):
+    """ConvNeXt's pattern: torch's exporter merges equal initializers, so a Conv's bias becomes
+    an Identity of a Linear's bias that quantize_static quantizes as an int8 Add operand. ORT
+    has no integer kernel for a Conv with an int8 bias and runs that node unit in float: irgen
+    realizes it as a float layer and every layer equals ORT within 1 LSB from ORT's inputs."""
+    import onnx
+    import torch
+    from torch import nn
+
+    from onnxruntime.quantization import quantize_static
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Conv2d(3, 8, 3, padding=1)
+            self.fc = nn.Linear(8, 8)  # first: the exporter keeps its bias, the conv's is an Identity of it
+            self.down = nn.Conv2d(8, 8, 2, stride=2)
+
+        def forward(self, x):  # the Linear first: its Add quantizes the shared bias as an int8 operand
+            x = self.fc(torch.relu(self.a(x)).permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+            return self.down(x)
+
+    torch.manual_seed(0)
+    net = Net().eval()
+    with torch.no_grad():
+        net.down.bias.copy_(torch.linspace(-0.5, 0.5, 8))
+        net.fc.bias.copy_(net.down.bias)  # equal values: the exporter keeps one initializer
+    x = torch.randn(1, 3, 16, 16, generator=torch.Generator().manual_seed(1))
+    fp = tmp_path / "shared.onnx"
+    torch.onnx.export(net, (x,), str(fp), input_names=["x"], output_names=["y"], dynamo=False, opset_version=17)
+    assert any(n.op_type == "Identity" for n in onnx.load(str(fp)).graph.node), "the exporter shared the bias"
+
+    class Reader:
+        def __init__(self):
+            self.it = iter([{"x": np.random.default_rng(k).standard_normal((1, 3, 16, 16)).astype(np.float32)}
+                            for k in range(8)])
+
+        def get_next(self):
+            return next(self.it, None)
+
+    q = tmp_path / "shared_q.onnx"
+    quantize_static(str(fp), str(q), Reader())
+    np.save(tmp_path / "x.npy", x.numpy())
+    out = tmp_path / "out"
+    _run(q, "-o", out, "--input", tmp_path / "x.npy")
+    ir = json.loads((out / "ir.json").read_text())
+    floats = [l for l in ir["layers"] if (l.get("quant") or {}).get("realization") == "float"]
+    assert any("relax.nn.conv2d" in {op["relax_op"] for op in l["fused_ops"]} for l in floats), \
+        [(l["name"], (l.get("quant") or {}).get("kind")) for l in ir["layers"]]
+    code, r, err = _verify_json(capsys, out)
+    assert code == 0 and r["passed"], r["problems"]
+    assert r["source"]["ran"], err
+    for row in r["layers"]:
+        m = row["checks"]["source"]
+        assert m["status"] == "pass" and (m.get("local") or m)["max_lsb"] in (0, 1, None), (row["name"], m)

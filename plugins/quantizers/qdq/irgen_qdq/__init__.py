@@ -260,8 +260,9 @@ def _realize_conv(qg, qb, comp, bias_b, acts, out, requant=None):
     if bias_b is not None:
         other = bias_b.value.args[1] if bias_b.value.args[0].same_as(comp.var) else bias_b.value.args[0]
         bias, bq, bchain = _const_chain(qg, other, tensor, "bias")
-        if bias.dtype != np.int32:
-            raise IrgenError(f"{SCHEME}: bias of {tensor!r} is {bias.dtype}, not int32")
+        if bias.dtype != np.int32:  # e.g. a bias initializer the exporter shared with a quantized Add
+            raise IrgenError(f"{SCHEME}: bias of {tensor!r} is {bias.dtype}, not int32: no integer kernel "
+                             "(ORT runs the node unit in float)")
         if np.any(bq.zero_point != 0):
             raise IrgenError(f"{SCHEME}: bias of {tensor!r} has a non-zero zero point")
         acc = qg.emit(op.add(acc, relax.const(q.per_axis(bias.reshape(-1), ch_axis, ndim).astype(np.int32))))
@@ -803,7 +804,8 @@ def _realize(qg, conv_requant) -> None:
         elif comp.op == "relax.take" and not _is_torch(qg) and _spans().gathered_table(qg, comp) is not None:
             names, expr, rec = _spans().realize_gather_table(qg, b, comp, out)
         elif comp.op in ("relax.nn.conv2d", "relax.matmul"):
-            names, expr, rec = _realize_conv(qg, b, comp, bias_b, acts, out, conv_requant)
+            names, expr, rec = _or_float(
+                qg, b, f, out, lambda qg_, b_, out_: _realize_conv(qg_, b_, comp, bias_b, acts, out_, conv_requant))
         elif comp.op == "relax.add":  # with the relu/clip after it (torch: add, relu, quantize)
             names, expr, rec = _or_float(qg, b, f, out, _realize_add, comp, acts)
         elif acts:
