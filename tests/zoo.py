@@ -449,8 +449,13 @@ def table(summaries: list[dict]) -> str:
             why = (s.get("error") or ["?"])[0][:90].replace("|", "\\|")
             lines.append(f"| {s['model']} | {_format_title(s)} | | | | | fails: {why} |")
             continue
-        share = "" if s["exact_share"] is None else f"{s['exact_share']:.0%} of {s['compared']}"
         quantized = s["format"] in QUANTIZED_FORMATS
+        if s["exact_share"] is None:
+            share = ""
+        elif quantized or s["exact_share"] == 1:
+            share = f"{s['exact_share']:.0%} of {s['compared']}"
+        else:  # float layers: another accumulation order, compared within the float tolerance
+            share = f"{s['compared']} compared, {s['exact_share']:.0%} bit-equal"
         if quantized and s["worst_local_lsb"] is not None:
             worst = f"{s['worst_local_lsb']} LSB"
         elif s["worst_rel"] is not None:
