@@ -33,6 +33,21 @@ def _verify_json(capsys, out: Path, *args) -> tuple[int, dict, str]:
     return code, json.loads(cap.out), cap.err
 
 
+def _calibration(shape):
+    """quantize_static's calibration data: 8 seeded normal samples of input ``x``."""
+    from onnxruntime.quantization import CalibrationDataReader
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.it = iter([{"x": np.random.default_rng(k).standard_normal(shape).astype(np.float32)}
+                            for k in range(8)])
+
+        def get_next(self):
+            return next(self.it, None)
+
+    return Reader()
+
+
 # ------------------------------------------------------------------ quantized Concat (ORT QDQ)
 
 
@@ -45,7 +60,7 @@ def _branches_model(folder: Path, per_channel: bool) -> tuple[Path, Path]:
     pytest.importorskip("onnxruntime")
     from torch import nn
 
-    from onnxruntime.quantization import CalibrationDataReader, quantize_static
+    from onnxruntime.quantization import quantize_static
 
     class Net(nn.Module):
         def __init__(self):
@@ -74,16 +89,8 @@ def _branches_model(folder: Path, per_channel: bool) -> tuple[Path, Path]:
     fp = folder / "branches.onnx"
     torch.onnx.export(net, x, str(fp), input_names=["x"], output_names=["y"], dynamo=False, opset_version=17)
 
-    class Reader(CalibrationDataReader):
-        def __init__(self):
-            self.it = iter([{"x": np.random.default_rng(k).standard_normal((1, 3, 24, 24)).astype(np.float32)}
-                            for k in range(8)])
-
-        def get_next(self):
-            return next(self.it, None)
-
     q = folder / f"branches_{'pc' if per_channel else 'pt'}.onnx"
-    quantize_static(str(fp), str(q), Reader(), per_channel=per_channel)
+    quantize_static(str(fp), str(q), _calibration((1, 3, 24, 24)), per_channel=per_channel)
     np.save(folder / "x.npy", x.numpy())
     return q, folder / "x.npy"
 
@@ -322,16 +329,8 @@ def test_uint8_weights_with_zero_points_equal_ort(tmp_path, capsys, per_channel)
     _branches_model(tmp_path, False)
     fp = tmp_path / "branches.onnx"
 
-    class Reader:
-        def __init__(self):
-            self.it = iter([{"x": np.random.default_rng(k).standard_normal((1, 3, 24, 24)).astype(np.float32)}
-                            for k in range(8)])
-
-        def get_next(self):
-            return next(self.it, None)
-
     q = tmp_path / "u8.onnx"
-    quantize_static(str(fp), str(q), Reader(), per_channel=per_channel,
+    quantize_static(str(fp), str(q), _calibration((1, 3, 24, 24)), per_channel=per_channel,
                     activation_type=QuantType.QUInt8, weight_type=QuantType.QUInt8)
     out = tmp_path / "out"
     _run(q, "-o", out, "--input", tmp_path / "x.npy")
@@ -385,16 +384,8 @@ def test_conv_whose_bias_the_exporter_shared_with_a_quantized_add(tmp_path, caps
     torch.onnx.export(net, (x,), str(fp), input_names=["x"], output_names=["y"], dynamo=False, opset_version=17)
     assert any(n.op_type == "Identity" for n in onnx.load(str(fp)).graph.node), "the exporter shared the bias"
 
-    class Reader:
-        def __init__(self):
-            self.it = iter([{"x": np.random.default_rng(k).standard_normal((1, 3, 16, 16)).astype(np.float32)}
-                            for k in range(8)])
-
-        def get_next(self):
-            return next(self.it, None)
-
     q = tmp_path / "shared_q.onnx"
-    quantize_static(str(fp), str(q), Reader())
+    quantize_static(str(fp), str(q), _calibration((1, 3, 16, 16)))
     np.save(tmp_path / "x.npy", x.numpy())
     out = tmp_path / "out"
     _run(q, "-o", out, "--input", tmp_path / "x.npy")
