@@ -284,6 +284,9 @@ def test_tflite_source_check_uses_the_reference_kernels_when_they_run(tmp_path, 
     _run(model, "-o", out, "--input", tmp_path / "x.npy")
     code, r, _ = _verify_json(capsys, out)
     assert code == 0 and r["source"]["runtime"] == "TFLite interpreter (reference kernels)"
+    # the child timed loading the model into the interpreter and running it
+    seconds = r["source"]["seconds"]
+    assert set(seconds) == {"load", "run"} and seconds["load"] > 0 and seconds["run"] > 0, seconds
     assert r["source"]["end_to_end"]["exact"] and all(row["checks"]["source"]["exact"] for row in r["layers"])
 
 

@@ -370,7 +370,9 @@ def run_case(case: Case, folder: Path, runner=None, opt_level: int | None = None
     """``irgen run`` then ``irgen verify --json`` (all modes) on ``case``; returns a summary:
     ``passed``, ``source_ran``, ``layers``, ``exact_share`` (of the layers compared with the source
     runtime, those equal to it), ``worst_local_lsb`` (quantized), ``worst_rel`` (float),
-    ``drift`` (end-to-end, quantized), ``problems``, ``seconds``, and ``verify`` (the whole JSON).
+    ``worst_cosine`` (float), ``drift`` (end-to-end, quantized), ``problems``, ``seconds`` (run +
+    verify), ``run_seconds`` (``irgen run`` alone), ``source_seconds`` (the source runtime's
+    ``load`` and ``run``, as verify measured them), and ``verify`` (the whole JSON).
     ``runner(argv) -> (exit code, stdout, stderr)`` runs the CLI (default: in this process)."""
     runner = runner or _in_process
     model, args = build(case, folder / "models")
@@ -381,7 +383,7 @@ def run_case(case: Case, folder: Path, runner=None, opt_level: int | None = None
     t0 = time.perf_counter()
     code, _, err = runner(["run", str(model), "-o", str(out), "--force", "--no-progress", *args])
     summary = {"case": case.id, "model": case.model, "format": case.fmt, "opt_level": opt_level,
-               "run_exit": code, "passed": False,
+               "run_exit": code, "passed": False, "run_seconds": round(time.perf_counter() - t0, 2),
                "source_ran": False, "seconds": None, "error": err.strip().splitlines()[-1:] if code else []}
     if code != 0:
         return summary
@@ -397,6 +399,7 @@ def run_case(case: Case, folder: Path, runner=None, opt_level: int | None = None
     compared = [row["checks"]["source"] for row in rows if row["checks"]["source"].get("status") in ("pass", "fail")]
     lsbs = [m.get("local", m).get("max_lsb") for m in compared]
     rels = [m.get("max_rel") for m in compared if m.get("max_lsb") is None]
+    cosines = [m.get("cosine") for m in compared if m.get("max_lsb") is None and m.get("cosine") is not None]
     drift = src.get("end_to_end") or {}
     summary.update(
         passed=bool(r["passed"]) and code == 0, verify_exit=code, source_ran=bool(src.get("ran")),
@@ -404,6 +407,7 @@ def run_case(case: Case, folder: Path, runner=None, opt_level: int | None = None
         exact_share=(sum(bool(m.get("exact")) for m in compared) / len(compared)) if compared else None,
         worst_local_lsb=max((v for v in lsbs if v is not None), default=None),
         worst_rel=max((v for v in rels if v is not None), default=None),
+        worst_cosine=min(cosines, default=None), source_seconds=src.get("seconds"),
         drift_lsb=drift.get("max_lsb"), drift_first=(drift.get("first") or {}).get("layer"),
         problems=[f"{p.get('layer')}: {p.get('check')}: {p.get('message')}" for p in r.get("problems", [])][:5],
         verify=r,
@@ -439,15 +443,31 @@ def _format_title(s: dict) -> str:
     return title if s.get("opt_level") is None else f"{title}, `--opt-level {s['opt_level']}`"
 
 
+def _cosine_text(c: float) -> str:
+    """1 - cosine is what differs; 0.99999999 would hide it."""
+    return "1" if c >= 1 else f"1 - {1 - c:.1e}"
+
+
+def _times(s: dict) -> str:
+    """``irgen run`` against the source runtime's load + run of every compared tensor."""
+    src, run = s.get("source_seconds"), s.get("run_seconds")
+    if not src or run is None:
+        return ""
+    total = src["load"] + src["run"]
+    return f"{run:.1f} s / {total:.1f} s ({run / total:.0f}×)" if total else f"{run:.1f} s / 0 s"
+
+
 def table(summaries: list[dict]) -> str:
     """Markdown: one row per case (model × format → layers, exact share vs the source runtime,
-    worst local LSB or relative error, end-to-end drift, verify verdict)."""
-    lines = ["| model | format | layers | equal to the source runtime | worst layer | end-to-end drift | verify |",
-             "|---|---|---|---|---|---|---|"]
+    worst local LSB or relative error, worst cosine of a float layer, end-to-end drift, the
+    time of ``irgen run`` against the source runtime's, verify verdict)."""
+    lines = ["| model | format | layers | equal to the source runtime | worst layer | worst cosine | end-to-end drift "
+             "| irgen run / source runtime | verify |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for s in summaries:
         if not s.get("layers"):
             why = (s.get("error") or ["?"])[0][:90].replace("|", "\\|")
-            lines.append(f"| {s['model']} | {_format_title(s)} | | | | | fails: {why} |")
+            lines.append(f"| {s['model']} | {_format_title(s)} | | | | | | | fails: {why} |")
             continue
         quantized = s["format"] in QUANTIZED_FORMATS
         if s["exact_share"] is None:
@@ -464,7 +484,9 @@ def table(summaries: list[dict]) -> str:
             worst = ""
         drift = "" if s["drift_lsb"] is None or not quantized else (f"{s['drift_lsb']} LSB" if s["drift_lsb"] else "none")
         verdict = "PASS" if s["passed"] and s["source_ran"] else ("PASS (no source check)" if s["passed"] else "FAIL")
-        lines.append(f"| {s['model']} | {_format_title(s)} | {s['layers']} | {share} | {worst} | {drift} | {verdict} |")
+        cosine = "" if s.get("worst_cosine") is None else _cosine_text(s["worst_cosine"])
+        lines.append(f"| {s['model']} | {_format_title(s)} | {s['layers']} | {share} | {worst} | {cosine} | {drift} "
+                     f"| {_times(s)} | {verdict} |")
     return "\n".join(lines)
 
 

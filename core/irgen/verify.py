@@ -518,11 +518,14 @@ def _source_child(conn, frontend: str, model: str, options: dict, plugins: list[
     try:
         from irgen.plugins import PluginHost
 
+        t0 = time.perf_counter()
         host = PluginHost().load(extra=plugins, strict=strict)
         runner = host.frontends.get(frontend).source_runner(Path(model), options)
+        t1 = time.perf_counter()
         # before running: what runs, and the options to retry with should it crash (see isolated_source_runner)
         conn.send(("runner", _describe(runner), getattr(runner, "fallback", None)))
-        conn.send(("ok", runner(feeds, wanted)))
+        values = runner(feeds, wanted)
+        conn.send(("ok", values, {"load": round(t1 - t0, 3), "run": round(time.perf_counter() - t1, 3)}))
     except Exception as err:  # noqa: BLE001  reported by the parent, one line
         conn.send(("error", str(err) if isinstance(err, IrgenError) else f"source check: {type(err).__name__}: {err}"))
     finally:
@@ -548,7 +551,8 @@ def isolated_source_runner(out: Path, ir: dict, model: Path | None = None, host=
     builtin optimized kernels when the reference kernels abort); the check then
     runs once more with them. After a call, the runner's ``runtime`` attribute says
     what ran, e.g. "TFLite interpreter (builtin optimized kernels; reference kernels
-    crashed: signal SIGABRT)"."""
+    crashed: signal SIGABRT)", and its ``seconds`` how long the child took to ``load``
+    the model into the runtime (imports included) and to ``run`` it for every wanted tensor."""
     import multiprocessing
     import signal
 
@@ -572,7 +576,9 @@ def isolated_source_runner(out: Path, ir: dict, model: Path | None = None, host=
             if msg[0] == "runner":  # the runner is built; now it runs
                 what, fallback = msg[1], msg[2]
                 msg = recv.recv()
-            status, payload = msg
+            status, payload = msg[:2]
+            if len(msg) > 2:
+                what["seconds"] = msg[2]
         except EOFError:
             child.join()
             code = child.exitcode
@@ -600,6 +606,7 @@ def isolated_source_runner(out: Path, ir: dict, model: Path | None = None, host=
             kernels = f"{kernels or 'fallback kernels'}; {crashed[0]} crashed: {crashed[1]}"
         runtime = what.get("runtime") or f"the {frontend.name} frontend's runtime"
         run.runtime = f"{runtime} ({kernels})" if kernels else runtime
+        run.seconds = what.get("seconds")
         return payload
 
 
@@ -665,7 +672,7 @@ def verify_output(out_dir: str | Path, *, modes=MODES, thresholds: Thresholds | 
     model_path = Path(model) if model is not None else None
     model_sha_ok: bool | None = None
     # what the source check did: run (with which runtime and kernels), or skipped and why
-    source: dict[str, Any] | None = {"ran": False, "skipped": None, "runtime": None, "end_to_end": None} \
+    source: dict[str, Any] | None = {"ran": False, "skipped": None, "runtime": None, "seconds": None, "end_to_end": None} \
         if "source" in modes else None
     if "source" in modes and source_runner is None:
         say("load the source model")
@@ -839,6 +846,7 @@ def verify_output(out_dir: str | Path, *, modes=MODES, thresholds: Thresholds | 
         if values is not None:
             source["ran"] = True
             source["runtime"] = getattr(source_runner, "runtime", None)
+            source["seconds"] = getattr(source_runner, "seconds", None)
             src_of = {t["name"]: t["name"] for t in graph_inputs}
             lookup = {**values, **feeds}  # the model inputs too: a first layer recomputes from them
             quantized = any(l.get("quant") is not None or _is_int_name((l.get("outputs") or [{}])[0].get("dtype"))
