@@ -573,9 +573,32 @@ def _nearest(c: np.ndarray, rounding: str, mode: str) -> np.ndarray:
     raise NotImplementedError(f"resize2d rounding_method {rounding!r}")
 
 
+def _cubic_taps(c: np.ndarray, size: int, alpha: np.float32, exclude: bool):
+    """topi's cubic interpolation along one axis: the 4 weights (Keys' spline with
+    coefficient ``alpha``, in float32) of the taps at floor(c) - 1 .. floor(c) + 2, and the
+    tap indices clamped to the image. With ``exclude`` (ONNX ``exclude_outside``) taps
+    outside the image weigh 0 and the others are renormalized."""
+    f = np.floor(c)
+    t = (c - f).astype(np.float32)
+    base = f.astype(np.int64)
+    t2, t3 = t * t, t * t * t
+    two, three = np.float32(2), np.float32(3)
+    w = [alpha * (t3 - two * t2 + t),
+         (alpha + two) * t3 - (three + alpha) * t2 + np.float32(1),
+         -(alpha + two) * t3 + (three + two * alpha) * t2 - alpha * t,
+         -alpha * t3 + alpha * t2]
+    if exclude:
+        w = [np.where((base - 1 + i < 0) | (base + i > size), np.float32(0), wi).astype(np.float32)
+             for i, wi in enumerate(w)]
+        total = ((w[0] + w[1]) + w[2]) + w[3]
+        w = [wi / total for wi in w]
+    taps = [np.clip(base - 1 + i, 0, size - 1) for i in range(4)]
+    return w, taps
+
+
 def _resize2d(args, attrs):
-    """relax.image.resize2d (topi.image.resize2d): nearest_neighbor or linear, coordinates in float32,
-    source indices clamped to the image."""
+    """relax.image.resize2d (topi.image.resize2d): nearest_neighbor, linear or cubic,
+    coordinates in float32, source indices clamped to the image."""
     x = np.asarray(args[0])
     layout = str(attrs.get("layout") or "NCHW")
     if sorted(layout) != sorted("NCHW"):
@@ -604,6 +627,22 @@ def _resize2d(args, attrs):
             return a * (np.float32(1.0) - t) + b * t
 
         y = lerp(lerp(p[0][0], p[0][1], txb), lerp(p[1][0], p[1][1], txb), tyb)
+    elif method == "cubic":
+        alpha = np.float32(attrs.get("cubic_alpha", -0.75))
+        exclude = bool(int(attrs.get("cubic_exclude", 0) or 0))
+        wy, ys = _cubic_taps(cy, h, alpha, exclude)
+        wx, xs = _cubic_taps(cx, w, alpha, exclude)
+        # topi's order: each of the 4 rows interpolated along x, then the rows along y
+        rows = []
+        for j in range(4):
+            xr = xn[:, :, ys[j]].astype(np.float32)
+            acc = np.float32(0)
+            for i in range(4):
+                acc = acc + xr[:, :, :, xs[i]] * wx[i][None, None, None, :]
+            rows.append(acc)
+        y = np.float32(0)
+        for j in range(4):
+            y = y + rows[j] * wy[j][None, None, :, None]
     else:
         raise NotImplementedError(f"resize2d method {method!r}")
     y = y.astype(str(attrs.get("out_dtype") or x.dtype))
