@@ -100,6 +100,28 @@ class EncoderBlock(nn.Module):
         return torch.cat((w, u * torch.sigmoid(u)), dim=-1)
 
 
+class MaskedAttention(nn.Module):
+    """BERT's eager attention: q·kᵀ ÷ √d, an additive mask, softmax, ·v, per head."""
+
+    def __init__(self, d: int = 16, heads: int = 2, n: int = 6) -> None:
+        super().__init__()
+        self.heads = heads
+        self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in range(4))
+        mask = torch.zeros(1, 1, n, n)
+        mask[..., n - 2:] = -10000.0  # the last two tokens are padding
+        self.register_buffer("mask", mask)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, d = x.shape
+
+        def split(t):
+            return t.reshape(b, n, self.heads, d // self.heads).transpose(1, 2)
+
+        q, k, v = split(self.q(x)), split(self.k(x)), split(self.v(x))
+        scores = q @ k.transpose(-1, -2) / (d // self.heads) ** 0.5 + self.mask
+        return self.o((scores.softmax(-1) @ v).transpose(1, 2).reshape(b, n, d))
+
+
 class TwoHeads(nn.Module):
     """A model with two outputs (a detector's boxes and scores): the importers bind the
     output tuple inside the dataflow block, where it must not become a layer."""
@@ -139,6 +161,7 @@ MODELS = {
     "inverted_residual": (InvertedResidual, (1, 3, 32, 32)),
     "shuffle_unit": (ShuffleUnit, (1, 3, 32, 32)),
     "encoder_block": (EncoderBlock, (1, 5, 16)),
+    "masked_attention": (MaskedAttention, (1, 6, 16)),
 }
 
 
@@ -233,3 +256,48 @@ def test_onnx_cubic_resize_options_match_onnxruntime(mode, exclude, coeff, tmp_p
     row = next(r for r in result["layers"] if r["op"] == "resize")
     assert row["checks"]["single"]["exact"], row["checks"]["single"]
     assert row["checks"]["source"]["status"] == "pass" and row["checks"]["source"]["max_rel"] < 1e-5
+
+
+ATTENTION_BACKEND = """
+    import irgen_generic
+    from irgen import hookimpl
+    from irgen.api import ATTENTION_FUSION, Backend
+
+    @hookimpl
+    def irgen_register_backends(register):
+        register(Backend(name="attention-npu", fusion_rules=[ATTENTION_FUSION, *irgen_generic.RULES],
+                         description="the generic backend, with attention as one layer"))
+"""
+
+
+@pytest.mark.parametrize("name,fmt", [("masked_attention", "onnx"), ("masked_attention", "pt2"),
+                                      ("encoder_block", "onnx")])
+def test_backend_that_asks_for_fused_attention_gets_one_attention_layer(name, fmt, tmp_path, capsys, plugin_file):
+    """A backend whose fusion rules start with ``ATTENTION_FUSION`` gets each
+    matmul/scale/mask/softmax/matmul chain as one ``attention`` layer, the values
+    input included; without it (the generic backend) the same steps are separate
+    layers. Either way verify PASSes against the source runtime."""
+    path, x = _export(name, fmt, tmp_path)
+    plugin = str(plugin_file("attention_npu", ATTENTION_BACKEND))
+    irs = {}
+    for backend in ("generic", "attention-npu"):
+        out = tmp_path / backend
+        assert irgen_main(["--plugin", plugin, "run", str(path), "-o", str(out), "--input", str(x),
+                           "--backend", backend, "--no-progress"]) == 0
+        capsys.readouterr()
+        code, result = _verify_json(capsys, out, "--plugin", plugin)
+        assert code == 0 and result["passed"] and result["source"]["ran"], result["problems"]
+        assert result["summary"]["unsupported"] == 0
+        irs[backend] = json.loads((out / "ir.json").read_text())["layers"]
+    fused = [l for l in irs["attention-npu"] if l["op"] == "attention"]
+    assert not any(l["op"] == "attention" for l in irs["generic"])
+    assert len(fused) == 1, [l["op"] for l in irs["attention-npu"]]
+    layer = fused[0]
+    steps = [op["op"] for op in layer["fused_ops"]]
+    assert steps[0] == "matmul" and steps[-2:] == ["softmax", "matmul"], steps
+    assert len(layer["inputs"]) >= 3  # q, kᵀ, v (and the mask when it is a tensor)
+    assert len(layer["source"]["outputs"]) == 1  # the source runtime has the attention's result
+    if name == "masked_attention":
+        assert layer["attrs"]["masked"] and layer["attrs"]["scale"] == pytest.approx(8 ** -0.5)
+    # the fused steps were layers of their own
+    assert len(irs["generic"]) - len(irs["attention-npu"]) == len(steps) - 1

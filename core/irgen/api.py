@@ -137,12 +137,40 @@ class FusionRule:
     ``{"relax.nn.conv2d"}``); ``followers`` are tried in order after it, each a
     set of op names of which at most one is absorbed (e.g. a bias add, then an
     activation). A follower is absorbed only when it consumes the previous
-    op's result and that result has no other user.
+    op's result and that result has no other user. The rules whose anchor
+    matches an op are tried in the backend's order; the first that applies forms
+    the layer.
+
+    ``required`` (indices into ``followers``) makes a rule apply only when those
+    followers are absorbed; otherwise the next matching rule is tried. With
+    ``tensor_operands`` a follower may read another tensor besides the previous
+    result (attention's mask and values); without it such an op is a layer of its
+    own (a residual add). ``op`` names the layers the rule forms in the IR
+    (default: the anchor's op name). :data:`ATTENTION_FUSION` is such a rule.
     """
 
     name: str
     anchor: frozenset[str]
     followers: tuple[frozenset[str], ...] = ()
+    required: frozenset[int] = frozenset()
+    tensor_operands: bool = False
+    op: str | None = None
+
+
+#: Scaled dot-product attention written as its steps (what ONNX exporters and
+#: attention modules without ``scaled_dot_product_attention`` produce):
+#: ``softmax(q·kᵀ [× or ÷ scale] [+ mask]) · v``, one ``attention`` layer. A backend
+#: whose hardware runs attention as one unit puts it before its other rules;
+#: without it these are ``matmul``, ``multiply``, ``add``, ``softmax`` layers.
+ATTENTION_FUSION = FusionRule(
+    "attention",
+    frozenset({"relax.matmul"}),
+    (frozenset({"relax.multiply", "relax.divide"}), frozenset({"relax.add"}), frozenset({"relax.nn.softmax"}),
+     frozenset({"relax.matmul"})),
+    required=frozenset({2, 3}),
+    tensor_operands=True,
+    op="attention",
+)
 
 
 @dataclass

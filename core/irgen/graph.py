@@ -564,6 +564,7 @@ class Layer:
     rule: str | None = None
     outputs: list[str] = field(default_factory=list)  # binding names holding the layer's results
     name: str = ""
+    op: str | None = None  # the IR op its fusion rule names it (default: the anchor's)
 
 
 def tuple_output_outside_dataflow(mod: tvm.IRModule) -> tvm.IRModule:
@@ -606,27 +607,13 @@ def form_layers(
         if b.name in assigned or b.kind in ("tgi", "alias", "const"):
             continue
         layer = Layer(len(layers), [b.name], b.name)
-        assigned[b.name] = layer.index
-        rule = next((r for r in rules if b.op in r.anchor), None)
-        if rule is not None:
-            layer.rule = rule.name
-            tail = i
-            for followers in rule.followers:
-                u = users.get(bindings[tail].name, [])
-                if len(u) != 1:
-                    break
-                nxt = bindings[u[0]]
-                if nxt.op not in followers or nxt.name in assigned:
-                    continue
-                args = nxt.value.args
-                first = args[0]
-                if not (isinstance(first, relax.Var) and first.name == bindings[tail].name):
-                    continue
-                if any(isinstance(a, relax.Var) for a in args[1:]):
-                    continue  # a second tensor input is a layer of its own (e.g. a residual add)
-                layer.members.append(nxt.name)
-                assigned[nxt.name] = layer.index
-                tail = u[0]
+        for rule in (r for r in rules if b.op in r.anchor):
+            members = _apply_rule(rule, i, bindings, users, assigned)
+            if members is not None:
+                layer.members, layer.rule, layer.op = members, rule.name, rule.op
+                break
+        for m in layer.members:
+            assigned[m] = layer.index
         layers.append(layer)
 
     idx = {b.name: i for i, b in enumerate(bindings)}
@@ -667,7 +654,7 @@ def form_layers(
                 continue
             members = sorted(groups[layer.index], key=idx.__getitem__)
             anchor = layer.anchor if layer.rule else members[0]
-            new_layers.append(Layer(len(new_layers), members, anchor, layer.rule))
+            new_layers.append(Layer(len(new_layers), members, anchor, layer.rule, op=layer.op))
         layers = new_layers
         assigned = {m: layer.index for layer in layers for m in layer.members}
 
@@ -695,6 +682,39 @@ def form_layers(
                 items.append(o)
         layer.outputs = items
     return layers
+
+
+def _apply_rule(rule: FusionRule, i: int, bindings: list[Binding], users: dict[str, list[int]],
+                assigned: dict[str, int]) -> list[str] | None:
+    """The members of a layer ``rule`` forms from its anchor ``bindings[i]``, or None when
+    a required follower is missing."""
+    members = [bindings[i].name]
+    tail = i
+    absorbed = set()
+    for k, followers in enumerate(rule.followers):
+        u = users.get(bindings[tail].name, [])
+        if len(u) != 1:
+            break
+        nxt = bindings[u[0]]
+        if nxt.op not in followers or nxt.name in assigned:
+            continue
+        tensors = [a for a in nxt.value.args if isinstance(a, relax.Var)]
+        prev = bindings[tail].name
+        if rule.tensor_operands:
+            if sum(a.name == prev for a in tensors) != 1:
+                continue
+        else:
+            first = nxt.value.args[0]
+            if not (isinstance(first, relax.Var) and first.name == prev):
+                continue
+            if len(tensors) > 1:
+                continue  # a second tensor input is a layer of its own (e.g. a residual add)
+        members.append(nxt.name)
+        absorbed.add(k)
+        tail = u[0]
+    if not rule.required <= absorbed:
+        return None
+    return members
 
 
 #: ops that only view one item of a multi-output op differently (unbind = split + squeeze per item)
@@ -733,7 +753,7 @@ def _absorb_item_views(layers, bindings, users, provenance, assigned, idx):
     for layer in layers:
         if layer.index in absorbed:
             continue
-        kept.append(Layer(len(kept), layer.members, layer.anchor, layer.rule))
+        kept.append(Layer(len(kept), layer.members, layer.anchor, layer.rule, op=layer.op))
     return kept, {m: layer.index for layer in kept for m in layer.members}
 
 
@@ -783,7 +803,10 @@ def group_module(mod: tvm.IRModule, assignment: dict[str, int], layer_names: dic
     groups: dict[int, list[Binding]] = {}
     pending: list[Binding] = []
     seq: list[tuple[str, Any]] = []  # ("layer", k) or ("bind", binding) in main order
-    for b in bindings:
+    # a layer is called where its last member was bound: a fused layer's later members
+    # may read tensors bound after its first (attention's values)
+    last = {k: j for j, b in enumerate(bindings) if (k := assignment.get(b.name)) is not None}
+    for j, b in enumerate(bindings):
         if b.kind in ("tgi", "alias", "const") and b.name not in assignment:
             seq.append(("bind", b))
             continue
@@ -791,8 +814,8 @@ def group_module(mod: tvm.IRModule, assignment: dict[str, int], layer_names: dic
         if k is None:
             pending.append(b)
             continue
-        if k not in groups:
-            groups[k] = []
+        groups.setdefault(k, [])
+        if last[k] == j:
             seq.append(("layer", k))
         groups[k].extend(pending)
         pending = []

@@ -41,6 +41,23 @@ LAYER_OP_NAMES = {
     "relax.nn.log_softmax": "log_softmax",
 }
 
+def _attention_attrs(members: list[Binding]) -> dict[str, Any]:
+    """A fused attention chain's attributes: ``scale`` (what the scores are multiplied by;
+    a divisor as its reciprocal, the divide is still what runs), ``masked`` (an additive
+    mask), ``key_transposed`` (the key input is kᵀ, as the first matmul reads it)."""
+    scale = None
+    for b in members[1:]:
+        if b.op in ("relax.multiply", "relax.divide"):
+            c = next((a for a in b.value.args if isinstance(a, Constant)), None)
+            if c is not None and c.value.numpy().size == 1:
+                v = float(c.value.numpy().ravel()[0])
+                scale = v if b.op == "relax.multiply" else 1.0 / v
+    return {"scale": scale, "masked": any(b.op == "relax.add" for b in members), "key_transposed": True}
+
+
+# attributes of a layer a fusion rule formed (beside its anchor's), by the rule's op
+LAYER_ATTRS = {"attention": _attention_attrs}
+
 # attributes a layer op implies beyond its Relax attrs (the GELU form)
 IMPLIED_ATTRS = {
     "relax.nn.gelu": {"approximate": "none"},
@@ -249,6 +266,9 @@ def build_layer_record(
     op = short_op(anchor)
     if quant is not None and quant.get("kind") not in (None, "integer"):
         op = quant["kind"]
+    elif layer.op is not None:
+        op = layer.op
+        attrs = {**attrs, **LAYER_ATTRS.get(op, lambda _: {})(members)}
     elif layer.rule is None and len(members) > 1 and len(set(op_types)) == 1:
         op = source_op_name(op_types[0])
     record = {
