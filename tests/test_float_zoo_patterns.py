@@ -270,14 +270,47 @@ ATTENTION_BACKEND = """
 """
 
 
+def _values_after_scores_onnx(path: Path) -> None:
+    """Attention as ONNX nodes in an order exporters may choose: the values are
+    projected after the softmax, so the fused layer's last input is bound after its
+    first step."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(3)
+    w = {k: numpy_helper.from_array(rng.standard_normal((8, 8)).astype(np.float32) * 0.3, k) for k in ("wq", "wk", "wv")}
+    mask = np.zeros((1, 1, 6, 6), np.float32)
+    mask[..., 4:] = -1e4
+    inits = [*w.values(), numpy_helper.from_array(mask, "mask"), numpy_helper.from_array(np.float32(2.0), "d"),
+             numpy_helper.from_array(np.array([1, 6, 2, 4], np.int64), "heads")]
+
+    def heads(x, name, perm):
+        return [helper.make_node("MatMul", ["x", f"w{x}"], [f"{name}_p"]),
+                helper.make_node("Reshape", [f"{name}_p", "heads"], [f"{name}_r"]),
+                helper.make_node("Transpose", [f"{name}_r"], [name], perm=perm)]
+
+    nodes = [*heads("q", "q", [0, 2, 1, 3]), *heads("k", "kt", [0, 2, 3, 1]),
+             helper.make_node("MatMul", ["q", "kt"], ["s"]), helper.make_node("Div", ["s", "d"], ["sd"]),
+             helper.make_node("Add", ["sd", "mask"], ["sm"]), helper.make_node("Softmax", ["sm"], ["p"], axis=-1),
+             *heads("v", "v", [0, 2, 1, 3]), helper.make_node("MatMul", ["p", "v"], ["o"])]
+    g = helper.make_graph(nodes, "attention", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 6, 8])],
+                          [helper.make_tensor_value_info("o", TensorProto.FLOAT, [1, 2, 6, 4])], inits)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+
+
 @pytest.mark.parametrize("name,fmt", [("masked_attention", "onnx"), ("masked_attention", "pt2"),
-                                      ("encoder_block", "onnx")])
+                                      ("encoder_block", "onnx"), ("values_after_scores", "onnx")])
 def test_backend_that_asks_for_fused_attention_gets_one_attention_layer(name, fmt, tmp_path, capsys, plugin_file):
     """A backend whose fusion rules start with ``ATTENTION_FUSION`` gets each
     matmul/scale/mask/softmax/matmul chain as one ``attention`` layer, the values
     input included; without it (the generic backend) the same steps are separate
     layers. Either way verify PASSes against the source runtime."""
-    path, x = _export(name, fmt, tmp_path)
+    if name == "values_after_scores":
+        path, x = tmp_path / "attention.onnx", tmp_path / "x.npy"
+        _values_after_scores_onnx(path)
+        np.save(x, np.random.default_rng(4).standard_normal((1, 6, 8)).astype(np.float32))
+    else:
+        path, x = _export(name, fmt, tmp_path)
     plugin = str(plugin_file("attention_npu", ATTENTION_BACKEND))
     irs = {}
     for backend in ("generic", "attention-npu"):
@@ -289,6 +322,11 @@ def test_backend_that_asks_for_fused_attention_gets_one_attention_layer(name, fm
         assert code == 0 and result["passed"] and result["source"]["ran"], result["problems"]
         assert result["summary"]["unsupported"] == 0
         irs[backend] = json.loads((out / "ir.json").read_text())["layers"]
+    # ir.json lists layers in an order they can run in: every input is made before
+    seen = {"input"}
+    for l in irs["attention-npu"]:
+        assert all(t["producer"] in seen for t in l["inputs"]), (l["name"], [t["producer"] for t in l["inputs"]])
+        seen.add(l["name"])
     fused = [l for l in irs["attention-npu"] if l["op"] == "attention"]
     assert not any(l["op"] == "attention" for l in irs["generic"])
     assert len(fused) == 1, [l["op"] for l in irs["attention-npu"]]
@@ -299,5 +337,13 @@ def test_backend_that_asks_for_fused_attention_gets_one_attention_layer(name, fm
     assert len(layer["source"]["outputs"]) == 1  # the source runtime has the attention's result
     if name == "masked_attention":
         assert layer["attrs"]["masked"] and layer["attrs"]["scale"] == pytest.approx(8 ** -0.5)
+    if name == "values_after_scores":
+        assert steps == ["matmul", "divide", "add", "softmax", "matmul"] and layer["attrs"]["scale"] == 0.5
+    # the run compiled the fused layer as one kernel (not the generic run's kernels, which the
+    # same process compiled first for the same model)
+    dump = json.loads((tmp_path / "attention-npu" / "debug" / "_tvmdbg_graph_dump.json").read_text())
+    kernels = [n["name"] for n in dump["nodes"] if n["op"] != "param"]
+    assert any(k.startswith("layer_" + layer["name"].replace(".", "_").replace("-", "_")) for k in kernels), kernels
+    assert not any("softmax" in k.lower() for k in kernels), kernels
     # the fused steps were layers of their own
     assert len(irs["generic"]) - len(irs["attention-npu"]) == len(steps) - 1

@@ -8,7 +8,7 @@ instrument hook then hands over each kernel's output as it is produced.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import Any, Callable, Hashable
 
 import tvm
 import tvm_ffi
@@ -46,23 +46,26 @@ _CACHE: dict[tuple[int, int, int], tuple] = {}
 _CACHE_SIZE = 4
 
 
-def lower(mod: tvm.IRModule, opt_level: int, group: Callable[[tvm.IRModule], tvm.IRModule]):
+def lower(mod: tvm.IRModule, opt_level: int, group: Callable[[tvm.IRModule], tvm.IRModule], grouping: Hashable = None):
     """Compile ``mod`` at ``opt_level``: (executable, kernel sequence, where each var comes from).
 
-    Within one process the result is reused for a structurally equal module
-    (golden data for many inputs of one model compiles once).
+    Within one process the result is reused for a structurally equal module grouped
+    the same way (``grouping``: what ``group`` does, e.g. the layer of each binding;
+    another backend's layers of the same model compile anew). Golden data for many
+    inputs of one model compiles once.
     """
     # var names matter too: the kernel sequence refers to them
     names = tuple(b.name for b in main_bindings(mod)[1])
-    key = (tvm_ffi.structural_hash(mod, map_free_vars=True), hash(names), opt_level)
+    key = (tvm_ffi.structural_hash(mod, map_free_vars=True), hash(names), hash(grouping), opt_level)
     hit = _CACHE.get(key)
-    if hit is not None and hit[2] == names and tvm_ffi.structural_equal(hit[0], mod, map_free_vars=True):
+    if (hit is not None and hit[2] == names and hit[3] == grouping
+            and tvm_ffi.structural_equal(hit[0], mod, map_free_vars=True)):
         exe, kernels, where = hit[1]
         return exe, [replace(k) for k in kernels], dict(where)
     result = _lower(mod, opt_level, group)
     if len(_CACHE) >= _CACHE_SIZE:
         _CACHE.pop(next(iter(_CACHE)))
-    _CACHE[key] = (mod, result, names)
+    _CACHE[key] = (mod, result, names, grouping)
     return result[0], [replace(k) for k in result[1]], dict(result[2])
 
 

@@ -658,6 +658,8 @@ def form_layers(
         layers = new_layers
         assigned = {m: layer.index for layer in layers for m in layer.members}
 
+    layers = _execution_order(layers, bindings, assigned)
+
     # a layer's results: members used outside the layer (or by main's output)
     out_names = set(var_names(main_output))
     for layer in layers:
@@ -715,6 +717,56 @@ def _apply_rule(rule: FusionRule, i: int, bindings: list[Binding], users: dict[s
     if not rule.required <= absorbed:
         return None
     return members
+
+
+def _execution_order(layers: list[Layer], bindings: list[Binding], assigned: dict[str, int]) -> list[Layer]:
+    """The layers in an order they can run in, renumbered: main's order, except that a
+    layer waits for the layers whose results it reads. A fused layer whose later member
+    reads a tensor bound after its first (attention's values) moves after that tensor's
+    layer; ``ir.json`` lists layers in this order."""
+    import heapq
+
+    by_name = {b.name: b for b in bindings}
+
+    def producer(name: str) -> int | None:
+        seen = set()
+        while name not in assigned and name in by_name and name not in seen:
+            seen.add(name)
+            v = by_name[name].value
+            if isinstance(v, relax.TupleGetItem) and isinstance(v.tuple_value, relax.Var):
+                name = v.tuple_value.name
+            elif isinstance(v, relax.Var):
+                name = v.name
+            else:
+                return None
+        return assigned.get(name)
+
+    deps: dict[int, set[int]] = {}
+    for layer in layers:
+        mset = set(layer.members)
+        deps[layer.index] = {p for m in layer.members for n in var_names(by_name[m].value)
+                             if n not in mset and (p := producer(n)) is not None and p != layer.index}
+    if all(d < layer for layer, ds in deps.items() for d in ds):
+        return layers
+    readers: dict[int, list[int]] = {}
+    for k, ds in deps.items():
+        for d in ds:
+            readers.setdefault(d, []).append(k)
+    left = {k: len(ds) for k, ds in deps.items()}
+    heap = [k for k, n in left.items() if n == 0]
+    heapq.heapify(heap)
+    order: list[int] = []
+    while heap:
+        k = heapq.heappop(heap)
+        order.append(k)
+        for r in readers.get(k, []):
+            left[r] -= 1
+            if left[r] == 0:
+                heapq.heappush(heap, r)
+    if len(order) != len(layers):
+        raise IrgenError("internal: the formed layers read each other's results in a cycle")
+    return [Layer(i, layers[k].members, layers[k].anchor, layers[k].rule, op=layers[k].op)
+            for i, k in enumerate(order)]
 
 
 #: ops that only view one item of a multi-output op differently (unbind = split + squeeze per item)
@@ -803,10 +855,7 @@ def group_module(mod: tvm.IRModule, assignment: dict[str, int], layer_names: dic
     groups: dict[int, list[Binding]] = {}
     pending: list[Binding] = []
     seq: list[tuple[str, Any]] = []  # ("layer", k) or ("bind", binding) in main order
-    # a layer is called where its last member was bound: a fused layer's later members
-    # may read tensors bound after its first (attention's values)
-    last = {k: j for j, b in enumerate(bindings) if (k := assignment.get(b.name)) is not None}
-    for j, b in enumerate(bindings):
+    for b in bindings:
         if b.kind in ("tgi", "alias", "const") and b.name not in assignment:
             seq.append(("bind", b))
             continue
@@ -814,8 +863,8 @@ def group_module(mod: tvm.IRModule, assignment: dict[str, int], layer_names: dic
         if k is None:
             pending.append(b)
             continue
-        groups.setdefault(k, [])
-        if last[k] == j:
+        if k not in groups:
+            groups[k] = []
             seq.append(("layer", k))
         groups[k].extend(pending)
         pending = []
@@ -829,51 +878,69 @@ def group_module(mod: tvm.IRModule, assignment: dict[str, int], layer_names: dic
     # the module's other functions (PrimFuncs an importer emitted with emit_te) stay callable
     bb = relax.BlockBuilder(tvm.IRModule({gv: f for gv, f in mod.functions.items() if gv.name_hint != "main"}))
     vmap: dict[str, relax.Expr] = {}
+    given = {p.name: p for p in func.params}
+
+    def layer_inputs(k: int) -> tuple[list[str], list[Constant]]:
+        mset = {b.name for b in groups[k]}
+        ext: list[str] = []
+        consts: list[Constant] = []
+        for b in groups[k]:
+            for n in var_names(b.value):
+                if n not in mset and n not in ext:
+                    ext.append(n)
+            for c in constants(b.value):
+                if not any(c.same_as(x) for x in consts):
+                    consts.append(c)
+        return ext, consts
+
+    def emit_layer(k: int) -> None:
+        members = groups[k]
+        ext, consts = layer_inputs(k)
+        outs = [
+            b.name for b in members
+            if b.name in out_names or any(where.get(bindings[u].name) != k for u in users.get(b.name, []))
+        ] or [members[-1].name]
+        src = {**given, **vmap}
+        params = [relax.Var(f"{n}_in", src[n].ty) for n in ext]
+        cparams = [relax.Var(f"c{j}", c.ty) for j, c in enumerate(consts)]
+        fb = relax.BlockBuilder()
+        with fb.function("layer", params + cparams, attrs={"Primitive": True}, private=True):
+            with fb.dataflow():
+                inner = dict(zip(ext, params))
+                for b in members:
+                    inner[b.name] = fb.emit(substitute(b.value, inner, list(zip(consts, cparams))), name_hint=b.name)
+                res = inner[outs[0]] if len(outs) == 1 else relax.Tuple([inner[o] for o in outs])
+                gv_out = fb.emit_output(res)
+            fb.emit_func_output(gv_out)
+        fn = fb.get()["layer"]
+        gvar = bb.add_func(fn, layer_names[k])
+        call = relax.Call(gvar, [src[n] for n in ext] + list(consts))
+        if len(outs) == 1:
+            vmap[outs[0]] = bb.emit(call, name_hint=outs[0])
+        else:
+            tup = bb.emit(call, name_hint=f"{layer_names[k]}_out")
+            for j, o in enumerate(outs):
+                vmap[o] = bb.emit(relax.TupleGetItem(tup, j), name_hint=o)
+
+    def ready(kind: str, item: Any) -> bool:
+        needs = var_names(item.value) if kind == "bind" else layer_inputs(item)[0]
+        return all(n in vmap or n in given for n in needs)
+
+    # in main's order, except that an item whose inputs are not bound yet waits for them:
+    # a fused layer (attention) reads a tensor (its values) bound after its first member
+    waiting: list[tuple[str, Any]] = []
     with bb.function("main", list(func.params), attrs=dict(func.attrs) if func.attrs else None, pure=True):
         with bb.dataflow():
-            for kind, item in seq:
-                if kind == "bind":
-                    b = item
-                    new = bb.emit(substitute(b.value, vmap), name_hint=b.name)
-                    vmap[b.name] = new
-                    continue
-                k = item
-                members = groups[k]
-                mset = {b.name for b in members}
-                ext: list[str] = []
-                consts: list[Constant] = []
-                for b in members:
-                    for n in var_names(b.value):
-                        if n not in mset and n not in ext:
-                            ext.append(n)
-                    for c in constants(b.value):
-                        if not any(c.same_as(x) for x in consts):
-                            consts.append(c)
-                outs = [
-                    b.name for b in members
-                    if b.name in out_names or any(where.get(bindings[u].name) != k for u in users.get(b.name, []))
-                ] or [members[-1].name]
-                src = {**{p.name: p for p in func.params}, **vmap}
-                params = [relax.Var(f"{n}_in", src[n].ty) for n in ext]
-                cparams = [relax.Var(f"c{j}", c.ty) for j, c in enumerate(consts)]
-                fb = relax.BlockBuilder()
-                with fb.function("layer", params + cparams, attrs={"Primitive": True}, private=True):
-                    with fb.dataflow():
-                        inner = dict(zip(ext, params))
-                        for b in members:
-                            inner[b.name] = fb.emit(substitute(b.value, inner, list(zip(consts, cparams))), name_hint=b.name)
-                        res = inner[outs[0]] if len(outs) == 1 else relax.Tuple([inner[o] for o in outs])
-                        gv_out = fb.emit_output(res)
-                    fb.emit_func_output(gv_out)
-                fn = fb.get()["layer"]
-                gvar = bb.add_func(fn, layer_names[k])
-                call = relax.Call(gvar, [src[n] for n in ext] + list(consts))
-                if len(outs) == 1:
-                    vmap[outs[0]] = bb.emit(call, name_hint=outs[0])
-                else:
-                    tup = bb.emit(call, name_hint=f"{layer_names[k]}_out")
-                    for j, o in enumerate(outs):
-                        vmap[o] = bb.emit(relax.TupleGetItem(tup, j), name_hint=o)
+            for entry in seq:
+                waiting.append(entry)
+                while (j := next((j for j, (kind, item) in enumerate(waiting) if ready(kind, item)), None)) is not None:
+                    kind, item = waiting.pop(j)
+                    if kind == "bind":
+                        vmap[item.name] = bb.emit(substitute(item.value, vmap), name_hint=item.name)
+                    else:
+                        emit_layer(item)
+            if waiting:
+                raise IrgenError(f"internal: layers whose inputs are never bound: {[w[1] for w in waiting]}")
             result = bb.emit_output(substitute(func.body.body, vmap))
         bb.emit_func_output(result)
     return bb.get()

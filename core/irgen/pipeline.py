@@ -294,7 +294,8 @@ def _compile_and_capture(folder: OutputFolder, graph: _Graph, imported: Imported
     layers, aliases = graph.layers, names.aliases
     assignment = {m: l.index for l in layers for m in l.members}
     fn_names = {l.index: "layer_" + names.layer[l.index].replace(".", "_").replace("-", "_") for l in layers}
-    exe, kernels, where = execute.lower(graph.mod, opt_level, lambda m: group_module(m, assignment, fn_names))
+    exe, kernels, where = execute.lower(graph.mod, opt_level, lambda m: group_module(m, assignment, fn_names),
+                                        grouping=(tuple(sorted(assignment.items())), tuple(sorted(fn_names.items()))))
 
     # which kernel output is each layer output / model output
     out_vars = [aliases.get(v, v) for v in _out_vars(graph.main_out)]
