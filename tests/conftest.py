@@ -28,7 +28,7 @@ VERIFIED = {"outputs": 0, "seconds": 0.0}
 def _run_and_verify(host, model, out, *args, **kwargs):
     ir = _run(host, model, out, *args, **kwargs)
     t0 = time.perf_counter()
-    result = verify_output(out, modes=("single", "entire"))
+    result = verify_output(out, modes=("single", "entire"), host=host)  # the run's backend reads its files
     VERIFIED["outputs"] += 1
     VERIFIED["seconds"] += time.perf_counter() - t0
     assert result["passed"], f"irgen verify failed on {out} (from {model}):\n{format_table(result)}"

@@ -323,7 +323,7 @@ def test_run_passes_args_and_host_to_pipeline(plugin_file, monkeypatch, capsys, 
     assert main(argv) == 5
     assert seen["model"] == Path("m.tst") and seen["output"] == tmp_path / "out"
     assert seen["input"] == ["x:1,3:float32"] and seen["opt_level"] == 1
-    assert (seen["backend"], seen["serializer"], seen["frontend"]) == ("generic", "json", None)
+    assert (seen["backend"], seen["serializer"], seen["frontend"]) == ("generic", None, None)  # None: ir.json only
     assert (seen["force"], seen["seed"], seen["no_progress"]) == (False, 0, False)
     assert seen["plugin"] == [plugin] and seen["strict_plugins"] is False
     assert "testfmt" in seen["host"].frontends

@@ -182,7 +182,13 @@ class Backend:
     every unsupported one is listed at once; ``layout`` (None for "any") is the
     4-D activation layout the hardware takes: a model whose layers state
     another one is refused, naming them; ``write_tensor(path_without_suffix,
-    array)`` writes one data file and returns its path (default: ``.npy``).
+    array)`` writes one data file and returns its path (default: ``.npy``);
+    ``read_tensor(path, record)`` reads such a file back as a numpy array
+    (``record``: the tensor's record in ``ir.json``, with ``shape`` and ``dtype``).
+    ``irgen verify`` reads a backend's files with it, so a backend that writes a
+    format of its own (raw ``.bin``, hex) must give both. irgen checks the path
+    (inside OUT, a regular file, under ``--max-tensor-bytes``) before calling it,
+    and that the array it returns has the record's shape and dtype.
     """
 
     name: str
@@ -190,7 +196,13 @@ class Backend:
     supported_ops: frozenset[str] | None = None
     layout: str | None = None
     write_tensor: Callable[[Path, Any], Path] | None = None
+    read_tensor: Callable[[Path, dict[str, Any]], Any] | None = None
     description: str = ""
+
+    def __post_init__(self) -> None:
+        if self.write_tensor is not None and self.read_tensor is None:
+            raise IrgenError(f"backend {self.name!r} writes its own data files (write_tensor) but cannot read them "
+                             "back (no read_tensor): irgen verify could not check what it wrote")
 
 
 @dataclass

@@ -64,7 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="TVM optimization level (default: 3)")
     run.add_argument("--frontend", default=None, help="frontend name (default: by file type)")
     run.add_argument("--backend", default="generic", help="backend name (default: generic)")
-    run.add_argument("--serializer", default="json", help="IR serializer name (default: json)")
+    run.add_argument("--serializer", action="append", default=None, metavar="NAME",
+                     help="also write the IR with this serializer, beside ir.json (repeatable; "
+                          "ir.json, the canonical IR, is always written)")
     run.add_argument("--quantizer", default=None, metavar="NAME",
                      help="quantization-fusion scheme (default: detected from the model)")
     run.add_argument("--calibration", type=Path, default=None, metavar="DIR",

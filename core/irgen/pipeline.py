@@ -170,7 +170,7 @@ def run_cli(args, host) -> int:
         opt_level=args.opt_level,
         frontend=args.frontend,
         backend=args.backend,
-        serializer=args.serializer,
+        serializer=args.serializer or ["json"],
         quantizer=getattr(args, "quantizer", None),
         force=args.force,
         seed=args.seed,
@@ -403,7 +403,7 @@ def run(
     opt_level: int = 3,
     frontend: str | None = None,
     backend: str = "generic",
-    serializer: str = "json",
+    serializer: str | list[str] | tuple[str, ...] = ("json",),
     quantizer: str | None = None,
     force: bool = False,
     seed: int = 0,
@@ -427,7 +427,7 @@ def run(
         raise IrgenError(f"--opt-level {opt_level}: must be 0..4")
     fe = pick_frontend(host, model, frontend)
     be: Backend = host.backends.get(backend)
-    ser = host.serializers.get(serializer)
+    sers = [host.serializers.get(n) for n in dict.fromkeys([serializer] if isinstance(serializer, str) else serializer)]
     protect = [("the model", model), ("the current folder", Path.cwd())]
     protect += [("the input file", Path(i.partition("=")[2] if "=" in i and not Path(i).exists() else i)) for i in inputs]
     if options.get("calibration"):
@@ -472,7 +472,8 @@ def run(
                 "frontend": fe.name,
                 "quantizer": graph.scheme.name if graph.scheme else None,
                 "backend": be.name,
-                "serializer": ser.name,
+                "serializer": "json",
+                "serializers": [ser.name for ser in sers],
                 "opt_level": opt_level,
             },
             "model": {"path": str(model), "sha256": sha256_path(model)},
@@ -489,7 +490,7 @@ def run(
                        for p in done["params"].values()},
         }
         folder.path("graph/shape_dtype.json").write_text(json.dumps(shape_dtype, indent=1) + "\n")
-        call_plugin(host.serializers, ser.name, "write the IR", ser.write, ir, folder.tmp)
+        _serialize(host, sers, ir, folder)
         write_manifest(
             folder,
             {
@@ -505,6 +506,34 @@ def run(
         )
     progress.done(f"wrote {out} ({len(graph.layers)} layers, {len(kernels)} kernels)")
     return ir
+
+
+def _serialize(host, sers: list, ir: dict[str, Any], folder: OutputFolder) -> None:
+    """``ir.json``, the canonical IR that verify and inspect read, and beside it what each
+    other serializer writes: new files in the output folder, never ``ir.json`` or a file
+    that irgen or another serializer wrote."""
+    from irgen.serializers import write_json
+
+    def snapshot() -> dict[Path, tuple[int, int]]:
+        return {p: (st.st_size, st.st_mtime_ns) for p in folder.tmp.rglob("*") if (st := p.lstat())}
+
+    root = folder.tmp.resolve()
+    for ser in sers:
+        if ser.write is write_json:
+            continue
+        before = snapshot()
+        wrote = call_plugin(host.serializers, ser.name, "write the IR", ser.write, ir, folder.tmp) or []
+        for p in wrote:
+            if not Path(p).resolve().is_relative_to(root):
+                raise IrgenError(f"serializer {ser.name!r} wrote {p}, outside the output folder")
+        after = snapshot()
+        changed = sorted(str(p.relative_to(folder.tmp)) for p, sig in before.items() if after.get(p) != sig)
+        if (folder.tmp / "ir.json").exists():
+            changed.insert(0, "ir.json")
+        if changed:
+            raise IrgenError(f"serializer {ser.name!r} wrote over {', '.join(changed[:5])}: ir.json (the canonical "
+                             "IR) and the files before it are irgen's; a serializer writes new files beside them")
+    write_json(ir, folder.tmp)
 
 
 #: the frontend options ``irgen verify`` needs to load the model again as ``irgen run`` did

@@ -60,7 +60,7 @@ import numpy as np
 
 from irgen.api import IrgenError
 from irgen.irfile import read_ir, read_manifest, tensor_records
-from irgen.safeio import (DEFAULT_MAX_TENSOR_BYTES, check_tensor_size, file_or_folder, inside, load_npy,
+from irgen.safeio import (DEFAULT_MAX_TENSOR_BYTES, check_tensor_size, file_or_folder, human_bytes, inside, load_npy,
                           open_regular, regular_file, regular_tree)
 
 __all__ = ["Thresholds", "verify_output", "compare", "format_table", "MODES"]
@@ -239,8 +239,10 @@ class _Files:
     under ``limit``). A record whose ``file`` points outside OUT is *refused*: it is
     never opened, and its layer fails verification with the reason."""
 
-    def __init__(self, out: Path, ir: dict, limit: int | None):
+    def __init__(self, out: Path, ir: dict, limit: int | None, backend=None):
         self.out, self.limit = out, limit
+        self.backend = backend  # the Backend that wrote the files (its read_tensor), if installed
+        self.backend_name = (ir.get("producer") or {}).get("backend")
         self.where: dict[int, str] = {}
         self.refused: dict[int, tuple[str | None, str]] = {}  # id(record) -> (owning layer, why)
         for path, owner, rec in tensor_records(ir):
@@ -268,9 +270,41 @@ class _Files:
             raise IrgenError(f"{self.out / 'ir.json'}: {self.where.get(id(rec), '?')}: tensor {rec['name']!r:.100} "
                              f"has no file")
         path = inside(self.out, rec["file"], f"{at}.file")
-        arr = load_npy(path, f"tensor {rec['name']!r:.100} ({at})", self.limit)
+        what = f"tensor {rec['name']!r:.100} ({at})"
+        if path.suffix == ".npy":
+            arr = load_npy(path, what, self.limit)
+        else:
+            arr = self._backend_read(path, rec, what)
         if arr.dtype.kind not in "biuf":
             raise IrgenError(f"tensor {rec['name']!r:.100} ({at}) {path}: dtype {arr.dtype} is not a numeric tensor")
+        return arr
+
+
+    def _backend_read(self, path: Path, rec: dict, what: str) -> np.ndarray:
+        """A data file in the format of the backend that wrote it, read by that backend."""
+        reader = getattr(self.backend, "read_tensor", None)
+        if reader is None:
+            why = (f"backend {self.backend_name!r} reads no files back (it has no read_tensor)" if self.backend
+                   else f"backend {self.backend_name!r}, which wrote it, is not installed (or give it with --plugin)")
+            raise IrgenError(f"{what} {path}: not a .npy file, and {why}")
+        with open_regular(path, what) as f:
+            size = os.fstat(f.fileno()).st_size
+        if self.limit is not None and size > self.limit:
+            raise IrgenError(f"{what} {path}: {human_bytes(size)}, over the limit of {human_bytes(self.limit)} "
+                             "(--max-tensor-bytes)")
+        try:
+            arr = reader(path, dict(rec))
+        except IrgenError:
+            raise
+        except Exception as err:  # noqa: BLE001  a plugin's reader: reported as this file's problem
+            raise IrgenError(f"{what} {path}: backend {self.backend_name!r} could not read it "
+                             f"({type(err).__name__}: {_one_line(err)})") from None
+        if not isinstance(arr, np.ndarray):
+            raise IrgenError(f"{what} {path}: backend {self.backend_name!r} read back a {type(arr).__name__}, "
+                             "not a numpy array")
+        if list(arr.shape) != list(rec.get("shape") or []) or str(arr.dtype) != str(rec.get("dtype")):
+            raise IrgenError(f"{what} {path}: backend {self.backend_name!r} read back {arr.dtype}{list(arr.shape)}, "
+                             f"the record says {rec.get('dtype')}{rec.get('shape')}")
         return arr
 
 
@@ -629,6 +663,18 @@ def _skip_source(source: dict[str, Any], notes: list[str], modes, err: IrgenErro
     return [m for m in modes if m != "source"]
 
 
+def _backend_of(ir: dict, host, plugins, strict: bool):
+    """The installed backend that wrote OUT's data files (``producer.backend``), or None."""
+    name = (ir.get("producer") or {}).get("backend")
+    if not isinstance(name, str):
+        return None
+    if host is None:
+        from irgen.plugins import PluginHost
+
+        host = PluginHost().load(extra=list(plugins), strict=strict)
+    return host.backends.get(name) if name in host.backends.names() else None
+
+
 def verify_output(out_dir: str | Path, *, modes=MODES, thresholds: Thresholds | None = None,
                   source_runner: Callable | None = None, model: str | Path | None = None,
                   progress=None, source_optional: bool = False, allow_pickle: bool = False,
@@ -688,7 +734,7 @@ def verify_output(out_dir: str | Path, *, modes=MODES, thresholds: Thresholds | 
             model_path, model_sha_ok = src.path, src.sha256_matches
             notes += src.notes
 
-    files = _Files(out, ir, max_tensor_bytes)
+    files = _Files(out, ir, max_tensor_bytes, _backend_of(ir, host, plugins, strict))
     problems: list[dict[str, Any]] = [{"layer": owner, "check": "files", "message": why}
                                       for owner, why in files.refused.values()]
     say("check manifest.json checksums")

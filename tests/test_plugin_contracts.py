@@ -1,0 +1,166 @@
+"""What a backend and a serializer own (issue 12): a backend's data format both ways,
+and serializers that write beside the canonical ``ir.json``.
+
+- A backend that writes raw little-endian ``.bin`` files gives ``read_tensor``; ``irgen
+  verify`` reads its files with it and passes. A backend with a writer and no reader is
+  refused at registration; without the plugin, or with a reader that returns the wrong
+  shape, verify says which backend wrote the files instead of crashing in ``np.load``.
+- ``--serializer`` is repeatable; ``ir.json`` is always written, and a serializer that
+  writes over it (or over any file irgen wrote) is an error naming it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from irgen.cli import main as irgen_main
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "tiny_cnn.onnx"
+
+BIN_BACKEND = """
+    from pathlib import Path
+
+    import numpy as np
+    import irgen_generic
+    from irgen import hookimpl
+    from irgen.api import Backend
+
+
+    def write(stem, arr):
+        path = Path(str(stem) + ".bin")
+        arr = np.ascontiguousarray(arr)
+        arr.astype(arr.dtype.newbyteorder("<")).tofile(path)
+        return path
+
+
+    def read(path, record):
+        dtype = np.dtype(record["dtype"])
+        return np.fromfile(path, dtype=dtype.newbyteorder("<")).astype(dtype).reshape(record["shape"])
+
+
+    def read_wrong(path, record):
+        return read(path, record).ravel()
+
+
+    @hookimpl
+    def irgen_register_backends(register):
+        register(Backend(name="bin-npu", fusion_rules=irgen_generic.RULES, write_tensor=write, read_tensor=read))
+        register(Backend(name="bin-flat", fusion_rules=irgen_generic.RULES, write_tensor=write, read_tensor=read_wrong))
+"""
+
+SERIALIZERS = """
+    from irgen import hookimpl
+    from irgen.api import Serializer
+
+
+    def csv(ir, out):
+        path = out / "layers.csv"
+        path.write_text("".join(f"{l['name']},{l['op']}\\n" for l in ir["layers"]))
+        return [path]
+
+
+    def over_ir(ir, out):
+        (out / "ir.json").write_text("{}")
+        return []
+
+
+    def over_manifest_silently(ir, out):
+        (out / "graph" / "model.relax.txt").write_text("replaced")
+        return []
+
+
+    @hookimpl
+    def irgen_register_serializers(register):
+        register(Serializer("csv", csv, "layer names and ops"))
+        register(Serializer("over-ir", over_ir, "writes ir.json"))
+        register(Serializer("over-graph", over_manifest_silently, "rewrites a file irgen wrote"))
+"""
+
+
+def _run(plugin: Path, out: Path, *args: str) -> int:
+    return irgen_main(["--plugin", str(plugin), "run", str(EXAMPLE), "-o", str(out), "--no-progress", *args])
+
+
+def _verify(capsys, out: Path, *plugin: str) -> tuple[int, dict | None, str]:
+    capsys.readouterr()
+    code = irgen_main([*plugin, "verify", str(out), "--json", "--no-progress", "--no-report"])
+    cap = capsys.readouterr()
+    return code, (json.loads(cap.out) if cap.out.strip() else None), cap.err
+
+
+def test_backend_files_read_back_by_the_backend(tmp_path, plugin_file, capsys):
+    plugin = plugin_file("bin_npu", BIN_BACKEND)
+    out = tmp_path / "out"
+    assert _run(plugin, out, "--backend", "bin-npu") == 0
+    ir = json.loads((out / "ir.json").read_text())
+    files = [t["file"] for l in ir["layers"] for t in [*l["inputs"], *l["outputs"], *l["params"].values()]]
+    assert files and all(f.endswith(".bin") for f in files)
+    # the raw bytes are the values irgen computed: the same run with .npy files
+    ref = tmp_path / "npy"
+    assert irgen_main(["run", str(EXAMPLE), "-o", str(ref), "--no-progress"]) == 0
+    for rec in ir["layers"][-1]["outputs"]:
+        raw = np.fromfile(out / rec["file"], dtype=np.dtype(rec["dtype"]).newbyteorder("<")).reshape(rec["shape"])
+        np.testing.assert_array_equal(raw, np.load(ref / rec["file"].replace(".bin", ".npy")))
+    code, result, err = _verify(capsys, out, "--plugin", str(plugin))
+    assert code == 0 and result["passed"] and result["source"]["ran"], (err, result and result["problems"])
+    assert result["summary"]["passed"] == len(ir["layers"])
+
+
+def test_backend_that_writes_files_it_cannot_read_is_refused(tmp_path, plugin_file, capsys):
+    plugin = plugin_file("writer_only", BIN_BACKEND.replace("def irgen_register_backends(register):", """\
+def irgen_register_backends(register):
+        register(Backend(name="bin-writer", fusion_rules=irgen_generic.RULES, write_tensor=write))"""))
+    capsys.readouterr()
+    assert irgen_main(["--plugin", str(plugin), "plugins"]) == 0
+    err = capsys.readouterr().err
+    assert "backend 'bin-writer' writes its own data files (write_tensor) but cannot read them back" in err, err
+
+
+@pytest.mark.parametrize("backend,plugin_given,message", [
+    ("bin-npu", False, "backend 'bin-npu', which wrote it, is not installed"),
+    ("bin-flat", True, "backend 'bin-flat' read back float32["),
+])
+def test_backend_files_that_cannot_be_read_back_are_a_clear_error(backend, plugin_given, message, tmp_path,
+                                                                  plugin_file, capsys, monkeypatch):
+    import conftest
+    import irgen.pipeline
+
+    monkeypatch.setattr(irgen.pipeline, "run", conftest._run)  # no self-check: verify is what is tested
+    plugin = plugin_file("bin_npu", BIN_BACKEND)
+    out = tmp_path / "out"
+    assert _run(plugin, out, "--backend", backend) == 0
+    code, _, err = _verify(capsys, out, *(["--plugin", str(plugin)] if plugin_given else []))
+    assert code == 2 and message in err and "Traceback" not in err, err
+
+
+def test_serializers_repeat_and_write_beside_ir_json(tmp_path, plugin_file, capsys):
+    plugin = plugin_file("sers", SERIALIZERS)
+    out = tmp_path / "out"
+    assert _run(plugin, out, "--serializer", "csv", "--serializer", "json") == 0
+    ir = json.loads((out / "ir.json").read_text())
+    assert ir["producer"]["serializers"] == ["csv", "json"]
+    rows = (out / "layers.csv").read_text().splitlines()
+    assert rows == [f"{l['name']},{l['op']}" for l in ir["layers"]]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert "layers.csv" in json.dumps(manifest)
+    # only a serializer of its own: ir.json is still written, and verify reads it
+    out2 = tmp_path / "csv-only"
+    assert _run(plugin, out2, "--serializer", "csv") == 0
+    assert (out2 / "ir.json").is_file() and (out2 / "layers.csv").is_file()
+    code, result, _ = _verify(capsys, out2)
+    assert code == 0 and result["passed"]
+
+
+@pytest.mark.parametrize("name,what", [("over-ir", "ir.json"), ("over-graph", "graph/model.relax.txt")])
+def test_serializer_that_writes_over_irgen_files_is_refused(name, what, tmp_path, plugin_file, capsys):
+    plugin = plugin_file("sers", SERIALIZERS)
+    out = tmp_path / "out"
+    capsys.readouterr()
+    assert _run(plugin, out, "--serializer", name) == 2
+    err = capsys.readouterr().err
+    assert f"serializer {name!r} wrote over {what}" in err, err
+    assert not out.exists()  # nothing half-written
