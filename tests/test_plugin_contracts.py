@@ -164,3 +164,67 @@ def test_serializer_that_writes_over_irgen_files_is_refused(name, what, tmp_path
     err = capsys.readouterr().err
     assert f"serializer {name!r} wrote over {what}" in err, err
     assert not out.exists()  # nothing half-written
+
+
+CONSTRAINED_BACKEND = """
+    import irgen_generic
+    from irgen import hookimpl
+    from irgen.api import Backend
+
+
+    MAX_KERNEL, CHANNELS, DENSE_DTYPE = 1, 16, "int8"
+
+
+    def check_layer(layer):
+        broken = []
+        if layer["op"] == "conv2d":
+            kh, kw = layer["params"]["weight"]["shape"][2:]
+            if max(kh, kw) > MAX_KERNEL:
+                broken.append(f"kernel {kh}x{kw}: at most {MAX_KERNEL}x{MAX_KERNEL}")
+            channels = layer["outputs"][0]["shape"][1]
+            if channels % CHANNELS:
+                broken.append(f"{channels} output channels: a multiple of {CHANNELS}")
+        if layer["op"] == "dense" and layer["inputs"][0]["dtype"] != DENSE_DTYPE:
+            broken.append(f"dense on {layer['inputs'][0]['dtype']}: {DENSE_DTYPE} only")
+        return broken
+
+
+    @hookimpl
+    def irgen_register_backends(register):
+        register(Backend(name="tiny-npu", fusion_rules=irgen_generic.RULES, check_layer=check_layer))
+        register(Backend(name="nhwc-npu", fusion_rules=irgen_generic.RULES, layout="NHWC"))
+        register(Backend(name="broken-check", fusion_rules=irgen_generic.RULES, check_layer=lambda layer: "no"))
+"""
+
+
+@pytest.mark.parametrize("backend,expected", [
+    ("tiny-npu", ["conv1_Conv (conv2d): kernel 3x3: at most 1x1; 8 output channels: a multiple of 16",
+                  "(dense): dense on float32: int8 only"]),
+    ("nhwc-npu", ["conv1_Conv (conv2d): activations in NCHW, the backend takes NHWC"]),
+    ("broken-check", ["check_layer must return a list of sentences"]),
+])
+def test_backend_constraints_refuse_a_model_before_compiling(backend, expected, tmp_path, plugin_file, capsys,
+                                                             monkeypatch):
+    import irgen.execute
+
+    def no_compile(*args, **kwargs):
+        raise AssertionError("compiled a model the backend refuses")
+
+    monkeypatch.setattr(irgen.execute, "lower", no_compile)
+    plugin = plugin_file("constrained", CONSTRAINED_BACKEND)
+    out = tmp_path / "out"
+    capsys.readouterr()
+    assert _run(plugin, out, "--backend", backend) == 2
+    err = capsys.readouterr().err
+    for e in expected:
+        assert e in err, err
+    assert "Traceback" not in err and not out.exists()
+    if backend == "tiny-npu":  # every conv2d layer of the model, at once
+        assert "cannot run 5 layer(s)" in err, err
+        assert err.count("at most 1x1") == 3 and err.count("output channels: a multiple of 16") == 3, err
+
+
+def test_backend_constraints_that_hold_let_the_model_run(tmp_path, plugin_file):
+    plugin = plugin_file("constrained", CONSTRAINED_BACKEND.replace(
+        'MAX_KERNEL, CHANNELS, DENSE_DTYPE = 1, 16, "int8"', 'MAX_KERNEL, CHANNELS, DENSE_DTYPE = 3, 4, "float32"'))
+    assert _run(plugin, tmp_path / "out", "--backend", "tiny-npu") == 0

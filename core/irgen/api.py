@@ -189,6 +189,14 @@ class Backend:
     format of its own (raw ``.bin``, hex) must give both. irgen checks the path
     (inside OUT, a regular file, under ``--max-tensor-bytes``) before calling it,
     and that the array it returns has the record's shape and dtype.
+
+    ``check_layer(layer) -> list[str]`` states the hardware's constraints: it gets
+    each formed layer before anything is compiled (``name``, ``op``, ``attrs``,
+    ``quant``, and ``inputs``/``outputs``/``params`` as records with ``shape``,
+    ``dtype`` and ``layout``) and returns the constraints the layer breaks, as
+    sentences (empty when it fits). A model with any such layer is refused up
+    front, every offending layer named with what it breaks; so is one whose 4-D
+    activations are not in ``layout``, or whose ops are not in ``supported_ops``.
     """
 
     name: str
@@ -197,6 +205,7 @@ class Backend:
     layout: str | None = None
     write_tensor: Callable[[Path, Any], Path] | None = None
     read_tensor: Callable[[Path, dict[str, Any]], Any] | None = None
+    check_layer: Callable[[dict[str, Any]], list[str]] | None = None
     description: str = ""
 
     def __post_init__(self) -> None:

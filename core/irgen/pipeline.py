@@ -272,6 +272,57 @@ def _layer_records(graph: _Graph, imported: ImportedModel, names: _Names, be: Ba
     return records
 
 
+def _check_backend(graph: _Graph, names: _Names, records: list, be: Backend) -> None:
+    """The backend's constraints on the formed layers, before anything is compiled: its
+    activation layout and ``check_layer``. Every offending layer is named at once."""
+    from irgen.graph import tensor_type
+
+    if not be.layout and be.check_layer is None:
+        return
+    shapes: dict[str, tuple[tuple[int, ...], str]] = {}
+    for v in [*graph.func.params, *(b.var for b in graph.bindings)]:
+        t = tensor_type(v)
+        if t is not None:
+            shapes[names.tensor.get(v.name, v.name)] = t
+    layouts = _layouts([rec.record for rec in records], shapes)
+
+    def tensor(n: str) -> dict[str, Any]:
+        shape, dtype = shapes.get(n, (None, None))
+        return {"name": n, "shape": list(shape) if shape is not None else None, "dtype": dtype, "layout": layouts.get(n)}
+
+    broken: list[str] = []
+    for rec in records:
+        r = rec.record
+        why: list[str] = []
+        if be.layout:
+            other = sorted({layouts[o] for o in r["outputs"] if len(layouts.get(o, "")) == 4 and layouts[o] != be.layout})
+            if other:
+                why.append(f"activations in {'/'.join(other)}, the backend takes {be.layout}")
+        if be.check_layer is not None:
+            view = {"name": r["name"], "op": r["op"], "attrs": r["attrs"], "quant": r["quant"],
+                    "inputs": [tensor(n) for n in r["inputs"]], "outputs": [tensor(n) for n in r["outputs"]],
+                    "params": {role: {"name": f"{r['name']}.{role}", "shape": list(a.shape), "dtype": str(a.dtype),
+                                      "layout": _param_layout(r, role, a)} for role, a in rec.params.items()}}
+            why += _call_check(be, view)
+        if why:
+            broken.append(f"{r['name']} ({r['op']}): {'; '.join(why)}")
+    if broken:
+        shown = "\n  ".join(broken[:50])
+        more = f"\n  ... and {len(broken) - 50} more" if len(broken) > 50 else ""
+        raise IrgenError(f"backend {be.name!r} cannot run {len(broken)} layer(s) of this model:\n  {shown}{more}")
+
+
+def _call_check(be: Backend, view: dict[str, Any]) -> list[str]:
+    try:
+        why = be.check_layer(view)
+    except Exception as err:  # noqa: BLE001  a plugin's check: named, one line
+        raise IrgenError(f"backend {be.name!r}: check_layer failed on layer {view['name']!r} "
+                         f"({type(err).__name__}: {err})") from None
+    if isinstance(why, str) or not all(isinstance(w, str) for w in why or []):
+        raise IrgenError(f"backend {be.name!r}: check_layer must return a list of sentences, got {why!r:.100}")
+    return list(why or [])
+
+
 def _tensor_writer(folder: OutputFolder, be: Backend):
     """``write(stem, array) -> file path relative to OUT``, with the backend's tensor format."""
 
@@ -382,11 +433,6 @@ def _complete_records(graph: _Graph, names: _Names, records: list, tensor_files,
             }
             param_records[fname] = r["params"][role]
     layouts = _layouts([rec.record for rec in records], shapes)
-    if be.layout:
-        other = sorted({f"{r.record['name']} ({layouts[o]})" for r in records for o in r.record["outputs"]
-                        if len(layouts.get(o, "")) == 4 and layouts[o] != be.layout})
-        if other:
-            raise IrgenError(f"backend {be.name!r} takes {be.layout} activations; these layers are not: {', '.join(other)}")
     for rec in records:
         r = rec.record
         r["inputs"] = [_tensor_record(n, shapes, tensor_files, layouts,
@@ -453,6 +499,7 @@ def run(
         check_tensor_sizes(graph.bindings, limit, imported.provenance)
         names = _name(graph, imported)
         records = _layer_records(graph, imported, names, be)
+        _check_backend(graph, names, records, be)
         write = _tensor_writer(folder, be)
         tensor_files, shapes, out_vars, kernels = _compile_and_capture(
             folder, graph, imported, names, records, arrays, opt_level, write, progress)
