@@ -154,7 +154,11 @@ def _role(anchor: Binding, b: Binding, arg_index: int) -> str:
     return "operand"
 
 
-def _arg_ref(a: relax.Expr, names: dict[str, str], params: list[tuple[Constant, str]]) -> Any:
+def arg_ref(a: relax.Expr, names: dict[str, str], params: list[tuple[Constant, str]]) -> Any:
+    """How ``ir.json`` refers to an op argument: a variable by its IR name (``names`` maps Relax
+    names to IR names), a constant that is a layer parameter as ``"param:<role>"`` (``params``
+    lists ``(constant, role)``), another constant as ``{"value": ...}``, a shape as
+    ``{"shape": [...]}``, a tuple as a list of references."""
     if isinstance(a, relax.Var):
         return names.get(a.name, a.name)
     if isinstance(a, Constant):
@@ -165,10 +169,13 @@ def _arg_ref(a: relax.Expr, names: dict[str, str], params: list[tuple[Constant, 
     if isinstance(a, relax.ShapeExpr):
         return {"shape": [int(x) for x in a.values]}
     if isinstance(a, relax.Tuple):
-        return [_arg_ref(f, names, params) for f in a.fields]
+        return [arg_ref(f, names, params) for f in a.fields]
     if hasattr(a, "value"):
         return {"value": to_json(a.value)}
     return {"value": str(a)}
+
+
+_arg_ref = arg_ref  # the former private name (tests/test_reference_ops.py imports it)
 
 
 def build_layer_record(
@@ -225,7 +232,7 @@ def build_layer_record(
                 "op": short_op(b),
                 "relax_op": b.op or b.kind,
                 "attrs": attrs_to_dict(b.value.attrs) if isinstance(b.value, relax.Call) else {"index": int(b.value.index)} if b.kind == "tgi" else {},
-                "args": [_arg_ref(a, refs, params) for a in op_args(b.value)],
+                "args": [arg_ref(a, refs, params) for a in op_args(b.value)],
             }
         )
         refs[b.name] = f"op:{j}"
@@ -236,8 +243,8 @@ def build_layer_record(
         act = acts[-1]
         a = {"op": short_op(act), **IMPLIED_ATTRS.get(act.op or "", {})}
         if act.op == "relax.clip":
-            a["min"] = _arg_ref(act.value.args[1], {}, [])["value"]
-            a["max"] = _arg_ref(act.value.args[2], {}, [])["value"]
+            a["min"] = arg_ref(act.value.args[1], {}, [])["value"]
+            a["max"] = arg_ref(act.value.args[2], {}, [])["value"]
         attrs["activation"] = a
 
     nodes: list[str] = []

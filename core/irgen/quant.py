@@ -150,6 +150,10 @@ _SCHEMES_LOADED: set[str] = set()
 
 
 def register_recompute(scheme: str, kind: str, fn) -> None:
+    """Make ``fn(layer, inputs, params) -> np.ndarray`` verify's numpy recompute of the layers whose
+    ``quant`` record says ``{"scheme": scheme, "kind": kind}``: the integer output the layer must
+    produce from its integer inputs and parameters alone. Call it when the plugin module is
+    imported (``irgen verify`` imports the plugin named after the scheme on first use)."""
     RECOMPUTE[(scheme, kind)] = fn
 
 
@@ -443,6 +447,7 @@ def _recompute_torch(layer: dict[str, Any], inputs: list[np.ndarray], params: di
 
 
 def rx_const(value, dtype: str):
+    """A Relax constant of ``value`` (a scalar or an array) as ``dtype``."""
     from tvm import relax
 
     return relax.const(np.asarray(value, dtype=dtype), dtype)
@@ -512,6 +517,7 @@ def rx_round_to_int(emit, f, zero_point: int, lo: int, hi: int, dtype: str):
 
 
 def rx_clamp_cast(emit, x, lo: int, hi: int, dtype: str):
+    """``x`` clipped to ``[lo, hi]`` and cast to ``dtype`` (the clip bound through ``emit``)."""
     from tvm.relax import op
 
     return op.astype(emit(op.clip(x, lo, hi)), dtype)
@@ -568,7 +574,8 @@ def follow_constant(qg, expr, qparams, scheme: str, what: str, tensor: str):
 
 @dataclass
 class QTensor:
-    """A quantized tensor's parameters: ``real = scale * (q - zero_point)``."""
+    """A quantized tensor's parameters: ``real = scale * (q - zero_point)``; :meth:`record`
+    is its entry in a ``quant`` record's ``inputs``/``output``."""
 
     scale: np.ndarray
     zero_point: np.ndarray
@@ -576,6 +583,7 @@ class QTensor:
     axis: int | None = None  # per-channel axis, None when per tensor
 
     def record(self) -> dict[str, Any]:
+        """``{"scale", "zero_point", "dtype", "axis"}``: lists when per channel, else scalars."""
         per_channel = self.scale.size > 1
         return {
             "scale": [float(s) for s in self.scale.reshape(-1)] if per_channel else float(self.scale.reshape(-1)[0]),
@@ -587,11 +595,34 @@ class QTensor:
 
 @dataclass
 class QGraph:
-    """``main``'s bindings as a scheme edits them.
+    """``main``'s bindings as a scheme edits them: what ``Quantizer.detect(qg)`` reads and
+    ``Quantizer.realize(qg)`` rewrites in place.
 
     A scheme replaces a span of bindings (dequantize -> op -> quantize) with
     one new expression bound to the span's last variable (so names and
     provenance hold) and records the layer's ``quant`` dict under that name.
+
+    Attributes (read them; change them only through the methods):
+
+    * ``mod``: the imported ``tvm.IRModule``; ``main`` is one dataflow block.
+    * ``frontend``: the name of the frontend that imported the model (``"onnx"``,
+      ``"tflite"``, ``"torch"``...), for schemes that read one source's graphs.
+    * ``bindings``: ``main``'s bindings in order, each an :class:`irgen.graph.Binding`
+      (``name``, ``var``, ``value``; ``op`` is the Relax op name such as
+      ``"relax.nn.conv2d"`` for a call, else None).
+    * ``by_name``: binding name -> binding; ``users``: binding name -> indices into
+      ``bindings`` of the bindings that read it (kept current by :meth:`replace`).
+    * ``quant``: binding name -> the layer's ``quant`` record, which becomes the
+      ``quant`` of the IR layer whose output is that binding. It must hold
+      ``"scheme"`` (the scheme's name: verify finds the recompute registered with
+      :func:`register_recompute` by it), ``"kind"``, ``"inputs"`` and ``"output"``
+      (each :meth:`QTensor.record`), and whatever the recompute of the kind reads.
+
+    ``realize(qg)`` reads ``bindings``/``by_name``/``users``/``frontend``, builds integer
+    arithmetic with :meth:`emit` and the ``rx_*`` builders, and commits each span with
+    :meth:`replace`. It must leave no ``relax.quantize``/``relax.dequantize`` that the
+    scheme claims, and every binding it keeps must still type-check. irgen then builds the
+    realized module with :meth:`module` and forms the layers from it.
     """
 
     mod: Any
@@ -621,6 +652,7 @@ class QGraph:
         return var
 
     def _index(self) -> None:
+        """Recompute ``by_name`` and ``users`` from ``bindings``."""
         from irgen.graph import users_of
 
         self.by_name = {b.name: b for b in self.bindings}
@@ -635,6 +667,7 @@ class QGraph:
         return None
 
     def n_users(self, name: str) -> int:
+        """How many bindings read ``name``, plus one when ``main`` returns it."""
         out = self.mod["main"].body.body
         from irgen.graph import var_names
 
@@ -662,6 +695,7 @@ class QGraph:
             self.quant[last] = quant
 
     def module(self):
+        """The ``tvm.IRModule`` with ``main`` rebuilt from ``bindings`` (irgen calls it after ``realize``)."""
         from irgen.graph import rebuild_main
 
         return rebuild_main(self.mod, self.bindings)

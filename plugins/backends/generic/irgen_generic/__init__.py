@@ -6,8 +6,7 @@ activation, an element-wise op with its activation, or any other op alone.
 
 from __future__ import annotations
 
-from irgen import hookimpl
-from irgen.api import Backend, FusionRule
+from irgen.plugin import Backend, FusionRule, hookimpl
 
 __version__ = "0.1.0"
 

@@ -2,7 +2,7 @@
 
 TVM's importer keeps no source names, so this frontend subclasses it and, as
 it walks the ONNX nodes, binds each node's result to a Relax variable named
-after the ONNX output tensor; :class:`irgen.api.Provenance` maps those names
+after the ONNX output tensor; :class:`irgen.plugin.Provenance` maps those names
 back to ONNX node and tensor names.
 """
 
@@ -11,8 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from irgen import hookimpl
-from irgen.api import Frontend, ImportedModel, IrgenError, Provenance, UnsupportedOpsError
+from irgen.plugin import Frontend, ImportedModel, IrgenError, Provenance, UnsupportedOpsError, hookimpl
 
 from . import checks, loader
 from .converters import CONVERTERS
@@ -79,7 +78,7 @@ def load_onnx(path: Path, options: dict[str, Any]) -> ImportedModel:
     from tvm import relax
     from tvm.relax.frontend.onnx import onnx_frontend as of
 
-    from irgen.names import SafeNames, identifier
+    from irgen.plugin import SafeNames, identifier
 
     model, specs = prepare(path, options)
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)

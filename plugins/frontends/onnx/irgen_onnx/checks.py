@@ -22,8 +22,7 @@ import math
 from pathlib import Path
 from typing import Any, Iterator
 
-from irgen import safeio
-from irgen.api import InputSpec, IrgenError
+from irgen.plugin import DEFAULT_MAX_TENSOR_BYTES, InputSpec, IrgenError
 
 from .loader import all_graphs, all_nodes, check_size, data_bytes, esc, np_dtype, one_line, q, type_name
 
@@ -416,4 +415,4 @@ def check_sizes(model, skel, specs: list[InputSpec], limit: int | None, path: Pa
 
 
 def default_limit(options: dict[str, Any]) -> int:
-    return options.get("max_tensor_bytes") or safeio.DEFAULT_MAX_TENSOR_BYTES
+    return options.get("max_tensor_bytes") or DEFAULT_MAX_TENSOR_BYTES

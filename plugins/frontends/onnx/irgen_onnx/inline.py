@@ -13,7 +13,7 @@ is refused with one clear error.
 from __future__ import annotations
 
 from pathlib import Path
-from irgen.api import IrgenError
+from irgen.plugin import IrgenError
 
 from .loader import all_graphs, q
 

@@ -3,7 +3,7 @@
 The model file must be a regular file (a FIFO would block, ``/dev/zero`` never
 ends). Its external data is validated entry by entry before anything is read:
 the location must be a plain relative path that resolves inside the model's
-folder (``irgen.safeio.inside``), name a regular file, and the offset and
+folder (``irgen.plugin.inside``), name a regular file, and the offset and
 length must be integers that stay inside that file and match the tensor's
 declared size, which itself must stay under ``--max-tensor-bytes``. Only then
 is the data read, by irgen itself, into the tensor (``onnx``'s own loader is
@@ -18,8 +18,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterator
 
-from irgen import safeio
-from irgen.api import IrgenError
+from irgen.plugin import IrgenError, check_tensor_size, human_bytes, inside, open_regular, read_bytes, regular_file
 
 #: protobuf cannot parse a message over 2 GiB; a larger .onnx is not a model
 MAX_MODEL_FILE_BYTES = (2 << 30) - 1
@@ -122,12 +121,12 @@ def check_size(what: str, dims, elem_type: int, limit: int | None) -> None:
     dims = [int(d) for d in dims]
     dtype = np_dtype(elem_type)
     name = str(dtype) if dtype is not None and dtype != object else type_name(elem_type)
-    safeio.check_tensor_size(what, dims, name, None)  # negative dimensions
+    check_tensor_size(what, dims, name, None)  # negative dimensions
     if limit is not None and data_bytes(dims, elem_type) > limit:
-        safeio.check_tensor_size(what, dims, name, limit)
+        check_tensor_size(what, dims, name, limit)
         raise IrgenError(  # check_tensor_size counted a narrower type than ONNX's
-            f"{what} would hold {safeio.human_bytes(data_bytes(dims, elem_type))} (shape {tuple(dims)}, {name}), "
-            f"over the limit of {safeio.human_bytes(limit)}; raise it with --max-tensor-bytes if this is meant"
+            f"{what} would hold {human_bytes(data_bytes(dims, elem_type))} (shape {tuple(dims)}, {name}), "
+            f"over the limit of {human_bytes(limit)}; raise it with --max-tensor-bytes if this is meant"
         )
 
 
@@ -138,8 +137,8 @@ def read_model(path: Path):
     """The ModelProto in ``path`` (a regular file), external data not loaded yet."""
     import onnx
 
-    safeio.regular_file(path, "model")
-    data = safeio.read_bytes(path, "model", MAX_MODEL_FILE_BYTES)
+    regular_file(path, "model")
+    data = read_bytes(path, "model", MAX_MODEL_FILE_BYTES)
     if not data:
         raise IrgenError(f"{path}: not a readable ONNX model (the file is empty)")
     model = onnx.ModelProto()
@@ -222,7 +221,7 @@ def load_external_data(model, path: Path, limit: int | None) -> None:
             raise IrgenError(f"{where}: not a plain relative path")
         if location.startswith(("/", "~")) or ".." in location.split("/"):
             raise IrgenError(f"{where}: points outside the model's folder")
-        target = safeio.inside(base, location, f"{path}: tensor {q(t.name)}: external data", "the model's folder")
+        target = inside(base, location, f"{path}: tensor {q(t.name)}: external data", "the model's folder")
         offset = _integer(info, "offset", t, path, location) or 0
         length = _integer(info, "length", t, path, location)
         if t.data_type == TensorProto.STRING or np_dtype(t.data_type) is None:
@@ -234,7 +233,7 @@ def load_external_data(model, path: Path, limit: int | None) -> None:
                 f"{where}: length {length} does not match the tensor's shape {tuple(t.dims)} "
                 f"({type_name(t.data_type)}: {need} bytes)"
             )
-        with safeio.open_regular(target, f"{path}: tensor {q(t.name)}: external data") as f:
+        with open_regular(target, f"{path}: tensor {q(t.name)}: external data") as f:
             size = os.fstat(f.fileno()).st_size
             if offset + need > size:
                 raise IrgenError(

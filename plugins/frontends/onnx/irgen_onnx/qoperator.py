@@ -28,7 +28,7 @@ from typing import Callable
 
 import numpy as np
 
-from irgen.api import IrgenError
+from irgen.plugin import IrgenError
 
 _DOMAINS = ("", "ai.onnx", "com.microsoft")
 

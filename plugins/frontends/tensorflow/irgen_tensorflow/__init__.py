@@ -6,7 +6,7 @@ Keras files and SavedModel folders converted to TFLite in-process, then imported
 TVM's importer keeps no source names, so this frontend subclasses its
 ``OperatorConverter`` and, as it walks the TFLite operators, binds each
 operator's result to a Relax variable named after the TFLite output tensor;
-:class:`irgen.api.Provenance` maps those names back to the operator
+:class:`irgen.plugin.Provenance` maps those names back to the operator
 (``f"{BUILTIN}_{op_index}"``, TFLite operators have no names) and tensor names.
 
 Only the ``tflite`` flatbuffer reader is needed here; TensorFlow itself is not
@@ -22,8 +22,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from irgen import hookimpl
-from irgen.api import Frontend, ImportedModel, InputSpec, IrgenError, Provenance, UnsupportedOpsError
+from irgen.plugin import Frontend, ImportedModel, InputSpec, IrgenError, Provenance, UnsupportedOpsError, hookimpl
 from irgen_tensorflow.tflite_check import TYPES as _TYPES
 from irgen_tensorflow.tflite_check import Unreadable, check_model
 
@@ -38,15 +37,15 @@ _READER_ERRORS = (struct.error, IndexError, ValueError, TypeError, OverflowError
 def max_tensor_bytes(options: dict[str, Any]) -> int | None:
     """``--max-tensor-bytes`` from the frontend options (the default limit when a
     caller passes no such option)."""
-    from irgen.safeio import DEFAULT_MAX_TENSOR_BYTES
+    from irgen.plugin import DEFAULT_MAX_TENSOR_BYTES
 
     return options.get("max_tensor_bytes", DEFAULT_MAX_TENSOR_BYTES)
 
 
 def _load_model(path: Path, limit: int | None = None):
-    from irgen import safeio
+    from irgen.plugin import read_bytes
 
-    buf = safeio.read_bytes(path, "model")  # a regular file only: never a FIFO or a device
+    buf = read_bytes(path, "model")  # a regular file only: never a FIFO or a device
     return _parse_model(buf, str(path), limit)
 
 
@@ -152,7 +151,7 @@ def _input_specs(model, shapes: dict[str, tuple[int, ...]], limit: int | None = 
     """The main subgraph's inputs. ``shapes`` (``--input-shape``) may only name
     inputs of the model and only set its open dimensions (-1 in the tensor's
     shape signature); a TFLite model's other dimensions are fixed."""
-    from irgen.safeio import check_tensor_size
+    from irgen.plugin import check_tensor_size
 
     sg = model.Subgraphs(0)
     declared = []
@@ -271,7 +270,7 @@ def _import(model, where: str, options: dict[str, Any], frontend: str, state: di
     from tvm import relax
     from tvm.relax.frontend.tflite import tflite_frontend as tf_fe
 
-    from irgen.names import SafeNames, identifier
+    from irgen.plugin import SafeNames, identifier
     from irgen_tensorflow import converters
 
     limit = max_tensor_bytes(options)
@@ -340,7 +339,7 @@ def _import(model, where: str, options: dict[str, Any], frontend: str, state: di
         mod = tf_fe.from_tflite(model, shape_dict, dtype_dict, op_converter=NamingConverter)
     state["current"] = None
     mod = _finish_main(mod, param_names)
-    from irgen.graph import check_tensor_sizes, module_bindings
+    from irgen.plugin import check_tensor_sizes, module_bindings
 
     # a constant such as a PAD amount or a RESHAPE target can make a tensor far larger than declared
     check_tensor_sizes(module_bindings(mod), limit, provenance, where)
@@ -371,7 +370,7 @@ def _finish_main(mod, param_names: list[str]):
     if attrs:
         new = new.with_attrs(attrs)
     mod = tvm.IRModule({"main": new})
-    from irgen.graph import tuple_output_outside_dataflow
+    from irgen.plugin import tuple_output_outside_dataflow
 
     return tuple_output_outside_dataflow(relax.transform.Normalize()(mod))
 
@@ -430,10 +429,10 @@ def source_runner(path: Path, options: dict[str, Any]):
     """The TFLite interpreter on the model file, checked as :func:`load_tflite` checks it;
     its reference kernels, or the builtin optimized ones with option ``tflite_kernels``
     "optimized" (``irgen verify`` retries with them when the reference kernels crash)."""
-    from irgen import safeio
+    from irgen.plugin import read_bytes
 
     path = Path(path)
-    content = safeio.read_bytes(path, "model")  # a regular file only: never a FIFO or a device
+    content = read_bytes(path, "model")  # a regular file only: never a FIFO or a device
     _parse_model(content, str(path), max_tensor_bytes(options))
     return interpreter_runner(content, f"tflite frontend ({path.name})", options.get("tflite_kernels", "reference"))
 

@@ -6,7 +6,7 @@ The model is converted in-process with ``tf.lite.TFLiteConverter`` into a
 ``source`` names are the TFLite tensor names (which carry the Keras layer names).
 
 Float by default. ``--calibration DIR`` (a folder of ``.npy`` files, one sample
-each, read with :func:`irgen.safeio.load_npy`: no pickle, size checked) makes a full-integer int8 model instead:
+each, read with :func:`irgen.plugin.load_npy`: no pickle, size checked) makes a full-integer int8 model instead:
 the files are the representative dataset, int8 inputs and outputs, builtin int8
 kernels only (``TFLITE_BUILTINS_INT8``); the ``tflite-int8`` scheme then picks it up.
 
@@ -30,8 +30,17 @@ import warnings
 from pathlib import Path
 from typing import Any, Iterator
 
-from irgen import safeio
-from irgen.api import ImportedModel, IrgenError
+from irgen.plugin import (
+    DEFAULT_MAX_TENSOR_BYTES,
+    ImportedModel,
+    IrgenError,
+    file_or_folder,
+    human_bytes,
+    load_npy,
+    open_regular,
+    regular_file,
+    regular_tree,
+)
 from irgen_tensorflow.quiet import captured_fds as _captured_fds
 from irgen_tensorflow.quiet import captured_text, quiet_tensorflow
 
@@ -79,12 +88,12 @@ def _check_path(path: Path) -> None:
     Nothing else is opened: a FIFO or a device would block or never end, and a
     link inside a SavedModel folder that leads out of it would make TensorFlow
     read a file the user did not give."""
-    safeio.file_or_folder(path, "model")
+    file_or_folder(path, "model")
     if not path.is_dir():
-        safeio.regular_file(path, "model")
+        regular_file(path, "model")
         return
-    safeio.regular_file(path / "saved_model.pb", "SavedModel file")
-    safeio.regular_tree(path, "SavedModel folder", MAX_SAVED_MODEL_ENTRIES)
+    regular_file(path / "saved_model.pb", "SavedModel file")
+    regular_tree(path, "SavedModel folder", MAX_SAVED_MODEL_ENTRIES)
 
 
 # ---------------------------------------------------------------- safety checks
@@ -96,7 +105,7 @@ def _keras_config(path: Path) -> Any:
         import zipfile
 
         try:
-            with safeio.open_regular(path, "model") as f, zipfile.ZipFile(f) as z:
+            with open_regular(path, "model") as f, zipfile.ZipFile(f) as z:
                 _check_zip(path, z)
                 return json.loads(z.read("config.json"))
         except IrgenError:
@@ -110,7 +119,7 @@ def _keras_config(path: Path) -> Any:
     except ImportError:
         raise IrgenError(f"{path}: reading HDF5 Keras files needs h5py") from None
     try:
-        with safeio.open_regular(path, "model") as raw, h5py.File(raw, "r") as f:
+        with open_regular(path, "model") as raw, h5py.File(raw, "r") as f:
             cfg = f.attrs.get("model_config")
     except IrgenError:
         raise
@@ -132,11 +141,11 @@ def _check_zip(path: Path, z) -> None:
     """Sizes a ``.keras`` archive declares, before anything is decompressed."""
     for info in z.infolist():
         if info.filename in ("config.json", "metadata.json") and info.file_size > MAX_CONFIG_BYTES:
-            raise IrgenError(f"{path}: {info.filename} would be {safeio.human_bytes(info.file_size)}, "
+            raise IrgenError(f"{path}: {info.filename} would be {human_bytes(info.file_size)}, "
                              f"over {MAX_CONFIG_BYTES >> 20} MiB")
         if info.file_size > (1 << 20) and info.file_size > MAX_ZIP_RATIO * max(info.compress_size, 1):
             raise IrgenError(f"{path}: member {info.filename!r} would expand from "
-                             f"{safeio.human_bytes(info.compress_size)} to {safeio.human_bytes(info.file_size)} "
+                             f"{human_bytes(info.compress_size)} to {human_bytes(info.file_size)} "
                              "(a zip bomb?)")
 
 
@@ -207,14 +216,14 @@ def _calibration_files(folder: Any) -> list[Path]:
 def _calibration(folder: Any, shape: tuple[int, ...], limit: int | None) -> list:
     """The samples in sorted file-name order, float32, shaped like the model input.
 
-    Each file is read with :func:`irgen.safeio.load_npy`: a regular file only (a
+    Each file is read with :func:`irgen.plugin.load_npy`: a regular file only (a
     FIFO is refused, not waited on), no pickle, its size checked from the header
     against ``--max-tensor-bytes`` before the data is read."""
     import numpy as np
 
     samples = []
     for f in _calibration_files(folder):
-        a = safeio.load_npy(f, "--calibration file", limit)
+        a = load_npy(f, "--calibration file", limit)
         if a.dtype.kind not in "fiu":
             raise IrgenError(f"--calibration file {f}: dtype {a.dtype} is not numeric")
         if tuple(a.shape) != tuple(shape):
@@ -255,7 +264,7 @@ def _weight_sizes(path: Path, cfg: Any, limit: int | None) -> None:
     except ImportError:
         return
 
-    from irgen.safeio import check_tensor_size
+    from irgen.plugin import check_tensor_size
 
     try:
         with keras.StatelessScope(initialize_variables=False), serialization_lib.SafeModeScope(True):
@@ -311,7 +320,7 @@ def _conversion_error(path: Path, err: Exception, log: str) -> IrgenError:
     return IrgenError(f"keras frontend ({path.name}): TFLite conversion failed: {type(err).__name__}: {first[:300]}")
 
 
-def convert(path: Path, calibration: Any = None, limit: int | None = safeio.DEFAULT_MAX_TENSOR_BYTES) -> bytes:
+def convert(path: Path, calibration: Any = None, limit: int | None = DEFAULT_MAX_TENSOR_BYTES) -> bytes:
     """The ``.tflite`` flatbuffer of the model at ``path`` (float, or int8 with ``calibration``);
     ``limit`` is ``--max-tensor-bytes`` (calibration samples)."""
     path = Path(path)

@@ -13,7 +13,7 @@ dimension, constant data of the size its shape says, buffer ``offset``/``size``
 
 A structural fault raises :class:`Unreadable` (the caller turns it into
 ``<file>: not a readable TFLite model (...)``); a size over the limit raises
-the :class:`irgen.api.IrgenError` of :func:`irgen.safeio.check_tensor_size`.
+the :class:`irgen.plugin.IrgenError` of :func:`irgen.plugin.check_tensor_size`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import math
 import struct
 from typing import Iterator
 
-from irgen.safeio import check_tensor_size
+from irgen.plugin import check_tensor_size
 
 IDENTIFIER = b"TFL3"
 

@@ -25,7 +25,7 @@ The graph is translated without ATen decomposition, so FX node names and ops
 (``aten.conv2d.default``, ...) are the ones ``ExportedProgram.graph`` shows.
 TVM's importer names its bindings ``lv``, ``lv1``, ...; this frontend renames
 the binding that holds each FX node's result after the FX node
-(``t_<node name>``) and records it in :class:`irgen.api.Provenance` as
+(``t_<node name>``) and records it in :class:`irgen.plugin.Provenance` as
 (FX node name, ATen op name, FX node name). Values that do not depend on the
 user inputs (masks and index tensors built from shapes) are computed by torch
 and imported as constants (:mod:`irgen_torch.fold`).
@@ -37,9 +37,16 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from irgen import hookimpl
-from irgen.api import Frontend, ImportedModel, InputSpec, IrgenError, Provenance, UnsupportedOpsError
-from irgen.safeio import regular_file
+from irgen.plugin import (
+    Frontend,
+    ImportedModel,
+    InputSpec,
+    IrgenError,
+    Provenance,
+    UnsupportedOpsError,
+    hookimpl,
+    regular_file,
+)
 
 from .fold import constant_nodes
 from .loader import load_pt2, load_pth
@@ -126,7 +133,7 @@ def translate(ep, where: str, input_names: list[str] | None = None) -> ImportedM
     from tvm import relax
     from tvm.relax.frontend.torch.exported_program_translator import ExportedProgramImporter
 
-    from irgen.names import SafeNames, identifier
+    from irgen.plugin import SafeNames, identifier
 
     specs = _user_inputs(ep)
     if input_names:

@@ -39,8 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from irgen.api import IrgenError
-from irgen.safeio import MAX_JSON_BYTES, check_tensor_size, human_bytes
+from irgen.plugin import MAX_JSON_BYTES, IrgenError, check_tensor_size, human_bytes
 
 #: archives with more members than this are refused
 MAX_MEMBERS = 100_000

@@ -3,7 +3,7 @@
 :func:`no_code_from_file` is the second layer behind :mod:`irgen_torch.archive`:
 whatever torch's loader tries to unpickle while it is active is forced through
 torch's weights-only unpickler (plain tensors and containers only), and the
-ways torch has to run code from a file raise :class:`irgen.api.IrgenError`
+ways torch has to run code from a file raise :class:`irgen.plugin.IrgenError`
 naming the file and, when it can be told, the archive member:
 
 - ``torch.load`` (``torch.serialization.load``) always runs with
@@ -36,7 +36,7 @@ import warnings
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-from irgen.api import IrgenError
+from irgen.plugin import IrgenError
 
 from .archive import TRUST, Archive, check_sym_expr, one_line, unpickler_reason
 

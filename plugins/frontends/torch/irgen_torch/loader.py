@@ -1,11 +1,11 @@
 """Reading ``.pt2`` and ``.pth`` files, which are untrusted input.
 
-Both are opened once, as regular files only (:func:`irgen.safeio.open_regular`:
+Both are opened once, as regular files only (:func:`irgen.plugin.open_regular`:
 a FIFO or a device is refused before anything blocks), checked by
 :mod:`irgen_torch.archive` and handed to torch as that same open file, under
 :func:`irgen_torch.guard.no_code_from_file` unless ``--allow-pickle`` was given,
 and with torch's own logging silenced. Every failure is one
-:class:`irgen.api.IrgenError` naming the file.
+:class:`irgen.plugin.IrgenError` naming the file.
 """
 
 from __future__ import annotations
@@ -17,8 +17,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-from irgen.api import IrgenError
-from irgen.safeio import DEFAULT_MAX_TENSOR_BYTES, check_tensor_size, open_regular
+from irgen.plugin import DEFAULT_MAX_TENSOR_BYTES, IrgenError, check_tensor_size, open_regular
 
 from .archive import TRUST, inspect_pt2, inspect_pth, one_line
 from .guard import PickledDataError, no_code_from_file, quiet_torch

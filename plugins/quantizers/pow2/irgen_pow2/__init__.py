@@ -4,7 +4,7 @@ Many accelerators keep every scale a power of two and zero points at 0, so
 requantizing an int32 accumulator is one rounding right shift. This scheme
 takes ONNX QDQ models whose scales are all powers of two (chosen
 automatically then, or forced with ``--quantizer pow2``), realizes them as
-the ``qdq`` scheme does, and requantizes convolutions and dense layers with
+the ``qdq`` scheme does (irgen's QDQ engine, :func:`irgen.plugin.realize_qdq`), and requantizes convolutions and dense layers with
 shifts only: ``y = round_half_even(acc / 2**shift[c])``, which is exactly
 what ONNX Runtime computes for such scales. The quant record carries the
 shift amounts.
@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from irgen import hookimpl
-from irgen.api import IrgenError, Quantizer
+from irgen.plugin import QDQ_RECOMPUTE, IrgenError, Quantizer, hookimpl, register_recompute
 
 __version__ = "0.1.0"
 
@@ -30,7 +29,7 @@ def _qdq_spans(qg):
 
 def _not_pow2(qg) -> list[str]:
     """Why the model is not a power-of-two model (tensor and reason), empty when it is."""
-    from irgen.graph import Constant
+    from irgen.plugin import Constant
 
     bad = []
     for b in _qdq_spans(qg):
@@ -54,7 +53,7 @@ def detect(qg) -> bool:
 def _shift_requant(qg, acc, scale, out, lo, hi, axis, ndim, tensor):
     from tvm.relax import op
 
-    from irgen import quant as q
+    import irgen.plugin as q
 
     shift = -np.log2(np.asarray(scale, np.float64))
     if np.any(shift != np.round(shift)):
@@ -80,12 +79,18 @@ def _shift_requant(qg, acc, scale, out, lo, hi, axis, ndim, tensor):
 
 
 def realize(qg) -> None:
-    import irgen_qdq
+    from irgen.plugin import realize_qdq
 
     bad = _not_pow2(qg)
     if bad:
         raise IrgenError(f"{SCHEME}: not a power-of-two model: {bad[0]}")
-    irgen_qdq.realize(qg, scheme=SCHEME, conv_requant=_shift_requant)
+    realize_qdq(qg, scheme=SCHEME, conv_requant=_shift_requant)
+
+
+# verify's recompute of the kinds irgen's QDQ engine records beyond the built-in ones, under this
+# scheme's name (so pow2 outputs verify without the qdq plugin installed)
+for _kind, _fn in QDQ_RECOMPUTE.items():
+    register_recompute(SCHEME, _kind, _fn)
 
 
 @hookimpl

@@ -36,16 +36,14 @@ from typing import Any
 
 import numpy as np
 
-from irgen import hookimpl
-from irgen.api import IrgenError, Quantizer
-from irgen.quant import register_recompute
+from irgen.plugin import IrgenError, Quantizer, hookimpl, register_recompute
 from irgen_tflite_int8 import kinds
 
 __version__ = "0.1.0"
 
 SCHEME = "tflite-int8"
 
-for _kind, _fn in kinds.RECOMPUTE.items():  # irgen verify finds them through irgen.quant
+for _kind, _fn in kinds.RECOMPUTE.items():  # irgen verify finds them by scheme and kind
     register_recompute(SCHEME, _kind, _fn)
 
 
@@ -53,8 +51,8 @@ def _ops():
     from tvm import relax
     from tvm.relax import op
 
-    from irgen import quant as q
-    from irgen.graph import Constant
+    import irgen.plugin as q
+    from irgen.plugin import Constant
 
     return relax, op, q, Constant
 
@@ -109,7 +107,7 @@ def _const_weight(qg, expr, tensor: str):
 
 
 def _multipliers(real: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    from irgen.quant import quantize_multiplier
+    from irgen.plugin import quantize_multiplier
 
     pairs = [quantize_multiplier(float(r)) for r in np.asarray(real, np.float64).reshape(-1)]
     return np.array([p[0] for p in pairs], np.int64), np.array([p[1] for p in pairs], np.int64)

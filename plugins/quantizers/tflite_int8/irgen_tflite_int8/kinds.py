@@ -24,7 +24,7 @@ parameter files alone), side by side.
 
 :data:`SPANS` maps the float Relax op between dequantize and quantize to its
 realization; :data:`RECOMPUTE` maps each kind to its recompute (registered with
-:func:`irgen.quant.register_recompute`).
+:func:`irgen.plugin.register_recompute`).
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ def _downscale_to_int16(m32: int) -> int:
 
 def hard_swish_params(s_in: float, s_out: float) -> dict[str, int]:
     """HardSwishPrepare's fixed-point parameters (float32 scales, as TFLite)."""
-    from irgen.quant import quantize_multiplier
+    from irgen.plugin import quantize_multiplier
 
     hires = np.float32(1.0 / 128.0) * np.float32(s_in)
     out_m, out_e = quantize_multiplier(float(np.float32(hires / np.float32(s_out))))
@@ -203,7 +203,7 @@ def constants_record(*operands) -> dict[str, Any]:
 def recompute_add(layer, inputs, params) -> np.ndarray:
     """TFLite's general int8 ADD (the core record: ``left_shift``, input and output
     multipliers), with the record's constant operands in place."""
-    from irgen.quant import multiply_by_quantized_multiplier as mbqm
+    from irgen.plugin import multiply_by_quantized_multiplier as mbqm
 
     qr = layer["quant"]
     rq, out = qr["requant"], qr["output"]
@@ -215,7 +215,7 @@ def recompute_add(layer, inputs, params) -> np.ndarray:
 
 
 def recompute_mul(layer, inputs, params) -> np.ndarray:
-    from irgen.quant import multiply_by_quantized_multiplier
+    from irgen.plugin import multiply_by_quantized_multiplier
 
     qr = layer["quant"]
     rq, out = qr["requant"], qr["output"]
@@ -267,7 +267,7 @@ def recompute_resize_bilinear(layer, inputs, params) -> np.ndarray:
 
 def recompute_batch_matmul(layer, inputs, params) -> np.ndarray:
     """``reference_ops::BatchMatMul`` on int8: int32 sums of ``(a - zp_a) * (b - zp_b)``, requantized."""
-    from irgen.quant import multiply_by_quantized_multiplier
+    from irgen.plugin import multiply_by_quantized_multiplier
 
     qr = layer["quant"]
     rq, out = qr["requant"], qr["output"]
@@ -292,8 +292,8 @@ def _lut_layer(qg, qb, x, qx, out, function: str, drop: list[str], params: dict 
     from tvm import relax
     from tvm.relax import op
 
-    from irgen import quant as q
-    from irgen.api import IrgenError
+    import irgen.plugin as q
+    from irgen.plugin import IrgenError
 
     if qx.dtype != out.dtype or qx.dtype not in ("int8", "uint8"):
         raise IrgenError(f"{SCHEME}: {function} {qb.name!r} maps {qx.dtype} to {out.dtype}; only 8-bit tables are realized")
@@ -309,7 +309,7 @@ def _lut_layer(qg, qb, x, qx, out, function: str, drop: list[str], params: dict 
 
 
 def realize_logistic(qg, qb, comp, out, act, helpers):
-    from irgen.api import IrgenError
+    from irgen.plugin import IrgenError
 
     if act is not None:
         raise IrgenError(f"{SCHEME}: a float activation after the logistic {qb.name!r}")
@@ -334,7 +334,7 @@ def realize_hard_swish(qg, qb, comp, out, act, helpers):
     """TVM's HARD_SWISH import: ``x * clip(x + 3, 0, 6) / 6`` on ``x = dequantize(int8)``."""
     from tvm import relax
 
-    from irgen.api import IrgenError
+    from irgen.plugin import IrgenError
 
     def fail():
         return IrgenError(f"{SCHEME}: cannot realize relax.divide at tensor {qb.name!r} in integer arithmetic "
@@ -371,7 +371,7 @@ def realize_hard_swish(qg, qb, comp, out, act, helpers):
 
 def _product_multiplier(q1, q2, out) -> tuple[int, int]:
     """TFLite's requantization of a product of two int8 operands: s1 * s2 / s_out as multiplier, shift."""
-    from irgen import quant as q
+    import irgen.plugin as q
 
     real = np.float64(np.float32(q1.scale[0])) * np.float64(np.float32(q2.scale[0])) / np.float64(np.float32(out.scale[0]))
     return q.quantize_multiplier(float(real))
@@ -381,8 +381,8 @@ def realize_mul(qg, qb, comp, out, act, helpers):
     from tvm import relax
     from tvm.relax import op
 
-    from irgen import quant as q
-    from irgen.api import IrgenError
+    import irgen.plugin as q
+    from irgen.plugin import IrgenError
 
     ins = [helpers.operand(qg, a) for a in comp.value.args]
     if any(i is None for i in ins):
@@ -421,8 +421,8 @@ def realize_resize_bilinear(qg, qb, comp, out, act, helpers):
     from tvm import relax
     from tvm.relax import op
 
-    from irgen import quant as q
-    from irgen.api import IrgenError
+    import irgen.plugin as q
+    from irgen.plugin import IrgenError
 
     a = comp.value.attrs
     x, qx, dqx = helpers.int8_input(qg, comp.value.args[0], f"input of the resize {qb.name!r}")
@@ -464,8 +464,8 @@ def realize_batch_matmul(qg, qb, comp, out, act, helpers):
     """A matmul of two dequantized int8 activations (TFLite BATCH_MATMUL)."""
     from tvm.relax import op
 
-    from irgen import quant as q
-    from irgen.api import IrgenError
+    import irgen.plugin as q
+    from irgen.plugin import IrgenError
 
     ins = [helpers.dequantized(qg, a) for a in comp.value.args]
     if any(i is None for i in ins):
@@ -511,7 +511,7 @@ BATCH_MATMUL_ROUNDING = "double"
 
 
 def recompute_requantize(layer, inputs, params) -> np.ndarray:
-    from irgen.quant import multiply_by_quantized_multiplier
+    from irgen.plugin import multiply_by_quantized_multiplier
 
     qr = layer["quant"]
     rq, out = qr["requant"], qr["output"]
@@ -529,7 +529,7 @@ def realize_requantize(qg, qb, comp, out, act, helpers):
     clip (TFLite's int8 RELU/RELU6/RELU_N1_TO_1 and int8 -> int8 QUANTIZE):
     ``clamp(MultiplyByQuantizedMultiplier(x - zp_x, M, shift) + zp_y)``, the clamp
     from the activation's range (TFLite's quantized ReluX)."""
-    from irgen import quant as q
+    import irgen.plugin as q
 
     x, qx, dqx = helpers.int8_input(qg, comp.var, f"input of {qb.name!r}")
     if act is not None:  # ReluPrepare: float input scale / float output scale

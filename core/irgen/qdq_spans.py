@@ -1,4 +1,4 @@
-"""Spans of ``quantize_static`` graphs that ONNX Runtime does not run as one integer kernel.
+"""The QDQ realization engine (:mod:`irgen.qdq`), part two: spans of ``quantize_static`` graphs that ONNX Runtime does not run as one integer kernel.
 
 * **Dequantized constants as integer operands**: ``quantize_static`` puts Q->DQ on
   constants feeding Add/Mul (the bias Add after a MatMul, a layer-scale gamma,
@@ -37,9 +37,9 @@ ELEMENTWISE = {"relax.add", "relax.subtract", "relax.multiply", "relax.divide", 
 
 
 def _pkg():
-    import irgen_qdq
+    from irgen import qdq
 
-    return irgen_qdq
+    return qdq
 
 
 def _args(value):
@@ -323,7 +323,7 @@ def realize_float(qg, qb, last, out):
     from tvm.relax import op
 
     from irgen.graph import Constant, attrs_to_dict
-    from irgen.ir import _arg_ref
+    from irgen.ir import arg_ref
 
     p = _pkg()
     _, _, q, _ = p._ops()
@@ -413,7 +413,7 @@ def realize_float(qg, qb, last, out):
             program.append({"relax_op": "tgi", "attrs": {"index": int(v.index)}, "args": [refs[v.tuple_value.name]]})
         else:
             program.append({"relax_op": str(v.op.name), "attrs": attrs_to_dict(v.attrs) if v.attrs is not None else {},
-                            "args": [refs[a.name] if isinstance(a, relax.Var) else _arg_ref(a, {}, []) for a in v.args]})
+                            "args": [refs[a.name] if isinstance(a, relax.Var) else arg_ref(a, {}, []) for a in v.args]})
         refs[pb.name] = f"op:{len(program) - 1}"
     y = e(op.astype(new[last.name], "float32"))
     info = np.iinfo(out.dtype)
@@ -769,10 +769,6 @@ def tvm_equal(a, b) -> bool:
     return str(a) == str(b)
 
 
-def register() -> None:
-    """verify's recompute of the kinds realized here (schemes built on qdq, such as pow2, find it too)."""
-    from irgen.quant import register_recompute
-
-    register_recompute("qdq", "float", recompute_float)
-    register_recompute("qdq", "matmul", recompute_matmul)
-    register_recompute("qdq", "concatenate", recompute_concat)
+#: quant kind -> verify's recompute ``fn(layer, inputs, params)`` of the kinds realized here; the ``qdq``
+#: plugin registers them under its scheme (schemes built on qdq, such as pow2, find them there)
+RECOMPUTE = {"float": recompute_float, "matmul": recompute_matmul, "concatenate": recompute_concat}

@@ -1,0 +1,224 @@
+"""irgen's public plugin API: the one module a plugin imports.
+
+A plugin (a frontend, a quantization scheme, a backend, a serializer) is a
+distribution with an ``irgen`` entry point whose module implements the hooks of
+:mod:`irgen.hookspecs`. It imports from irgen **this module only**::
+
+    from irgen.plugin import hookimpl, Serializer
+
+Every other irgen module (``irgen.api``, ``irgen.quant``, ``irgen.graph``,
+``irgen.reference``, ``irgen.ir``, ``irgen.safeio``, ``irgen.names``, ...) is
+private: its names may move or change in any release. ``irgen.hookimpl`` and
+``irgen.api`` keep working for existing plugins, but new code imports here.
+
+Versioning
+----------
+
+``API_VERSION`` is ``"MAJOR.MINOR"``. The minor number grows when names are
+added to this module (or a function gains an optional argument); the major
+number grows when a name is removed, renamed, or changes meaning (arguments,
+return value, the records it writes). A plugin written against ``1.x`` works
+with every ``1.y`` where ``y >= x``; it may check::
+
+    import irgen.plugin
+    major, minor = map(int, irgen.plugin.API_VERSION.split("."))
+    assert major == 1 and minor >= 0
+
+Registration (what the hooks register)
+--------------------------------------
+
+* ``hookimpl``: the pluggy marker of a hook implementation
+  (``@hookimpl def irgen_register_serializers(register): ...``).
+* ``Frontend``, ``Quantizer``, ``Backend``, ``Serializer``: the objects a plugin
+  registers; their docstrings give every field.
+* ``FusionRule`` and ``ATTENTION_FUSION``: a backend's layer-forming rules
+  (``Backend.fusion``); ``ATTENTION_FUSION`` folds softmax attention into one layer.
+* ``ImportedModel``, ``InputSpec``, ``Provenance``: what a frontend returns
+  (the Relax module, its inputs, and which source nodes each binding came from).
+* ``IrgenError``: the one exception irgen reports as a message, not a traceback;
+  ``UnsupportedOpsError`` lists the source ops a frontend cannot import.
+
+The graph a scheme reads and rewrites
+-------------------------------------
+
+* ``QGraph``: ``main``'s bindings as ``Quantizer.detect(qg)`` reads them and
+  ``Quantizer.realize(qg)`` rewrites them in place. Read ``qg.mod``,
+  ``qg.frontend``, ``qg.bindings`` (in order), ``qg.by_name``, ``qg.users``;
+  ``qg.producer(expr)`` is the binding computing a variable (None for inputs and
+  constants), ``qg.n_users(name)`` counts its readers (the output counts).
+  Build new arithmetic with ``qg.emit(expr)`` (binds one op to a new variable,
+  placed before the next replace) and commit a span with
+  ``qg.replace(names, expr, quant)``: drops the bindings ``names``, binds
+  ``expr`` to the last of them (the layer keeps that name and its provenance)
+  and stores the layer's ``quant`` record in ``qg.quant[name]``. A record holds
+  ``scheme`` (the registering scheme's name), ``kind``, ``inputs`` and
+  ``output`` (``QTensor.record()``) and what the kind's recompute reads.
+* ``QTensor``: a tensor's scale, zero point, dtype and per-channel axis.
+* ``Binding`` (``name``, ``var``, ``value``, ``op`` such as ``"relax.nn.conv2d"``)
+  and ``Constant`` (a Relax constant: ``c.value.numpy()``).
+* ``attrs_to_dict``: a Relax op's attributes as plain Python values.
+* ``substitute``: rebuild an expression with variables replaced by name.
+* ``main_bindings`` (``main`` and its checked bindings), ``module_bindings``
+  (every binding of ``main``), ``check_tensor_sizes`` (refuse tensors over a
+  byte limit before compiling), ``tuple_output_outside_dataflow`` (a
+  multi-output ``main`` returning its tuple): helpers for frontends.
+* ``arg_ref``: how ``ir.json`` refers to an op argument (a variable's name,
+  ``"param:<role>"``, ``{"value": ...}``, ``{"shape": [...]}``).
+
+Integer arithmetic
+------------------
+
+numpy (what verify recomputes) and the same as Relax ops (what a scheme puts
+into the graph, so TVM computes it), side by side so they cannot drift:
+
+* TFLite fixed point: ``quantize_multiplier`` (real -> multiplier, shift),
+  ``multiply_by_quantized_multiplier`` and ``rx_multiply_by_quantized_multiplier``
+  in the rounding ``DOUBLE`` or ``SINGLE`` (``ROUNDING_RULES`` describes each),
+  ``divide_round_half_away`` / ``rx_divide_round_half_away``.
+* ONNX Runtime: ``quantize_linear``, ``requantize_float`` / ``rx_requantize_float``,
+  ``rx_round_to_int``; softmax tables ``ort_softmax_table`` and
+  ``tflite_softmax_table``.
+* ``per_axis`` (broadcast a per-channel vector), ``rx_const``, ``rx_clamp_cast``,
+  ``check_qparams`` (validated ``QTensor`` of a tensor), ``follow_constant``
+  (a dequantized integer constant through reshapes and transposes).
+* ``register_recompute(scheme, kind, fn)``: verify's numpy recompute of a layer
+  kind of your scheme.
+* ``realize_qdq(qg, scheme, conv_requant)``: realize an ONNX QDQ (or torch
+  reference-quantized) graph exactly as ONNX Runtime's CPU kernels compute it;
+  ``conv_requant(qg, acc, scale, out, lo, hi, axis, ndim, tensor)`` replaces the
+  requantization of convolution and dense accumulators (``pow2`` does so) and
+  ``scheme`` names the records. ``QDQ_RECOMPUTE`` maps the kinds it records
+  beyond the built-in ones (``float``, ``matmul``, ``concatenate``) to their
+  recompute, for ``register_recompute``.
+
+numpy reference
+---------------
+
+* ``run_op(relax_op, args, attrs)``: one Relax op in numpy, as verify runs it.
+* ``run_layer(layer, inputs, params)``: an IR layer's ``fused_ops`` in numpy.
+
+Names and files
+---------------
+
+* ``SafeNames`` (unique sanitized names; the same source name gets the same
+  name) and ``identifier`` (a name that is a C identifier).
+* Safe file I/O for frontends reading untrusted models: ``regular_file``,
+  ``file_or_folder``, ``regular_tree``, ``open_regular``, ``read_bytes``,
+  ``load_npy``, ``inside`` (a path that stays inside a folder),
+  ``check_tensor_size`` (refuse a tensor over a byte limit),
+  ``DEFAULT_MAX_TENSOR_BYTES``, ``MAX_JSON_BYTES``, ``human_bytes``.
+
+Names whose module imports TVM (the graph helpers, ``arg_ref``,
+``realize_qdq``) are loaded on first use, so importing this module to register
+a plugin stays light.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from irgen.api import (
+    ATTENTION_FUSION,
+    Backend,
+    Frontend,
+    FusionRule,
+    ImportedModel,
+    InputSpec,
+    IrgenError,
+    Provenance,
+    Quantizer,
+    Serializer,
+    UnsupportedOpsError,
+)
+from irgen.hookspecs import hookimpl
+from irgen.names import SafeNames, identifier
+from irgen.quant import (
+    DOUBLE,
+    ROUNDING_RULES,
+    SINGLE,
+    QGraph,
+    QTensor,
+    check_qparams,
+    divide_round_half_away,
+    follow_constant,
+    multiply_by_quantized_multiplier,
+    ort_softmax_table,
+    per_axis,
+    quantize_linear,
+    quantize_multiplier,
+    register_recompute,
+    requantize_float,
+    rx_clamp_cast,
+    rx_const,
+    rx_divide_round_half_away,
+    rx_multiply_by_quantized_multiplier,
+    rx_requantize_float,
+    rx_round_to_int,
+    tflite_softmax_table,
+)
+from irgen.reference import run_layer, run_op
+from irgen.safeio import (
+    DEFAULT_MAX_TENSOR_BYTES,
+    MAX_JSON_BYTES,
+    check_tensor_size,
+    file_or_folder,
+    human_bytes,
+    inside,
+    load_npy,
+    open_regular,
+    read_bytes,
+    regular_file,
+    regular_tree,
+)
+
+API_VERSION = "1.0"
+
+#: names whose module imports TVM: (module, name there), loaded by :func:`__getattr__`
+_LAZY = {
+    "Binding": ("irgen.graph", "Binding"),
+    "Constant": ("irgen.graph", "Constant"),
+    "attrs_to_dict": ("irgen.graph", "attrs_to_dict"),
+    "substitute": ("irgen.graph", "substitute"),
+    "main_bindings": ("irgen.graph", "main_bindings"),
+    "module_bindings": ("irgen.graph", "module_bindings"),
+    "check_tensor_sizes": ("irgen.graph", "check_tensor_sizes"),
+    "tuple_output_outside_dataflow": ("irgen.graph", "tuple_output_outside_dataflow"),
+    "arg_ref": ("irgen.ir", "arg_ref"),
+    "realize_qdq": ("irgen.qdq", "realize"),
+    "QDQ_RECOMPUTE": ("irgen.qdq_spans", "RECOMPUTE"),
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        module, attr = _LAZY[name]
+        value = getattr(importlib.import_module(module), attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'irgen.plugin' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
+__all__ = [
+    "API_VERSION",
+    # registration
+    "hookimpl", "Frontend", "Quantizer", "Backend", "Serializer", "FusionRule", "ATTENTION_FUSION",
+    "ImportedModel", "InputSpec", "Provenance", "IrgenError", "UnsupportedOpsError",
+    # the graph a scheme reads and rewrites
+    "QGraph", "QTensor", "Binding", "Constant", "attrs_to_dict", "substitute", "main_bindings",
+    "module_bindings", "check_tensor_sizes", "tuple_output_outside_dataflow", "arg_ref",
+    # integer arithmetic
+    "DOUBLE", "SINGLE", "ROUNDING_RULES", "quantize_multiplier", "multiply_by_quantized_multiplier",
+    "rx_multiply_by_quantized_multiplier", "divide_round_half_away", "rx_divide_round_half_away",
+    "quantize_linear", "requantize_float", "rx_requantize_float", "rx_round_to_int", "ort_softmax_table",
+    "tflite_softmax_table", "per_axis", "rx_const", "rx_clamp_cast", "check_qparams", "follow_constant",
+    "register_recompute", "realize_qdq", "QDQ_RECOMPUTE",
+    # numpy reference
+    "run_op", "run_layer",
+    # names and files
+    "SafeNames", "identifier", "regular_file", "file_or_folder", "regular_tree", "open_regular", "read_bytes",
+    "load_npy", "inside", "check_tensor_size", "DEFAULT_MAX_TENSOR_BYTES", "MAX_JSON_BYTES", "human_bytes",
+]

@@ -1,0 +1,863 @@
+"""The QDQ realization engine: ONNX QuantizeLinear/DequantizeLinear (and torch's
+reference-quantized) graphs in ONNX Runtime's integer arithmetic.
+
+Schemes reach it through :func:`irgen.plugin.realize_qdq` (this module is
+private): the ``qdq`` plugin realizes with it as is, ``pow2`` with its own
+requantization of convolution and dense accumulators.
+
+``onnxruntime.quantization.quantize_static(..., quant_format=QuantFormat.QDQ)``
+writes DequantizeLinear -> float op -> QuantizeLinear spans; ONNX Runtime's CPU
+provider fuses them into integer kernels (QLinearConv, QGemm, QLinearAdd,
+QLinearAveragePool, QLinearGlobalAveragePool, QLinearConcat, QLinearMul,
+QLinearSoftmax, lookup tables). For int8 activations compare with ORT created
+with ``session.qdqisint8allowed=1`` (see the README).
+The engine rewrites each span into the same integer arithmetic:
+
+* Conv, Gemm, MatMul: int32 accumulation of ``(x - zp_x) * w`` plus the int32
+  bias; MLAS requantization: ``float32(acc) * (s_x * s_w[c] / s_y)`` (float32),
+  clamped to ``[lo - zp_y, hi - zp_y]``, rounded half to even, ``+ zp_y``;
+  a Relu/Clip inside the span narrows the clamp;
+* Add: ``fma(x_a, r_a, fma(x_b, r_b, zp_y - fma(r_a, zp_a, r_b*zp_b)))`` in
+  float32 with ``r = s/s_y``, rounded half to even, saturated (MLAS QLinearAdd,
+  AVX2 kernel);
+* Mul: ``float32(float32((x_a - zp_a) * (x_b - zp_b)) * float32(s_a*s_b/s_y)) + zp_y``
+  rounded half to even, saturated (MLAS QLinearMul);
+* Softmax (last axis): QLinearSoftmax's float ``exp`` table, float32 row sum,
+  ``rint(e * floor(1/s_y) / sum) + zp_y``;
+* GlobalAveragePool: int32 sum minus ``zp_x * N`` requantized by ``s_x / (s_y * N)``;
+* AveragePool: dequantized float average, quantized;
+* elementwise unary ops (Sigmoid, Relu, ...), and any chain of elementwise ops
+  on one dequantized tensor and constants (HardSigmoid as multiply, add, clip):
+  a 256-entry lookup table of the chain evaluated in float32 (ORT runs such
+  ops in float on the dequantized values, or as QLinearSigmoid's table);
+* MatMul of two activations (attention's Q·Kᵀ, A·V): QLinearMatMul, int32
+  ``sum((a - zp_a) * (b - zp_b))`` with the MLAS requantization above (kind ``matmul``);
+* Concat: identity, or a lookup table per input whose parameters differ; an
+  operand computed from constants is a literal (``constants``);
+* MaxPool, Reshape, Flatten, Transpose, Squeeze, Gather/Slice with constant
+  indices, with equal in/out parameters: as is.
+
+The spans ``quantize_static`` writes around ops without an integer kernel are in
+:mod:`irgen.qdq_spans`: Add/Mul with a quantized constant operand (QLinearAdd/
+QLinearMul with an initializer), float layers (LayerNorm, BatchNorm left alone,
+...: dequantize, the float ops, quantize; ``"realization": "float"``),
+elementwise graphs on one tensor as tables (HardSwish, GELU's erf),
+channel splits (Slice with shape-computed bounds), the items of a Split, a
+Gather of a quantized embedding table by token ids, and QLinearMatMul.
+"""
+
+from __future__ import annotations
+
+
+import numpy as np
+
+from irgen.api import IrgenError
+
+SCHEME = "qdq"
+_MOVE = ("relax.nn.max_pool2d", "relax.reshape", "relax.permute_dims", "relax.flatten", "relax.squeeze",
+         "relax.expand_dims", "relax.take", "relax.strided_slice")
+_UNARY = {"relax.sigmoid": lambda v: np.float32(1) / (np.float32(1) + np.exp(-v)), "relax.tanh": np.tanh,
+          "relax.nn.relu": lambda v: np.maximum(v, np.float32(0))}
+
+
+def _ops():
+    from tvm import relax
+    from tvm.relax import op
+
+    from irgen import quant as q
+    from irgen.graph import Constant
+
+    return relax, op, q, Constant
+
+
+def _qparams(qg, call, tensor: str, channels: int | None = None):
+    """Scale and zero point of a quantize/dequantize call, checked (irgen.quant.check_qparams)."""
+    relax, _, q, Constant = _ops()
+    scale, zp = call.args[1], call.args[2]
+    if not isinstance(scale, Constant) or not isinstance(zp, Constant):
+        raise IrgenError(f"{SCHEME}: tensor {tensor!r} has a scale or zero point that is not a constant")
+    dtype = str(call.attrs.out_dtype) if str(call.op.name) == "relax.quantize" else str(call.args[0].ty.dtype)
+    return q.check_qparams(SCHEME, tensor, scale.value.numpy(), zp.value.numpy(), dtype, int(call.attrs.axis), channels)
+
+
+def _dequantized(qg, expr):
+    """(int var, QTensor, dq binding name) when ``expr`` is dequantize(var)."""
+    relax, _, _, _ = _ops()
+    b = qg.producer(expr)
+    if b is None or b.op != "relax.dequantize" or not isinstance(b.value.args[0], relax.Var):
+        return None
+    src = b.value.args[0]
+    qt = _qparams(qg, b.value, src.name)
+    if qt.scale.size != 1:
+        raise IrgenError(f"{SCHEME}: activation {src.name!r} is quantized per channel; not supported")
+    return src, qt, b.name
+
+
+def _need(qg, expr, what: str, tensor: str):
+    r = _dequantized(qg, expr)
+    if r is None:
+        raise IrgenError(f"{SCHEME}: {what} of {tensor!r} is not a dequantized integer tensor")
+    return r
+
+
+def _const_chain(qg, expr, tensor: str, what: str):
+    """Follow dequantize/reshape/permute_dims back to a constant: (array, QTensor, chain)."""
+    _, _, q, _ = _ops()
+
+    def qparams(b, arr):
+        ax = int(b.value.attrs.axis) % max(arr.ndim, 1)
+        return _qparams(qg, b.value, b.name, arr.shape[ax] if arr.ndim else 1)
+
+    return q.follow_constant(qg, expr, qparams, SCHEME, what, tensor)
+
+
+def _drop(qg, chain):
+    return [b.name for b in chain if qg.n_users(b.name) == 1]
+
+
+def _clamp_of(acts, dtype: str, out) -> tuple[int, int]:
+    """Integer clamp range of the output dtype narrowed by Relu/Clip inside the span."""
+    info = np.iinfo(dtype)
+    lo, hi = int(info.min), int(info.max)
+    s, z = np.float32(out.scale[0]), int(out.zero_point[0])
+    from irgen.quant import quantize_linear
+
+    for b in acts:
+        if b.op == "relax.nn.relu":
+            lo = max(lo, z)
+        else:
+            lo = max(lo, int(quantize_linear(float(b.value.args[1].value), s, z, dtype)))
+            hi = min(hi, int(quantize_linear(float(b.value.args[2].value), s, z, dtype)))
+    return lo, hi
+
+
+def _offset(qg, x, zp: int):
+    _, op, q, _ = _ops()
+    return qg.emit(op.subtract(qg.emit(op.astype(x, "int32")), q.rx_const(zp, "int32")))
+
+
+def _lut(qg, x, table: np.ndarray, in_dtype: str):
+    relax, op, q, _ = _ops()
+    idx = qg.emit(op.subtract(qg.emit(op.astype(x, "int32")), q.rx_const(int(np.iinfo(in_dtype).min), "int32")))
+    # the table as int32 then a cast: the IR's fused_ops keeps the literal without its dtype
+    return op.astype(qg.emit(op.take(relax.const(table.astype(np.int32)), idx, axis=0, mode="clip")), str(table.dtype))
+
+
+def _is_torch(qg) -> bool:
+    return getattr(qg, "frontend", None) == "torch"
+
+
+def torch_quantize(x, scale, zero_point: int, dtype: str) -> np.ndarray:
+    """torch's quantized_decomposed.quantize_per_tensor: ``round_half_even(x * float32(1/scale)) + zp``, clamped."""
+    info = np.iinfo(dtype)
+    inv = np.float32(1.0 / float(np.float32(scale)))
+    f = np.asarray(x, np.float32) * inv
+    return np.clip(np.rint(f).astype(np.int64) + zero_point, info.min, info.max).astype(dtype)
+
+
+def _rx_torch_quantize(qg, f, out, lo=None, hi=None):
+    """Relax: float32 ``f`` quantized the way torch's reference ops do (multiply by the inverse scale)."""
+    _, op, q, _ = _ops()
+    info = np.iinfo(out.dtype)
+    lo = int(info.min) if lo is None else lo
+    hi = int(info.max) if hi is None else hi
+    inv = np.float32(1.0 / float(np.float32(out.scale[0])))
+    # float32 * float32 rounded once: an exact float64 product then a cast
+    g = qg.emit(op.multiply(qg.emit(op.astype(f, "float64")), q.rx_const(np.float64(inv), "float64")))
+    g = qg.emit(op.astype(g, "float32"))
+    return q.rx_round_to_int(qg.emit, g, int(out.zero_point[0]), lo, hi, out.dtype)
+
+
+def _float_bias(qg, expr):
+    """A float bias constant reached through reshape bindings (torch reference graphs keep float biases)."""
+    _, _, _, Constant = _ops()
+    e, chain = expr, []
+    while not isinstance(e, Constant):
+        b = qg.producer(e)
+        if b is None or b.op != "relax.reshape":
+            return None
+        chain.append(b)
+        e = b.value.args[0]
+    arr = e.value.numpy()
+    if arr.dtype != np.float32:
+        return None
+    return arr.reshape(-1), chain
+
+
+def _torch_fn(op_name: str):
+    """The float function torch runs for a unary op (its own vectorized kernels: numpy's
+    ``exp`` differs from torch's sigmoid in the last bit for ~1 value in 6)."""
+    import torch
+
+    fn = {"relax.sigmoid": torch.sigmoid, "relax.tanh": torch.tanh, "relax.nn.relu": torch.relu}[op_name]
+    return lambda v: fn(torch.from_numpy(np.ascontiguousarray(v, np.float32))).numpy()
+
+
+def _table(qin, qout, fn=lambda v: v, torch_rule: bool = False) -> np.ndarray:
+    """QlinearBuildLookupTable: quantize(fn(dequantize(i))) for every input value."""
+    from irgen.quant import quantize_linear
+
+    info = np.iinfo(qin.dtype)
+    i = np.arange(info.min, info.max + 1, dtype=np.int32)
+    v = (i - np.int32(qin.zero_point[0])).astype(np.float32) * np.float32(qin.scale[0])
+    if torch_rule:
+        return torch_quantize(fn(v).astype(np.float32), np.float32(qout.scale[0]), int(qout.zero_point[0]), qout.dtype)
+    return quantize_linear(fn(v).astype(np.float32), np.float32(qout.scale[0]), int(qout.zero_point[0]), qout.dtype)
+
+
+def _weights_less_zero_point(w: np.ndarray, qw, tensor: str) -> tuple[np.ndarray, dict]:
+    """int8 weights with zero point 0 as they are; uint8 weights (``weight_type=QUInt8``) or
+    non-zero zero points as ``w - zp_w`` in int16 (exact: -255..255), the product ORT's
+    QLinearConv/MatMulInteger accumulate. The record then says the parameter file holds
+    ``w - zero_point`` (``zero_point_applied``), and keeps the zero points for the hardware
+    that stores the raw weights."""
+    if w.dtype not in (np.int8, np.uint8):
+        raise IrgenError(f"{SCHEME}: weights of {tensor!r} are {w.dtype}, not int8 or uint8")
+    zp = np.asarray(qw.zero_point).reshape(-1)
+    if w.dtype == np.int8 and not np.any(zp != 0):
+        return w, {}
+    if zp.size > 1:
+        shape = [1] * w.ndim
+        shape[qw.axis % w.ndim] = zp.size
+        zp = zp.reshape(shape)
+    return (w.astype(np.int16) - zp.astype(np.int16)).astype(np.int16), \
+        {"zero_point_applied": True, "parameter_dtype": "int16"}
+
+
+def _realize_conv(qg, qb, comp, bias_b, acts, out, requant=None):
+    relax, op, q, Constant = _ops()
+    tensor = qb.name
+    x, qx, dqx = _need(qg, comp.value.args[0], "the input", tensor)
+    w, qw, wchain = _const_chain(qg, comp.value.args[1], tensor, "weights")
+    w, w_offset = _weights_less_zero_point(w, qw, tensor)
+    a = comp.value.attrs
+    xs = _offset(qg, x, int(qx.zero_point[0]))
+    if comp.op == "relax.matmul":
+        kind, ch_axis = "dense", -1
+        acc = qg.emit(op.matmul(xs, relax.const(w), out_dtype="int32"))
+    else:
+        kind = "depthwise_conv2d" if int(a.groups) > 1 and int(a.groups) == w.shape[0] else "conv2d"
+        acc = qg.emit(op.nn.conv2d(
+            xs, relax.const(w), strides=list(a.strides), padding=list(a.padding), dilation=list(a.dilation),
+            groups=int(a.groups), data_layout=str(a.data_layout), kernel_layout=str(a.kernel_layout),
+            out_layout=str(a.out_layout), out_dtype="int32"))
+        ch_axis = str(a.out_layout).index("C")
+    ndim = len(comp.var.ty.shape.values)
+    n_out = int(comp.var.ty.shape.values[ch_axis])
+    if qw.scale.size > 1:
+        w_axis = 1 if kind == "dense" else 0
+        if qw.axis != w_axis or qw.scale.size != n_out:
+            raise IrgenError(f"{SCHEME}: weights of {tensor!r} have {qw.scale.size} scales on axis {qw.axis} "
+                             f"for {n_out} output channels")
+    drop = [dqx] + _drop(qg, wchain) + [comp.name]
+    bias_rec = None
+    fbias = None
+    if bias_b is not None and _is_torch(qg):
+        other = bias_b.value.args[1] if bias_b.value.args[0].same_as(comp.var) else bias_b.value.args[0]
+        fb = _float_bias(qg, other)
+        if fb is not None:
+            fbias, fchain = fb
+            drop += _drop(qg, fchain) + [bias_b.name]
+            bias_b = None
+    if bias_b is not None:
+        other = bias_b.value.args[1] if bias_b.value.args[0].same_as(comp.var) else bias_b.value.args[0]
+        bias, bq, bchain = _const_chain(qg, other, tensor, "bias")
+        if bias.dtype != np.int32:  # e.g. a bias initializer the exporter shared with a quantized Add
+            raise IrgenError(f"{SCHEME}: bias of {tensor!r} is {bias.dtype}, not int32: no integer kernel "
+                             "(ORT runs the node unit in float)")
+        if np.any(bq.zero_point != 0):
+            raise IrgenError(f"{SCHEME}: bias of {tensor!r} has a non-zero zero point")
+        acc = qg.emit(op.add(acc, relax.const(q.per_axis(bias.reshape(-1), ch_axis, ndim).astype(np.int32))))
+        drop += _drop(qg, bchain) + [bias_b.name]
+        bias_rec = bq.record()
+    w_scale = np.broadcast_to(qw.scale, (n_out,)).astype(np.float32)
+    # ORT: output_scale[c] = (x_scale * w_scale[c]) / y_scale, in float32
+    scale = (np.float32(qx.scale[0]) * w_scale) / np.float32(out.scale[0])
+    lo, hi = _clamp_of(acts, out.dtype, out)
+    if _is_torch(qg) and requant is None:
+        # torch reference: float op on dequantized values (+ float bias), then quantize_per_tensor
+        ws = (np.float32(qx.scale[0]) * w_scale).astype(np.float32)
+        e = qg.emit
+        f = e(op.multiply(e(op.astype(e(op.astype(acc, "float32")), "float64")),
+                          q.rx_const(q.per_axis(ws.astype(np.float64), ch_axis, ndim), "float64")))
+        f = e(op.astype(f, "float32"))
+        if fbias is not None:
+            f = e(op.astype(e(op.add(e(op.astype(f, "float64")),
+                                     q.rx_const(q.per_axis(fbias.astype(np.float64), ch_axis, ndim), "float64"))), "float32"))
+        expr = _rx_torch_quantize(qg, f, out, lo, hi)
+        inv = float(np.float32(1.0 / float(np.float32(out.scale[0]))))
+        rq = {"scale": [float(v) for v in ws], "axis": ch_axis % ndim, "inverse_output_scale": inv,
+              "float_bias": None if fbias is None else [float(v) for v in fbias], "rounding": "half_to_even",
+              "rounding_rule": "y = clamp(round_half_even(float32(float32(float32(acc) * scale[c]) + float_bias[c]) "
+                               "* inverse_output_scale) + zp_y, clamp); scale[c] = float32(s_x * s_w[c]) "
+                               "(torch reference: float op on dequantized values, then quantize_per_tensor)"}
+        bias_rec = None if fbias is None else {"dtype": "float32"}
+    elif requant is None:
+        expr = q.rx_requantize_float(qg.emit, acc, scale, int(out.zero_point[0]), lo, hi, out.dtype, ch_axis, ndim)
+        rq = {"scale": [float(s) for s in scale], "axis": ch_axis % ndim, "rounding": "half_to_even",
+              "rounding_rule": "y = clamp(round_half_even(float32(acc) * scale[c]) + zp_y, clamp); "
+                               "scale[c] = float32(s_x * s_w[c]) / s_y (MLAS requantize)"}
+    else:  # another scheme's requantization of the same accumulator
+        expr, rq = requant(qg, acc, scale, out, lo, hi, ch_axis % ndim, ndim, tensor)
+    rec = {
+        "scheme": SCHEME, "kind": kind, "inputs": [qx.record()], "weight": {**qw.record(), **w_offset}, "bias": bias_rec,
+        **({"reference": "torch"} if _is_torch(qg) and requant is None else {}),
+        "output": out.record(), "requant": rq, "clamp": [lo, hi],
+    }
+    return drop + [b.name for b in acts] + [qb.name], expr, rec
+
+
+def _dequantize_torch(qg, x, qx):
+    """torch's dequantize_per_tensor: ``float32(x - zp) * float32(s)``, rounded once to float32."""
+    _, op, q, _ = _ops()
+    e = qg.emit
+    f = e(op.astype(e(op.astype(_offset(qg, x, int(qx.zero_point[0])), "float32")), "float64"))
+    return e(op.astype(e(op.multiply(f, q.rx_const(np.float64(np.float32(qx.scale[0])), "float64"))), "float32"))
+
+
+def _realize_add_torch(qg, qb, ins, comp, acts, out):
+    """torch reference: ``quantize_per_tensor(relu?(dequantize(a) + dequantize(b)))`` in float32."""
+    _, op, q, _ = _ops()
+    (x1, q1, d1), (x2, q2, d2) = ins
+    e = qg.emit
+    a, b = (e(op.astype(_dequantize_torch(qg, x, qx), "float64")) for x, qx in ((x1, q1), (x2, q2)))
+    f = e(op.astype(e(op.add(a, b)), "float32"))  # float64 holds the float32 sum's exact value before the cast
+    lo, hi = _clamp_of(acts, out.dtype, out)
+    inv = float(np.float32(1.0 / float(np.float32(out.scale[0]))))
+    rec = {"scheme": SCHEME, "kind": "add", "reference": "torch", "inputs": [q1.record(), q2.record()],
+           "output": out.record(), "requant": {"inverse_output_scale": inv, "rounding": "half_to_even",
+           "rounding_rule": "y = clamp(round_half_even(float32(deq(a) + deq(b)) * inverse_output_scale) + zp_y, clamp); "
+                            "deq(x) = float32(x - zp_x) * s_x (torch: dequantize, float add, relu, quantize_per_tensor)"},
+           "clamp": [lo, hi]}
+    return [d1, d2, comp.name] + [b.name for b in acts] + [qb.name], _rx_torch_quantize(qg, f, out, lo, hi), rec
+
+
+def _qlinear_add_constant(ra, rb, zp_a, zp_b, zp_y) -> np.float32:
+    """MLAS's QLinearAdd fixed part, ``zp_y - (ratio_a * zp_a + ratio_b * zp_b)`` in float32
+    as its AVX2 build computes it (the first product contracted into an fma)."""
+    f32 = np.float32
+    inner = f32(np.float64(ra) * np.float64(f32(zp_a)) + np.float64(f32(rb * f32(zp_b))))
+    return f32(f32(zp_y) - inner)
+
+
+def _chain_fn(chain, start: str):
+    """A float32 function evaluating ``chain`` (numpy, irgen.reference's ops) on the values of ``start``."""
+    from irgen.graph import attrs_to_dict
+    from irgen.ir import arg_ref
+    from irgen.reference import run_layer
+
+    relax, _, _, _ = _ops()
+    index = {b.name: j for j, b in enumerate(chain)}
+    ops = []
+    for b in chain:
+        args = []
+        for a in b.value.args:
+            if isinstance(a, relax.Var):
+                args.append("input:0" if a.name == start else f"op:{index[a.name]}")
+            else:
+                args.append(arg_ref(a, {}, []))
+        ops.append({"relax_op": b.op, "attrs": attrs_to_dict(b.value.attrs) if b.value.attrs is not None else {},
+                    "args": args})
+    layer = {"name": chain[-1].name, "fused_ops": ops, "results": [f"op:{len(ops) - 1}"]}
+    return lambda v: run_layer(layer, [np.asarray(v, np.float32)], {})[0].astype(np.float32)
+
+
+def _realize_table_chain(qg, qb, found, out):
+    """An elementwise float chain between a dequantize and the quantize, as a 256-entry table:
+    ONNX Runtime runs such ops in float on the dequantized values, one value at a time."""
+    (x, qx, dqx), chain = found
+    if _is_torch(qg):
+        raise IrgenError(f"{SCHEME}: the float ops before {qb.name!r} in a torch graph are not supported")
+    table = _table(qx, out, _chain_fn(chain, dqx))
+    ops = "+".join(b.op.removeprefix("relax.") for b in chain)
+    rec = {"scheme": SCHEME, "kind": "lut", "op": ops, "inputs": [qx.record()], "output": out.record(),
+           "table": [int(v) for v in table],
+           "requant": {"rounding": "half_to_even",
+                       "rounding_rule": f"table[i - min] = quantize({ops}(dequantize(i))) in float32"}}
+    return [dqx] + [b.name for b in chain] + [qb.name], _lut(qg, x, table, qx.dtype), rec
+
+
+def _realize_mul(qg, qb, comp, out):
+    """MLAS QLinearMul (SSE2): ``rint(float32(float32(int32((a - zp_a) * (b - zp_b))) * r) + float32(zp_y))``
+    with ``r = float32(float32(s_a * s_b) / s_y)``, saturated to the output type."""
+    _, op, q, _ = _ops()
+    tensor = qb.name
+    if _is_torch(qg):
+        raise IrgenError(f"{SCHEME}: a quantized multiply ({tensor!r}) in a torch graph is not supported")
+    from irgen.qdq_spans import constants_record, operand
+
+    (x1, q1, d1, c1), (x2, q2, d2, c2) = [operand(qg, a, tensor) for a in comp.value.args]
+    ratio = np.float32(np.float32(np.float32(q1.scale[0]) * np.float32(q2.scale[0])) / np.float32(out.scale[0]))
+    e = qg.emit
+    prod = e(op.multiply(_offset(qg, x1, int(q1.zero_point[0])), _offset(qg, x2, int(q2.zero_point[0]))))
+    f = e(op.multiply(e(op.astype(prod, "float32")), q.rx_const(ratio, "float32")))
+    f = e(op.add(f, q.rx_const(float(out.zero_point[0]), "float32")))
+    info = np.iinfo(out.dtype)
+    expr = q.rx_round_to_int(e, f, 0, int(info.min), int(info.max), out.dtype)
+    rec = {"scheme": SCHEME, "kind": "mul", "inputs": [q1.record(), q2.record()], "output": out.record(),
+           **({"constants": constants_record([c1, c2])} if c1 is not None or c2 is not None else {}),
+           "requant": {"scale": float(ratio), "rounding": "half_to_even",
+                       "rounding_rule": "y = clamp(round_half_even(float32(float32((x_a - zp_a) * (x_b - zp_b)) * scale) "
+                                        "+ float32(zp_y))); scale = float32(float32(s_a * s_b) / s_y) (MLAS QLinearMul)"},
+           "clamp": [int(info.min), int(info.max)]}
+    return d1 + d2 + [comp.name, qb.name], expr, rec
+
+
+def _realize_softmax(qg, qb, comp, out):
+    """ONNX Runtime's QLinearSoftmax (see ``irgen.quant.ort_softmax``)."""
+    relax, op, q, _ = _ops()
+    tensor = qb.name
+    if _is_torch(qg):
+        raise IrgenError(f"{SCHEME}: a quantized softmax ({tensor!r}) in a torch graph is not supported")
+    x, qx, dqx = _need(qg, comp.value.args[0], "the input", tensor)
+    shape = [int(d) for d in x.ty.shape.values]
+    if int(comp.value.attrs.axis) not in (-1, len(shape) - 1):
+        raise IrgenError(f"{SCHEME}: softmax {tensor!r} is not over the last axis; not supported")
+    if qx.dtype != out.dtype:
+        raise IrgenError(f"{SCHEME}: softmax {tensor!r} changes the integer type ({qx.dtype} -> {out.dtype})")
+    signed = out.dtype == "int8"
+    table = q.ort_softmax_table(float(qx.scale[0]), shape[-1], signed)
+    e = qg.emit
+    xi = e(op.astype(x, "int32"))
+    idx = e(op.add(e(op.subtract(xi, e(op.max(xi, axis=[-1], keepdims=True)))),
+                   q.rx_const(127 if signed else 255, "int32")))
+    if signed:
+        idx = e(op.bitwise_and(idx, q.rx_const(255, "int32")))
+    ex = e(op.take(relax.const(table), idx, axis=0, mode="clip"))  # idx is in 0..255
+    total = e(op.sum(ex, axis=[-1], keepdims=True))
+    ys = float(np.floor(np.float32(1.0) / np.float32(out.scale[0])))
+    v = e(op.divide(e(op.multiply(ex, q.rx_const(ys, "float32"))), total))
+    vq = e(op.add(e(op.astype(e(op.round(v)), "int32")), q.rx_const(int(out.zero_point[0]), "int32")))
+    if signed:
+        vq = e(op.where(e(op.greater(vq, q.rx_const(255, "int32"))), q.rx_const(255, "int32"), vq))
+    else:
+        vq = e(op.minimum(vq, q.rx_const(255, "int32")))
+    rec = {"scheme": SCHEME, "kind": "softmax", "axis": -1, "inputs": [qx.record()], "output": out.record(),
+           "table": "parameter 'table' (float32[256]): exp((i - 255 + b) * s_x), b = max(0, log(FLT_MAX / n) - 5) / s_x",
+           "requant": {"rounding": "half_to_even",
+                       "rounding_rule": "y = rint(table[x - max + 127 (int8) | 255 (uint8)] * floor(1 / s_y) / sum) + zp_y, "
+                                        "float32, sum in row order; int8 wraps as ORT's QLinearSoftmax casts"}}
+    return [dqx, comp.name, qb.name], op.astype(vq, out.dtype), rec
+
+
+def _spans():
+    from irgen import qdq_spans as spans
+
+    return spans
+
+
+def _or_float(qg, qb, f, out, realize, *args):
+    """``realize`` an integer kernel; when an operand is no integer tensor (a per-channel or int32
+    constant: ORT has no QLinear kernel for it), the float span as ORT runs it."""
+    try:
+        return realize(qg, qb, *args, out)
+    except IrgenError as e:
+        if _is_torch(qg) or "no integer kernel" not in str(e):
+            raise
+        return _spans().realize_float(qg, qb, f, out)
+
+
+def _realize_add(qg, qb, comp, acts, out):
+    _, op, q, _ = _ops()
+    tensor = qb.name
+    if _is_torch(qg):
+        ins = [_need(qg, a, "an input", tensor) for a in comp.value.args]
+        return _realize_add_torch(qg, qb, ins, comp, acts, out)
+    from irgen.qdq_spans import constants_record, operand
+
+    (x1, q1, d1, c1), (x2, q2, d2, c2) = [operand(qg, a, tensor) for a in comp.value.args]
+    if c1 is not None and c1.size == 1 and (c2 is None or c2.size > 1):
+        # QLinearAdd passes a scalar A to MLAS as its scalar B: the roles swap
+        (x1, q1, d1, c1), (x2, q2, d2, c2) = (x2, q2, d2, c2), (x1, q1, d1, c1)
+    sy = np.float32(out.scale[0])
+    ra, rb = np.float32(q1.scale[0]) / sy, np.float32(q2.scale[0]) / sy
+    const = _qlinear_add_constant(ra, rb, q1.zero_point[0], q2.zero_point[0], out.zero_point[0])
+    e = qg.emit
+    # MLAS (AVX2): fma(x_a, ratio_a, fma(x_b, ratio_b, constant)) in float32; float64 holds each fma exactly
+    xa, xb = e(op.astype(x1, "float64")), e(op.astype(x2, "float64"))  # in this order: the layer's inputs follow it
+    t = e(op.add(e(op.multiply(xb, q.rx_const(rb, "float64"))), q.rx_const(const, "float64")))
+    t = e(op.astype(e(op.astype(t, "float32")), "float64"))
+    f = e(op.add(e(op.multiply(xa, q.rx_const(ra, "float64"))), t))
+    f = e(op.astype(f, "float32"))
+    lo, hi = _clamp_of(acts, out.dtype, out)
+    expr = q.rx_round_to_int(e, f, 0, lo, hi, out.dtype)
+    rec = {"scheme": SCHEME, "kind": "add", "inputs": [q1.record(), q2.record()], "output": out.record(),
+           **({"constants": constants_record([c1, c2])} if c1 is not None or c2 is not None else {}),
+           "requant": {"scale": [float(ra), float(rb)], "constant": float(const), "rounding": "half_to_even",
+                       "rounding_rule": "y = clamp(round_half_even(fma(x_a, scale[0], fma(x_b, scale[1], constant)))), "
+                                        "each fma rounded once to float32; constant = float32(zp_y - "
+                                        "fma(scale[0], zp_a, float32(scale[1] * zp_b))) (MLAS QLinearAdd, AVX2)"},
+           "clamp": [lo, hi]}
+    return d1 + d2 + [comp.name] + [b.name for b in acts] + [qb.name], expr, rec
+
+
+def _realize_global_avg(qg, qb, comp, out):
+    _, op, q, _ = _ops()
+    tensor = qb.name
+    x, qx, dqx = _need(qg, comp.value.args[0], "the input", tensor)
+    if _is_torch(qg):  # torch reference: float mean of the dequantized input, then quantize_per_tensor
+        e = qg.emit
+        deq = e(op.multiply(e(op.astype(_offset(qg, x, int(qx.zero_point[0])), "float32")), q.rx_const(qx.scale[0], "float32")))
+        if comp.op == "relax.mean":
+            m = e(op.mean(deq, axis=[int(a) for a in comp.value.attrs.axis], keepdims=bool(comp.value.attrs.keepdims)))
+        else:
+            m = e(op.nn.adaptive_avg_pool2d(deq, output_size=[int(v) for v in comp.value.attrs.output_size], layout="NCHW"))
+        rec = {"scheme": SCHEME, "kind": "global_avg_pool_float", "reference": "torch", "axes": [2, 3],
+               "op": comp.op.removeprefix("relax."), "inputs": [qx.record()],
+               "output": out.record(), "requant": {"rounding": "half_to_even", "rounding_rule":
+               "y = quantize_per_tensor(op(float32(x - zp_x) * s_x)): round_half_even(v * float32(1/s_y)) + zp_y"}}
+        return [dqx, comp.name, qb.name], _rx_torch_quantize(qg, m, out), rec
+    shape = [int(d) for d in x.ty.shape.values]
+    if comp.op == "relax.mean":
+        axes = [int(a) % len(shape) for a in comp.value.attrs.axis]
+        if not bool(comp.value.attrs.keepdims):
+            raise IrgenError(f"{SCHEME}: mean at {tensor!r} without keepdims is not supported")
+    else:
+        if [int(v) for v in comp.value.attrs.output_size] != [1, 1] or str(comp.value.attrs.layout) != "NCHW":
+            raise IrgenError(f"{SCHEME}: adaptive average pool at {tensor!r} is not global; not supported")
+        axes = [2, 3]
+    count = int(np.prod([shape[a] for a in axes]))
+    scale = np.float32(qx.scale[0]) / (np.float32(out.scale[0]) * np.float32(count))
+    s = qg.emit(op.sum(qg.emit(op.astype(x, "int32")), axis=axes, keepdims=True))
+    acc = qg.emit(op.subtract(s, q.rx_const(int(qx.zero_point[0]) * count, "int32")))
+    info = np.iinfo(out.dtype)
+    expr = q.rx_requantize_float(qg.emit, acc, scale, int(out.zero_point[0]), int(info.min), int(info.max), out.dtype)
+    rec = {"scheme": SCHEME, "kind": "global_avg_pool", "inputs": [qx.record()], "output": out.record(),
+           "axes": axes, "requant": {"scale": float(scale), "count": count, "rounding": "half_to_even",
+                                     "rounding_rule": "round_half_even(float32(sum(x) - zp_x*count) * s_x/(s_y*count)) + zp_y"},
+           "clamp": [int(info.min), int(info.max)]}
+    return [dqx, comp.name, qb.name], expr, rec
+
+
+def _window_mean(qg, deq, a):
+    """NCHW average pool in float32 with each window summed in row-major order: padding, then one
+    strided slice per window offset added in turn, divided by the per-position count."""
+    _, op, q, _ = _ops()
+    e = qg.emit
+    (kh, kw), (sh, sw) = [int(v) for v in a.pool_size], [int(v) for v in a.strides]
+    pt, pl, pb, pr = [int(v) for v in a.padding]
+    n, c, h, w = [int(d) for d in deq.ty.shape.values]
+    xp = e(op.nn.pad(deq, [0, 0, 0, 0, pt, pb, pl, pr])) if (pt, pl, pb, pr) != (0, 0, 0, 0) else deq
+    oh, ow = (h + pt + pb - kh) // sh + 1, (w + pl + pr - kw) // sw + 1
+    one = np.pad(np.ones((h, w), np.float32), ((pt, pb), (pl, pr)))
+    total, count = None, np.zeros((oh, ow), np.float32)
+    for i in range(kh):
+        for j in range(kw):
+            win = e(op.strided_slice(xp, [2, 3], [i, j], [i + sh * (oh - 1) + 1, j + sw * (ow - 1) + 1], [sh, sw]))
+            total = win if total is None else e(op.add(total, win))
+            count = count + one[i:i + sh * (oh - 1) + 1:sh, j:j + sw * (ow - 1) + 1:sw]
+    if bool(a.count_include_pad):
+        count = np.full((oh, ow), np.float32(kh * kw))
+    return e(op.divide(total, q.rx_const(count.flat[0], "float32")))
+
+
+def _uniform_count(a) -> bool:
+    """Every window of the pool counts the same number of values (no padding, or padding counted)."""
+    return bool(a.count_include_pad) or all(int(v) == 0 for v in a.padding)
+
+
+def _realize_avg_pool(qg, qb, comp, out):
+    relax, op, q, _ = _ops()
+    tensor = qb.name
+    x, qx, dqx = _need(qg, comp.value.args[0], "the input", tensor)
+    a = comp.value.attrs
+    if str(a.layout) != "NCHW" or bool(a.ceil_mode) or any(int(d) != 1 for d in a.dilation):
+        raise IrgenError(f"{SCHEME}: average pool at {tensor!r} with layout {a.layout}, ceil mode or dilation; not supported")
+    e = qg.emit
+    deq = e(op.multiply(e(op.astype(_offset(qg, x, int(qx.zero_point[0])), "float32")), q.rx_const(qx.scale[0], "float32")))
+    if _is_torch(qg) or not _uniform_count(a):
+        avg = e(op.nn.avg_pool2d(deq, pool_size=list(a.pool_size), strides=list(a.strides), padding=list(a.padding),
+                                 dilation=list(a.dilation), ceil_mode=False, count_include_pad=bool(a.count_include_pad),
+                                 layout="NCHW"))
+    else:  # the window's values added in row-major order in float32, as explicit ops (irgen.quant._avg_pool_in_order)
+        avg = _window_mean(qg, deq, a)
+    info = np.iinfo(out.dtype)
+    if _is_torch(qg):  # torch: the window summed in row-major order in float32, / count, quantize_per_tensor
+        expr = _rx_torch_quantize(qg, avg, out)
+    else:
+        f = e(op.divide(avg, q.rx_const(out.scale[0], "float32")))
+        expr = q.rx_round_to_int(e, f, int(out.zero_point[0]), int(info.min), int(info.max), out.dtype)
+    rec = {"scheme": SCHEME, "kind": "avg_pool2d", "inputs": [qx.record()], "output": out.record(),
+           **({"reference": "torch"} if _is_torch(qg) else {}),
+           "pool": {"size": [int(v) for v in a.pool_size], "strides": [int(v) for v in a.strides],
+                    "padding": [int(v) for v in a.padding], "count_include_pad": bool(a.count_include_pad),
+                    "layout": "NCHW"},
+           "requant": {"rounding": "half_to_even",
+                       "rounding_rule": "y = quantize(mean of float32 (x - zp_x) * s_x over the window)"},
+           "clamp": [int(info.min), int(info.max)]}
+    return [dqx, comp.name, qb.name], expr, rec
+
+
+def _realize_unary(qg, qb, comp, out):
+    tensor = qb.name
+    x, qx, dqx = _need(qg, comp.value.args[0], "the input", tensor)
+    if comp.op == "relax.clip":
+        lo_v, hi_v = np.float32(comp.value.args[1].value), np.float32(comp.value.args[2].value)
+        fn = lambda v: np.clip(v, lo_v, hi_v)  # noqa: E731
+    else:
+        fn = _torch_fn(comp.op) if _is_torch(qg) else _UNARY[comp.op]
+    table = _table(qx, out, fn, _is_torch(qg))
+    rec = {"scheme": SCHEME, "kind": "lut", "op": comp.op.removeprefix("relax."), "inputs": [qx.record()],
+           **({"reference": "torch"} if _is_torch(qg) else {}),
+           "output": out.record(), "table": [int(v) for v in table],
+           "requant": {"rounding": "half_to_even",
+                       "rounding_rule": "table[i - min] = quantize(f(dequantize(i))) in float32 (QlinearBuildLookupTable)"}}
+    return [dqx, comp.name, qb.name], _lut(qg, x, table, qx.dtype), rec
+
+
+def _realize_concat(qg, qb, comp, out):
+    relax, op, _, _ = _ops()
+    tensor = qb.name
+    ins, given = [], []
+    for f in comp.value.args[0].fields:
+        qc = None if _is_torch(qg) else _spans().quantized_constant(qg, f)
+        if qc is not None:  # a constant quantized at run time (the class token, folded by the importer)
+            ins.append((None, qc[1], qc[2]))
+            given.append(qc[0])
+            continue
+        r = _dequantized(qg, f)
+        if r is None and not _is_torch(qg):  # a dequantized constant (a folded class token): QLinearConcat's input
+            arr, qt, chain = _const_chain(qg, f, tensor, "an input")
+            if qt.scale.size != 1:
+                raise IrgenError(f"{SCHEME}: an input of {tensor!r} is a per-channel constant; not supported")
+            ins.append((None, qt, _drop(qg, chain)))
+            given.append(arr)
+            continue
+        if r is None:
+            r = _need(qg, f, "an input", tensor)
+        ins.append((r[0], r[1], [r[2]]))
+        given.append(None)
+    parts, tables, consts = [], [], []
+    for k, (x, qx, _) in enumerate(ins):
+        if qx.dtype != out.dtype:
+            raise IrgenError(f"{SCHEME}: concatenation {tensor!r} mixes {qx.dtype} and {out.dtype}")
+        c = given[k] if given[k] is not None or _is_torch(qg) else _spans().constant_tensor(qg, x)
+        consts.append(None)
+        if c is not None:  # computed from constants (ViT's class token): a literal, as TVM folds it
+            if qx.scale[0] != out.scale[0] or qx.zero_point[0] != out.zero_point[0]:
+                c = _table(qx, out)[c.astype(np.int64) - int(np.iinfo(qx.dtype).min)]
+            consts[k] = c.astype(out.dtype)
+            parts.append(relax.const(consts[k]))
+            tables.append(None)
+            ins[k] = (None, qx, ins[k][2])
+        elif qx.scale[0] == out.scale[0] and qx.zero_point[0] == out.zero_point[0]:
+            parts.append(x)
+            tables.append(None)
+        else:
+            t = _table(qx, out, torch_rule=_is_torch(qg))
+            parts.append(qg.emit(_lut(qg, x, t, qx.dtype)))
+            tables.append([int(v) for v in t])
+    axis = int(comp.value.attrs.axis)
+    # the layer's inputs are the tabled operands (their lookups are bound first), then the others, each once:
+    # ``operands[k]`` is the layer input that is operand k (inputs[k] and tables[k] describe operand k)
+    names = [getattr(x, "name", None) if isinstance(x, relax.Var) else None for x, _, _ in ins]
+    order: list[str] = []
+    for tabled in (True, False):
+        order += [n for n, t in zip(names, tables) if n is not None and (t is not None) == tabled and n not in order]
+    rec = {"scheme": SCHEME, "kind": "concatenate", "axis": axis, "inputs": [qx.record() for _, qx, _ in ins],
+           **({"reference": "torch"} if _is_torch(qg) else {}),
+           "output": out.record(), "tables": tables,
+           "operands": [order.index(n) if n is not None else None for n in names],
+           **({"constants": _spans().constants_record(consts)} if any(c is not None for c in consts) else {}),
+           "requant": {"rounding": "half_to_even", "rounding_rule": "inputs with other parameters: table[i - min] = "
+                       "quantize(dequantize(i)) (QLinearConcat)"}}
+    expr = op.concat(parts, axis=axis)
+    if any(c is not None for c in consts):  # in int32, then narrowed: the IR's fused_ops keep a literal without its dtype
+        wide = [relax.const(c.astype(np.int32)) if c is not None else qg.emit(op.astype(p, "int32"))
+                for c, p in zip(consts, parts)]
+        expr = op.astype(qg.emit(op.concat(wide, axis=axis)), out.dtype)
+    return [d for _, _, ds in ins for d in ds] + [comp.name, qb.name], expr, rec
+
+
+def _realize_move(qg, qb, comp, out):
+    relax, _, _, _ = _ops()
+    tensor = qb.name
+    x, qx, dqx = _need(qg, comp.value.args[0], "the input", tensor)
+    differ = qx.scale[0] != out.scale[0] or qx.zero_point[0] != out.zero_point[0] or qx.dtype != out.dtype
+    if differ and _is_torch(qg) and comp.op != "relax.nn.max_pool2d":
+        # torch reference: dequantize -> reshape/flatten... -> quantize with new parameters: a table, then the move
+        table = _table(qx, out, torch_rule=True)
+        xt = qg.emit(_lut(qg, x, table, qx.dtype))
+        v = comp.value
+        expr = relax.Call(v.op, [xt] + list(v.args[1:]), v.attrs, v.sinfo_args if hasattr(v, "sinfo_args") else None)
+        rec = {"scheme": SCHEME, "kind": "lut", "reference": "torch", "op": comp.op.removeprefix("relax."),
+               "inputs": [qx.record()], "output": out.record(), "table": [int(t) for t in table],
+               "requant": {"rounding": "half_to_even", "rounding_rule":
+                           "table[i - min] = quantize_per_tensor(dequantize(i)) (torch), then the data movement"}}
+        return [dqx, comp.name, qb.name], expr, rec
+    if differ:
+        raise IrgenError(f"{SCHEME}: {comp.op.removeprefix('relax.')} at {tensor!r} changes quantization parameters "
+                         f"({qx.scale[0]}/{qx.zero_point[0]} -> {out.scale[0]}/{out.zero_point[0]}); not supported")
+    v = comp.value
+    expr = relax.Call(v.op, [x] + list(v.args[1:]), v.attrs, v.sinfo_args if hasattr(v, "sinfo_args") else None)
+    rec = {"scheme": SCHEME, "kind": "integer", "op": comp.op.removeprefix("relax.").removeprefix("nn."),
+           "inputs": [qx.record()], "output": out.record()}
+    return [dqx, comp.name, qb.name], expr, rec
+
+
+def _realize_quantize(qg, qb, out):
+    _, op, q, _ = _ops()
+    x = qb.value.args[0]
+    if _is_torch(qg):
+        rec = {"scheme": SCHEME, "kind": "quantize", "reference": "torch", "inputs": [], "output": out.record(),
+               "requant": {"rounding": "half_to_even",
+                           "rounding_rule": "y = saturate(round_half_even(x * float32(1/scale)) + zp) (torch)"}}
+        return [qb.name], _rx_torch_quantize(qg, x, out), rec
+    info = np.iinfo(out.dtype)
+    f = qg.emit(op.divide(x, q.rx_const(out.scale[0], "float32")))
+    expr = q.rx_round_to_int(qg.emit, f, int(out.zero_point[0]), int(info.min), int(info.max), out.dtype)
+    rec = {"scheme": SCHEME, "kind": "quantize", "inputs": [], "output": out.record(),
+           "requant": {"rounding": "half_to_even", "rounding_rule": "y = saturate(round_half_even(x / scale) + zp)"}}
+    return [qb.name], expr, rec
+
+
+#: ops whose quantized span needs a dequantized input; on a float tensor (ONNX QOperator models leave
+#: GlobalAveragePool after a float HardSwish, a Gather after LayerNorm) they stay float ops, then a quantize
+_FLOAT_FED = ("relax.mean", "relax.nn.adaptive_avg_pool2d", "relax.nn.avg_pool2d", "relax.nn.softmax", *_MOVE)
+
+
+def _float_operand(qg, expr) -> bool:
+    """``expr`` is a float tensor computed by float ops (not a dequantize, nor from constants)."""
+    relax, _, _, _ = _ops()
+    b = qg.producer(expr) if isinstance(expr, relax.Var) else None
+    return b is not None and b.op != "relax.dequantize" and _spans().constant_value(qg, expr) is None \
+        and _spans().quantized_constant(qg, expr) is None
+
+
+def _still_read(qg, names: list[str], last: str) -> list[str]:
+    """``names`` less the bindings another op outside the span still reads (a float HardSwish whose
+    result both a table span and a float GlobalAveragePool read), and what those read."""
+    drop = set(names)
+    while True:
+        inside = drop | {last}
+        keep = {n for n in drop if qg.n_users(n) > sum(qg.bindings[i].name in inside for i in qg.users.get(n, []))}
+        if not keep:
+            return [n for n in names if n in drop]
+        drop -= keep
+
+
+def realize(qg, scheme: str = SCHEME, conv_requant=None) -> None:
+    """Realize every DQ -> op -> Q span of ``qg`` (a :class:`irgen.quant.QGraph`) in place; ``conv_requant(qg, acc, scale, out, lo, hi, axis, ndim, tensor)``
+    replaces ONNX Runtime's float requantization of conv/dense accumulators
+    (returning the expression and the record's ``requant``), and ``scheme``
+    names the records (both for schemes built on this one, such as ``pow2``)."""
+    _realize(qg, conv_requant)
+    for rec in qg.quant.values():
+        rec["scheme"] = scheme
+
+
+def _realize(qg, conv_requant) -> None:
+    relax, op, q, Constant = _ops()
+    if not _is_torch(qg):
+        _spans().drop_dead_items(qg)
+        _spans().static_shape_of(qg)
+    i = 0
+    while i < len(qg.bindings):
+        b = qg.bindings[i]
+        i += 1
+        if b.op != "relax.quantize":
+            continue
+        f = qg.producer(b.value.args[0])
+        chans = None
+        out = _qparams(qg, b.value, b.name, chans)
+        if out.scale.size != 1:
+            raise IrgenError(f"{SCHEME}: activation {b.name!r} is quantized per channel; not supported")
+        if not _is_torch(qg) and _spans().constant_value(qg, b.value.args[0]) is not None:
+            continue  # a constant quantized at run time: its consumers take the integers (spans.quantized_constant)
+        if f is None:
+            names, expr, rec = _realize_quantize(qg, b, out)
+            qg.replace(names, expr, rec)
+            i = 0
+            continue
+        acts, comp = [], f
+        while comp is not None and comp.op in ("relax.nn.relu", "relax.clip") and qg.n_users(comp.name) == 1:
+            p = qg.producer(comp.value.args[0])
+            if p is None or p.op not in ("relax.add", "relax.nn.conv2d", "relax.matmul", "relax.nn.relu", "relax.clip"):
+                break
+            acts.insert(0, comp)
+            comp = p
+        bias_b = None
+        if comp.op == "relax.add":
+            p0, p1 = (qg.producer(a) for a in comp.value.args)
+            for cand, other in ((p0, p1), (p1, p0)):
+                other_ok = (other is not None and other.op in ("relax.dequantize", "relax.reshape")) or (
+                    other is None and _is_torch(qg) and isinstance(comp.value.args[1 if cand is p0 else 0], Constant))
+                if cand is not None and cand.op in ("relax.nn.conv2d", "relax.matmul") and other_ok \
+                        and qg.n_users(cand.name) == 1:
+                    comp, bias_b = cand, comp
+                    break
+        chain = None if bias_b is not None or comp.op in ("relax.nn.conv2d", "relax.matmul") \
+            else _spans().elementwise_dag(qg, f)
+        if chain is not None and not (len(chain[1]) == 1 and (f.op in _UNARY or f.op == "relax.clip")):
+            names, expr, rec = _realize_table_chain(qg, b, chain, out)
+        elif not _is_torch(qg) and _spans().split_item(qg, f) is not None:
+            names, expr, rec = _spans().realize_split_item(qg, b, f, out)
+        elif comp.op == "relax.matmul" and bias_b is None and not acts and _dequantized(qg, comp.value.args[1]) is not None \
+                and _spans().quantized_constant(qg, comp.value.args[1]) is None:
+            names, expr, rec = _spans().realize_matmul(qg, b, comp, out)
+        elif comp.op == "relax.take" and not _is_torch(qg) and _spans().gathered_table(qg, comp) is not None:
+            names, expr, rec = _spans().realize_gather_table(qg, b, comp, out)
+        elif comp.op in ("relax.nn.conv2d", "relax.matmul"):
+            names, expr, rec = _or_float(
+                qg, b, f, out, lambda qg_, b_, out_: _realize_conv(qg_, b_, comp, bias_b, acts, out_, conv_requant))
+        elif comp.op == "relax.add":  # with the relu/clip after it (torch: add, relu, quantize)
+            names, expr, rec = _or_float(qg, b, f, out, _realize_add, comp, acts)
+        elif acts:
+            comp = acts[0]
+            names, expr, rec = _realize_unary(qg, b, comp, out)
+            if len(acts) > 1:
+                raise IrgenError(f"{SCHEME}: chained activations at {b.name!r}; not supported")
+        elif comp.op == "relax.mean" and not bool(comp.value.attrs.keepdims) and not _is_torch(qg):
+            names, expr, rec = _spans().realize_float(qg, b, f, out)  # ReduceMean without keepdims: float in ORT
+        elif comp.op in _FLOAT_FED and not _is_torch(qg) and _float_operand(qg, comp.value.args[0]):
+            names, expr, rec = _realize_quantize(qg, b, out)  # ORT: the float op, then QuantizeLinear
+        elif comp.op in ("relax.mean", "relax.nn.adaptive_avg_pool2d"):
+            names, expr, rec = _realize_global_avg(qg, b, comp, out)
+        elif comp.op == "relax.nn.avg_pool2d":
+            names, expr, rec = _realize_avg_pool(qg, b, comp, out)
+        elif comp.op == "relax.concat":
+            names, expr, rec = _realize_concat(qg, b, comp, out)
+        elif comp.op == "relax.dynamic_strided_slice" and not _is_torch(qg):
+            names, expr, rec = _spans().realize_slice(qg, b, comp, out)
+        elif comp.op in _MOVE:
+            names, expr, rec = _realize_move(qg, b, comp, out)
+        elif comp.op in _UNARY or comp.op == "relax.clip":
+            names, expr, rec = _realize_unary(qg, b, comp, out)
+        elif comp.op == "relax.nn.softmax" and not acts:
+            names, expr, rec = _realize_softmax(qg, b, comp, out)
+        elif comp.op == "relax.multiply" and not acts:
+            names, expr, rec = _or_float(qg, b, f, out, _realize_mul, comp)
+        elif _is_torch(qg):
+            raise IrgenError(f"{SCHEME}: cannot realize {comp.op or comp.kind} at tensor {b.name!r} in integer arithmetic")
+        else:  # no integer kernel in ONNX Runtime: dequantize, the float ops, quantize
+            names, expr, rec = _spans().realize_float(qg, b, f, out)
+        keep_last = names[-1]
+        names = [n for n in dict.fromkeys(names[:-1]) if qg.n_users(n) <= 1 or qg.by_name[n].op != "relax.dequantize"]
+        names = _still_read(qg, names, keep_last)
+        qg.replace(names + [keep_last], expr, rec)
+        i = 0
+        if comp.op == "relax.dynamic_strided_slice":
+            _spans().retype(qg)
+    # what is left: dequantize of activations feeding float ops or the model output
+    if not _is_torch(qg):
+        _spans().drop_dead(qg)
+    for b in list(qg.bindings):
+        if b.op == "relax.quantize":
+            raise IrgenError(f"{SCHEME}: quantize at tensor {b.name!r} is left after folding")
+        if b.op != "relax.dequantize":
+            continue
+        src = b.value.args[0]
+        if not isinstance(src, relax.Var):
+            if qg.n_users(b.name) == 0:
+                continue
+            raise IrgenError(f"{SCHEME}: constant {b.name!r} is dequantized for a float op that is not quantized")
+        qx = _qparams(qg, b.value, src.name)
+        xs = _offset(qg, src, int(qx.zero_point[0]))
+        expr = op.multiply(qg.emit(op.astype(xs, "float32")), q.rx_const(qx.scale[0], "float32"))
+        rec = {"scheme": SCHEME, "kind": "dequantize", "inputs": [qx.record()],
+               "output": {"dtype": "float32", "scale": None, "zero_point": None, "axis": None},
+               "requant": {"rounding_rule": "y = float32(x - zp) * scale"}}
+        qg.replace([b.name], expr, rec)
+    left = [b for b in qg.bindings if b.op == "relax.dequantize" and qg.n_users(b.name) > 0]
+    if left:
+        raise IrgenError(f"{SCHEME}: dequantize at tensor {left[0].name!r} is left after folding")
