@@ -31,6 +31,8 @@ import pytest
 from hostile import ENV, Sentinel, assert_refused, irgen, payload_pickle
 
 pytest.importorskip("onnx")
+# the cases write invalid ir.json files on purpose: not checked against the IR schema (tests/conftest.py)
+pytestmark = pytest.mark.corrupts_ir
 
 TESTS = Path(__file__).parent
 EXAMPLE = TESTS.parent / "examples" / "tiny_cnn.onnx"

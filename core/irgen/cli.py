@@ -1,6 +1,6 @@
 """The ``irgen`` command line.
 
-``irgen [--plugin X]... [--strict-plugins] {plugins,run,verify,inspect} ...``;
+``irgen [--plugin X]... [--strict-plugins] {plugins,run,verify,inspect,schema} ...``;
 the global options are also accepted after the subcommand. Only ``irgen run``
 imports the pipeline (and with it TVM); ``irgen verify`` imports a source
 runtime only for its ``source`` check: ``irgen --help`` and ``irgen plugins``
@@ -118,6 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--json", action="store_true", help="print the summary as JSON")
     _add_limit_option(inspect)
     inspect.set_defaults(func=cmd_inspect)
+
+    schema = commands.add_parser("schema", parents=[after], help="print the JSON Schema of ir.json")
+    schema.set_defaults(func=cmd_schema)
     return parser
 
 
@@ -285,6 +288,14 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
     info = inspect_output(args.out)
     print(json.dumps(info, indent=1) if args.json else format_inspect(info))
+    return 0
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    """The JSON Schema (draft 2020-12) of ``ir.json``, as the package ships it."""
+    from irgen.schema import schema_text
+
+    sys.stdout.write(schema_text())
     return 0
 
 

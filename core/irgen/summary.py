@@ -1,8 +1,8 @@
 """``irgen inspect``: a summary of an output folder's IR (layers, ops, dtypes,
 quantization schemes, parameter and activation files and bytes).
 
-The folder is untrusted: ``ir.json`` is read with :func:`irgen.irfile.read_ir`
-(validated), and every file it names is confined to OUT with
+The folder is untrusted: ``ir.json`` is read with :func:`irgen.verify.load_ir`
+(validated, then checked against the IR's JSON Schema), and every file it names is confined to OUT with
 :func:`irgen.safeio.inside` before it is stat'ed; a path out of OUT, or a file
 that is not a regular one (a FIFO, a device), is an error. A file that is not
 there counts 0 bytes."""
@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from irgen.api import IrgenError
-from irgen.irfile import read_ir, tensor_records
+from irgen.irfile import tensor_records
 from irgen.safeio import inside
-from irgen.verify import printable
+from irgen.verify import load_ir, printable
 
 __all__ = ["inspect_output", "format_inspect"]
 
@@ -25,7 +25,7 @@ __all__ = ["inspect_output", "format_inspect"]
 def inspect_output(out_dir: str | Path) -> dict[str, Any]:
     """A summary of an output folder's IR: layers, ops, dtypes, quant schemes, bytes."""
     out = Path(out_dir)
-    ir = read_ir(out_dir)
+    ir = load_ir(out_dir)
     layers = ir["layers"]
     sizes: dict[str, int] = {}
     for where, _, rec in tensor_records(ir):

@@ -651,9 +651,12 @@ def isolated_source_runner(out: Path, ir: dict, model: Path | None = None, host=
 
 
 def load_ir(out_dir: str | Path) -> dict[str, Any]:
-    """``OUT/ir.json``, validated; an IrgenError saying why it cannot be read
-    (:func:`irgen.irfile.read_ir`)."""
-    return read_ir(out_dir)
+    """``OUT/ir.json``, validated: its fields' types (:func:`irgen.irfile.read_ir`), then the
+    whole document against the IR's JSON Schema (:func:`irgen.schema.check_ir`); an
+    IrgenError saying why it cannot be read, or listing the violations."""
+    from irgen.schema import check_ir
+
+    return check_ir(read_ir(out_dir), str(Path(out_dir) / "ir.json"))
 
 
 def _skip_source(source: dict[str, Any], notes: list[str], modes, err: IrgenError) -> list[str]:
@@ -708,7 +711,7 @@ def verify_output(out_dir: str | Path, *, modes=MODES, thresholds: Thresholds | 
     if bad:
         raise IrgenError(f"unknown verify mode(s): {', '.join(sorted(bad))}")
     modes = [m for m in MODES if m in modes]
-    ir = read_ir(out_dir)
+    ir = load_ir(out_dir)
     out = Path(out_dir).resolve()
     manifest = read_manifest(out)
     layers = ir["layers"]
