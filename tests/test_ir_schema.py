@@ -219,7 +219,8 @@ def test_check_ir_returns_a_valid_document(float_out):
 
 def test_conftest_fails_a_test_that_leaves_an_invalid_ir(tmp_path_factory, float_out):
     """A test session with tests/conftest.py: a test leaving an invalid ir.json in its
-    tmp_path fails naming the file and the violation; the same test marked passes."""
+    tmp_path (asked for directly or through a fixture) fails naming the file and the
+    violation; the same test marked ``corrupts_ir`` passes."""
     root = tmp_path_factory.mktemp("inner")
     shutil.copy(TESTS / "conftest.py", root / "conftest.py")
     good = json.dumps(_ir(float_out))
@@ -241,11 +242,19 @@ def test_leaves_invalid(tmp_path):
 @pytest.mark.corrupts_ir
 def test_leaves_invalid_marked(tmp_path):
     (tmp_path / "ir.json").write_text(BAD)
+
+@pytest.fixture
+def folder(tmp_path):
+    return tmp_path
+
+def test_leaves_invalid_through_a_fixture(folder):
+    (folder / "ir.json").write_text(BAD)
 """)
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp",
                            str(root / "tmp"), "-o", "addopts=", "test_inner.py"],
                           cwd=root, capture_output=True, text=True, timeout=600)
-    assert "1 failed, 2 passed" in proc.stdout, proc.stdout + proc.stderr
-    assert "FAILED test_inner.py::test_leaves_invalid" in proc.stdout, proc.stdout
+    assert "2 failed, 2 passed" in proc.stdout, proc.stdout + proc.stderr
+    assert "FAILED test_inner.py::test_leaves_invalid - " in proc.stdout, proc.stdout
+    assert "FAILED test_inner.py::test_leaves_invalid_through_a_fixture - " in proc.stdout, proc.stdout
     assert "test_leaves_invalid0/o/ir.json" in proc.stdout, proc.stdout
     assert "layers[0]: 'op' is a required property" in proc.stdout, proc.stdout
