@@ -188,10 +188,14 @@ def test_ir_version_is_semver_and_the_old_integer_reads(float_out):
     assert validate_ir(missing) == ["'ir_version' is a required property"]
 
 
-def test_an_old_integer_version_folder_verifies(float_out, tmp_path):
+def test_an_old_integer_version_folder_verifies(float_out, tmp_path, capsys):
     out = _corrupt(float_out, tmp_path, lambda ir: ir.update(ir_version=1))
     assert main(["verify", str(out), "--no-report", "--no-progress", "--mode", "single"]) == 0
-    assert main(["inspect", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["inspect", str(out), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["ir_version"] == "1.0.0"
+    assert main(["inspect", str(float_out)]) == 0
+    assert "; IR 1.0.0, irgen " in capsys.readouterr().out.splitlines()[0]
 
 
 # ------------------------------------------------------------------ irgen schema

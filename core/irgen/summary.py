@@ -17,6 +17,7 @@ from typing import Any
 from irgen.api import IrgenError
 from irgen.irfile import tensor_records
 from irgen.safeio import inside
+from irgen.schema import ir_version
 from irgen.verify import load_ir, printable
 
 __all__ = ["inspect_output", "format_inspect"]
@@ -71,6 +72,7 @@ def inspect_output(out_dir: str | Path) -> dict[str, Any]:
     return {
         "irgen_inspect": 1,
         "out": str(out.resolve()),
+        "ir_version": ir_version(ir),  # MAJOR.MINOR.PATCH; the old integer 1 is 1.0.0
         "producer": ir.get("producer"),
         "model": ir.get("model"),
         "inputs": [{k: t.get(k) for k in ("name", "shape", "dtype")} for t in ir.get("inputs") or []],
@@ -100,7 +102,7 @@ def format_inspect(info: dict[str, Any]) -> str:
     lines = [
         f"{info['out']}: {info['layers']} layers from {(info['model'] or {}).get('path')} "
         f"({p.get('frontend')} frontend, quantizer {p.get('quantizer') or 'none'}, backend {p.get('backend')}, "
-        f"opt level {p.get('opt_level')}; irgen {p.get('irgen')}, tvm {p.get('tvm')})",
+        f"opt level {p.get('opt_level')}; IR {info.get('ir_version')}, irgen {p.get('irgen')}, tvm {p.get('tvm')})",
         "inputs:  " + ", ".join(f"{t['name']} {t['shape']} {t['dtype']}" for t in info["inputs"]),
         "outputs: " + ", ".join(f"{t['name']} {t['shape']} {t['dtype']}" for t in info["outputs"]),
         "ops:     " + ", ".join(f"{k} x{v}" for k, v in info["ops"].items()),
