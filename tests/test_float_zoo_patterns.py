@@ -122,6 +122,23 @@ class MaskedAttention(nn.Module):
         return self.o((scores.softmax(-1) @ v).transpose(1, 2).reshape(b, n, d))
 
 
+class CompoundActivations(nn.Module):
+    """SiLU (EfficientNet), hardswish and a hardsigmoid gate (MobileNetV3), ``chunk``
+    (ShuffleNet): ONNX writes each as several nodes, ``.pt2`` as one op."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 8, 1)
+        self.gate = nn.Conv2d(8, 8, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = nn.functional.silu(self.a(x))
+        y = nn.functional.hardswish(self.b(y))
+        y = y * nn.functional.hardsigmoid(self.gate(y))
+        u, w = y.chunk(2, dim=1)
+        return torch.cat((w, u), dim=1)
+
+
 class TwoHeads(nn.Module):
     """A model with two outputs (a detector's boxes and scores): the importers bind the
     output tuple inside the dataflow block, where it must not become a layer."""
@@ -162,6 +179,7 @@ MODELS = {
     "shuffle_unit": (ShuffleUnit, (1, 3, 32, 32)),
     "encoder_block": (EncoderBlock, (1, 5, 16)),
     "masked_attention": (MaskedAttention, (1, 6, 16)),
+    "compound_activations": (CompoundActivations, (1, 3, 16, 16)),
 }
 
 
@@ -347,3 +365,24 @@ def test_backend_that_asks_for_fused_attention_gets_one_attention_layer(name, fm
     assert not any("softmax" in k.lower() for k in kernels), kernels
     # the fused steps were layers of their own
     assert len(irs["generic"]) - len(irs["attention-npu"]) == len(steps) - 1
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_onnx_and_pt2_give_the_same_layer_ops(name, tmp_path, capsys):
+    """One layer vocabulary: the same model as ONNX and as ``.pt2`` is the same sequence of
+    layer ops (SiLU, hardswish, hardsigmoid and chunk included), and no layer records as
+    its ``activation`` a step that is not its last."""
+    ops = {}
+    for fmt in ("onnx", "pt2"):
+        d = tmp_path / fmt
+        d.mkdir()
+        path, x = _export(name, fmt, d)
+        assert irgen_main(["run", str(path), "-o", str(d / "out"), "--input", str(x), "--no-progress"]) == 0
+        layers = json.loads((d / "out" / "ir.json").read_text())["layers"]
+        ops[fmt] = [l["op"] for l in layers]
+        for l in layers:
+            if "activation" in l["attrs"]:
+                assert l["fused_ops"][-1]["op"] == l["attrs"]["activation"]["op"], (l["name"], l["fused_ops"])
+    assert ops["onnx"] == ops["pt2"]
+    if name == "compound_activations":
+        assert {"silu", "hardswish", "hardsigmoid", "split"} <= set(ops["onnx"]), ops["onnx"]

@@ -228,3 +228,43 @@ def test_backend_constraints_that_hold_let_the_model_run(tmp_path, plugin_file):
     plugin = plugin_file("constrained", CONSTRAINED_BACKEND.replace(
         'MAX_KERNEL, CHANNELS, DENSE_DTYPE = 1, 16, "int8"', 'MAX_KERNEL, CHANNELS, DENSE_DTYPE = 3, 4, "float32"'))
     assert _run(plugin, tmp_path / "out", "--backend", "tiny-npu") == 0
+
+
+DIALECT_FRONTEND = """
+    from irgen import hookimpl
+    from irgen.plugin import Frontend
+    import irgen_onnx
+
+
+    @hookimpl
+    def irgen_register_frontends(register):
+        # another file type whose graphs are ONNX QDQ: the schemes know it by its dialect
+        register(Frontend(name="onnx-copy", suffixes=(".qonnx",), load=irgen_onnx.load_onnx,
+                          runner=irgen_onnx.source_runner, quant_dialect=DIALECT))
+"""
+
+
+@pytest.mark.parametrize("dialect", ["onnx-qdq", None])
+def test_schemes_detect_the_dialect_a_frontend_declares(dialect, tmp_path, plugin_file, capsys):
+    """A frontend that is not 'onnx' but declares the 'onnx-qdq' dialect gets its int8 graphs
+    realized by the qdq scheme; without a dialect no scheme claims them."""
+    import shutil
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_qdq import quantized
+
+    model = quantized("small_cnn", False, "s8", tmp_path)
+    copy = shutil.copy(model, tmp_path / "model.qonnx")
+    plugin = plugin_file("dialect_frontend", DIALECT_FRONTEND.replace("DIALECT", repr(dialect)))
+    out = tmp_path / "out"
+    capsys.readouterr()
+    code = irgen_main(["--plugin", str(plugin), "run", str(copy), "-o", str(out), "--no-progress"])
+    err = capsys.readouterr().err
+    if dialect is None:
+        assert code == 2 and not out.exists() and "Traceback" not in err, err
+        return
+    assert code == 0, err
+    ir = json.loads((out / "ir.json").read_text())
+    assert ir["producer"]["frontend"] == "onnx-copy" and ir["producer"]["quantizer"] == "qdq"
+    assert any(l["quant"] and l["quant"]["scheme"] == "qdq" for l in ir["layers"])

@@ -70,6 +70,21 @@ class ImportedModel:
     frontend: str
     #: source runtime's name for each model output, in order
     output_names: list[str] = field(default_factory=list)
+    #: what the graph's quantize/dequantize ops mean (default: the frontend's ``quant_dialect``)
+    dialect: str | None = None
+
+
+#: The quantization dialects of the in-repository frontends: what a graph's
+#: quantize/dequantize ops (or int8 tensors) mean. A new frontend names one of these
+#: when its graphs mean the same, or a new name (and a scheme that reads it).
+QUANT_DIALECTS = {
+    "onnx-qdq": "ONNX QuantizeLinear/DequantizeLinear pairs around float ops (onnxruntime's "
+                "quantize_static, QDQ or QOperator): round half to even, saturate; ORT's integer kernels",
+    "torch-qdq": "torch's quantize_per_tensor/channel and dequantize around float ops "
+                 "(reference-quantized and QAT-converted .pt2 programs); torch's rounding",
+    "tflite": "TFLite int8 tensors with per-tensor/per-channel scales and zero points; TFLite's "
+              "integer kernels (MultiplyByQuantizedMultiplier)",
+}
 
 
 @dataclass
@@ -82,6 +97,11 @@ class Frontend:
 
     ``runner(path, options)``, optional, runs the model in its own runtime for
     ``irgen verify``: see :meth:`source_runner`.
+
+    ``quant_dialect`` says what the quantize/dequantize ops of the graphs it
+    imports mean, so that quantization schemes detect a dialect and never a
+    frontend by name (see :data:`QUANT_DIALECTS`). A frontend whose graphs
+    hold no quantization leaves it None.
     """
 
     name: str
@@ -90,6 +110,7 @@ class Frontend:
     claims: Callable[[Path], bool] | None = None
     description: str = ""
     runner: Callable[[Path, dict[str, Any]], Callable[[dict[str, Any], list[str]], dict[str, Any]]] | None = None
+    quant_dialect: str | None = None
 
     def source_runner(self, model_path: Path, options: dict[str, Any]):
         """A callable ``run(inputs, tensors) -> {tensor: array}`` that runs the model

@@ -99,13 +99,46 @@ SOURCE_OP_NAMES = {
 }
 
 
+#: one name per computation, whatever the scheme or frontend called it (docs/layer-ops.md)
+CANONICAL_OPS = {
+    "mul": "multiply",
+    "sub": "subtract",
+    "div": "divide",
+    "global_avg_pool": "global_avg_pool2d",
+    "hard_swish": "hardswish",
+    "hard_sigmoid": "hardsigmoid",
+    "concat": "concatenate",
+    "permute_dims": "transpose",
+}
+
+
+def _depthwise(attrs: dict[str, Any], ext: list[str], by_name: dict[str, Binding], layer: Layer) -> bool:
+    """A grouped convolution with one group per input channel."""
+    groups = int(attrs.get("groups") or 1)
+    if groups <= 1:
+        return False
+    data = by_name.get(layer.anchor)
+    t = tensor_type(data.value.args[0]) if data is not None and isinstance(data.value, relax.Call) else None
+    if t is None or len(t[0]) != 4:
+        return False
+    layout = str(attrs.get("data_layout") or "NCHW")
+    return t[0][layout.index("C")] == groups
+
+
+#: activations made of several steps: a layer that is one such source op is named after it
+COMPOUND_OPS = frozenset({"hardsigmoid", "hardswish", "silu", "gelu", "mish", "softplus"})
+
+
 def source_op_name(op_type: str) -> str:
     """Layer-op name of a source op type (``DepthToSpace`` -> ``depth_to_space``,
-    ``aten.embedding.default`` -> ``gather``)."""
+    ``aten.embedding.default`` -> ``gather``, ``aten.hardswish_.default`` -> ``hardswish``)."""
     t = op_type.lower()
     if t.startswith("aten."):
         t = t.split(".")[1]
-    return SOURCE_OP_NAMES.get(t, t)
+        if t.endswith("_") and not t.endswith("__"):
+            t = t[:-1]  # the in-place variant computes the same
+    t = SOURCE_OP_NAMES.get(t, t)
+    return CANONICAL_OPS.get(t, t)
 
 
 def short_op(b: Binding) -> str:
@@ -117,7 +150,8 @@ def short_op(b: Binding) -> str:
     if name == "relax.mean":
         axes = [int(a) for a in v.attrs.axis] if v.attrs.axis is not None else []
         t = tensor_type(v.args[0])
-        if t and len(t[0]) == 4 and sorted(a % 4 for a in axes) == [2, 3]:
+        # the two spatial axes of NCHW (2, 3) or NHWC (1, 2: TFLite, Keras)
+        if t and len(t[0]) == 4 and sorted(a % 4 for a in axes) in ([2, 3], [1, 2]):
             return "global_avg_pool2d"
     if name == "relax.reshape":
         tin, tout = tensor_type(v.args[0]), tensor_type(b.var)
@@ -241,6 +275,8 @@ def build_layer_record(
 
     attrs = {**IMPLIED_ATTRS.get(anchor.op or "", {}), **ops[layer.members.index(layer.anchor)]["attrs"]}
     acts = [b for b in members if b.op in _ACTIVATIONS and b is not anchor]
+    if quant is None and acts and acts[-1] is not members[-1]:
+        acts = []  # an activation only as the last step: a clip inside hardswish is not one
     if acts:
         act = acts[-1]
         a = {"op": short_op(act), **IMPLIED_ATTRS.get(act.op or "", {})}
@@ -280,6 +316,14 @@ def build_layer_record(
         attrs = {**attrs, **LAYER_ATTRS.get(op, lambda _: {})(members)}
     elif layer.rule is None and len(members) > 1 and len(set(op_types)) == 1:
         op = source_op_name(op_types[0])
+    op = CANONICAL_OPS.get(op, op)
+    if op == "conv2d" and _depthwise(attrs, ext, by_name, layer):
+        op = "depthwise_conv2d"
+    if quant is None and len(members) > 1 and len(set(nodes)) == 1 and source_op_name(op_types[0]) in COMPOUND_OPS:
+        # one source op that the importer wrote as several steps (ONNX HardSigmoid: multiply,
+        # add, clip): the layer is that op, whatever step the fusion rule anchored on
+        op = source_op_name(op_types[0])
+        attrs = {k: v for k, v in attrs.items() if k != "activation"}
     record = {
         "name": layer_name,
         "op": op,

@@ -215,14 +215,16 @@ def _form_layers(host, imported: ImportedModel, be: Backend, quantizer: str | No
     progress.stage("form layers")
     mod = fold_batch_norm(tuple_output_outside_dataflow(imported.mod), imported.provenance)
     quant: dict[str, dict] = {}
-    qg = QGraph(mod, frontend=imported.frontend)
+    qg = QGraph(mod, frontend=imported.frontend, dialect=imported.dialect)
     scheme = pick_quantizer(host, qg, quantizer)
     if scheme is not None:
         progress.stage(f"quantization scheme {scheme.name}")
         call_plugin(host.quantizers, scheme.name, "realize the model's quantization", scheme.realize, qg)
         mod, quant = qg.module(), qg.quant
     else:  # a scheme reads the graph as imported (its own shape arithmetic, tuples)
-        mod = flatten_tuples(static_shapes(mod), imported.provenance)
+        from irgen.canonical import canonicalize
+
+        mod = canonicalize(flatten_tuples(static_shapes(mod), imported.provenance), imported.provenance)
     func, bindings = main_bindings(relax.transform.FoldConstant()(mod))
     main_out = func.body.body
     if scheme is not None:
@@ -482,6 +484,8 @@ def run(
 
     progress.stage(f"import {model.name} ({fe.name} frontend)")
     imported: ImportedModel = call_plugin(host.frontends, fe.name, "import", fe.load, model, options)
+    if imported.dialect is None:
+        imported.dialect = fe.quant_dialect
     check_inputs(imported.inputs, options.get("input_shapes") or {}, limit)
     arrays = load_inputs(imported.inputs, list(inputs), seed, limit)
 

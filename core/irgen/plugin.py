@@ -32,11 +32,14 @@ Registration (what the hooks register)
 * ``Frontend``, ``Quantizer``, ``Backend``, ``Serializer``: the objects a plugin
   registers; their docstrings give every field.
 * ``FusionRule`` and ``ATTENTION_FUSION``: a backend's layer-forming rules
-  (``Backend.fusion``); ``ATTENTION_FUSION`` folds softmax attention into one layer.
+  (``Backend.fusion_rules``); ``ATTENTION_FUSION`` folds softmax attention into one layer.
 * ``ImportedModel``, ``InputSpec``, ``Provenance``: what a frontend returns
   (the Relax module, its inputs, and which source nodes each binding came from).
 * ``IrgenError``: the one exception irgen reports as a message, not a traceback;
   ``UnsupportedOpsError`` lists the source ops a frontend cannot import.
+* ``QUANT_DIALECTS``: the quantization dialects frontends declare
+  (``Frontend.quant_dialect``) and schemes detect (``qg.dialect``), each with what
+  its quantize/dequantize ops mean.
 
 The graph a scheme reads and rewrites
 -------------------------------------
@@ -126,6 +129,7 @@ from irgen.api import (
     InputSpec,
     IrgenError,
     Provenance,
+    QUANT_DIALECTS,
     Quantizer,
     Serializer,
     UnsupportedOpsError,
@@ -206,7 +210,7 @@ __all__ = [
     "API_VERSION",
     # registration
     "hookimpl", "Frontend", "Quantizer", "Backend", "Serializer", "FusionRule", "ATTENTION_FUSION",
-    "ImportedModel", "InputSpec", "Provenance", "IrgenError", "UnsupportedOpsError",
+    "ImportedModel", "InputSpec", "Provenance", "IrgenError", "UnsupportedOpsError", "QUANT_DIALECTS",
     # the graph a scheme reads and rewrites
     "QGraph", "QTensor", "Binding", "Constant", "attrs_to_dict", "substitute", "main_bindings",
     "module_bindings", "check_tensor_sizes", "tuple_output_outside_dataflow", "arg_ref",

@@ -144,7 +144,7 @@ def _lut(qg, x, table: np.ndarray, in_dtype: str):
 
 
 def _is_torch(qg) -> bool:
-    return getattr(qg, "frontend", None) == "torch"
+    return getattr(qg, "dialect", None) == "torch-qdq"
 
 
 def torch_quantize(x, scale, zero_point: int, dtype: str) -> np.ndarray:

@@ -605,8 +605,10 @@ class QGraph:
     Attributes (read them; change them only through the methods):
 
     * ``mod``: the imported ``tvm.IRModule``; ``main`` is one dataflow block.
-    * ``frontend``: the name of the frontend that imported the model (``"onnx"``,
-      ``"tflite"``, ``"torch"``...), for schemes that read one source's graphs.
+    * ``dialect``: what the graph's quantization ops mean, as the frontend declared
+      it (``"onnx-qdq"``, ``"torch-qdq"``, ``"tflite"``: :data:`irgen.api.QUANT_DIALECTS`);
+      a scheme detects the dialects it realizes, never a frontend by name.
+    * ``frontend``: the name of the frontend that imported the model (informative).
     * ``bindings``: ``main``'s bindings in order, each an :class:`irgen.graph.Binding`
       (``name``, ``var``, ``value``; ``op`` is the Relax op name such as
       ``"relax.nn.conv2d"`` for a call, else None).
@@ -618,7 +620,7 @@ class QGraph:
       :func:`register_recompute` by it), ``"kind"``, ``"inputs"`` and ``"output"``
       (each :meth:`QTensor.record`), and whatever the recompute of the kind reads.
 
-    ``realize(qg)`` reads ``bindings``/``by_name``/``users``/``frontend``, builds integer
+    ``realize(qg)`` reads ``bindings``/``by_name``/``users``/``dialect``, builds integer
     arithmetic with :meth:`emit` and the ``rx_*`` builders, and commits each span with
     :meth:`replace`. It must leave no ``relax.quantize``/``relax.dequantize`` that the
     scheme claims, and every binding it keeps must still type-check. irgen then builds the
@@ -627,6 +629,7 @@ class QGraph:
 
     mod: Any
     frontend: str = ""
+    dialect: str | None = None
     bindings: list = field(default_factory=list)
     quant: dict[str, dict[str, Any]] = field(default_factory=dict)
 

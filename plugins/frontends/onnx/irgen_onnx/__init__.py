@@ -233,5 +233,6 @@ def irgen_register_frontends(register):
             load=load_onnx,
             description="ONNX models through TVM's Relax ONNX importer",
             runner=source_runner,
+            quant_dialect="onnx-qdq",
         )
     )

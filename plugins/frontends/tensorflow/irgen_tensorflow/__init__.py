@@ -446,6 +446,7 @@ def irgen_register_frontends(register):
             load=load_tflite,
             description="TensorFlow Lite flatbuffers through TVM's Relax TFLite importer",
             runner=source_runner,
+            quant_dialect="tflite",
         )
     )
     from irgen_tensorflow import keras_frontend  # light: TensorFlow is imported only by load
@@ -457,6 +458,7 @@ def irgen_register_frontends(register):
             load=keras_frontend.load_keras,
             claims=keras_frontend.claims,
             runner=keras_frontend.source_runner,
+            quant_dialect="tflite",  # converted to TFLite first
             description="Keras .keras/.h5 files and SavedModel folders, converted with TFLiteConverter "
             "(int8 with --calibration DIR), then imported as tflite",
         )

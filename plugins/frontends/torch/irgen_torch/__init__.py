@@ -558,5 +558,6 @@ def irgen_register_frontends(register):
             load=load_torch,
             description="PyTorch: torch.export .pt2 programs, .pth state dicts with --model-class",
             runner=source_runner,
+            quant_dialect="torch-qdq",
         )
     )

@@ -47,7 +47,7 @@ def _not_pow2(qg) -> list[str]:
 
 
 def detect(qg) -> bool:
-    return getattr(qg, "frontend", None) == "onnx" and bool(_qdq_spans(qg)) and not _not_pow2(qg)
+    return getattr(qg, "dialect", None) == "onnx-qdq" and bool(_qdq_spans(qg)) and not _not_pow2(qg)
 
 
 def _shift_requant(qg, acc, scale, out, lo, hi, axis, ndim, tensor):

@@ -22,12 +22,17 @@ __version__ = "0.1.0"
 SCHEME = "qdq"
 
 
+#: the quantization dialects this scheme realizes: ONNX QDQ (ORT's kernels) and torch's
+#: reference-quantized graphs (torch's rounding), as frontends declare them
+DIALECTS = ("onnx-qdq", "torch-qdq")
+
+
 def _is_quantized(qg) -> bool:
     return any(b.op in ("relax.quantize", "relax.dequantize") for b in qg.bindings)
 
 
 def detect(qg) -> bool:
-    return getattr(qg, "frontend", None) in ("onnx", "torch") and _is_quantized(qg)
+    return getattr(qg, "dialect", None) in DIALECTS and _is_quantized(qg)
 
 
 def realize(qg) -> None:

@@ -454,12 +454,13 @@ def _is_quantized(qg) -> bool:
     return any(b.op in ("relax.quantize", "relax.dequantize") for b in qg.bindings)
 
 
-#: frontends whose graphs come from a TFLite flatbuffer (``keras`` converts to TFLite first)
-TFLITE_FRONTENDS = ("tflite", "keras")
+#: the quantization dialect this scheme realizes: TFLite's int8 tensors (the ``tflite`` and
+#: ``keras`` frontends declare it; keras converts to TFLite first)
+DIALECT = "tflite"
 
 
 def detect(qg) -> bool:
-    return getattr(qg, "frontend", None) in TFLITE_FRONTENDS and _is_quantized(qg)
+    return getattr(qg, "dialect", None) == DIALECT and _is_quantized(qg)
 
 
 def realize(qg) -> None:
