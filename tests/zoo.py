@@ -445,7 +445,7 @@ def _format_title(s: dict) -> str:
 
 def _cosine_text(c: float) -> str:
     """1 - cosine is what differs; 0.99999999 would hide it."""
-    return "1" if c >= 1 else f"1 - {1 - c:.1e}"
+    return "1" if 1 - c < 1e-15 else f"1 - {1 - c:.1e}"  # float64 rounding of an exact match
 
 
 def _times(s: dict) -> str:
