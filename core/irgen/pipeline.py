@@ -221,6 +221,9 @@ def _form_layers(host, imported: ImportedModel, be: Backend, quantizer: str | No
         progress.stage(f"quantization scheme {scheme.name}")
         call_plugin(host.quantizers, scheme.name, "realize the model's quantization", scheme.realize, qg)
         mod, quant = qg.module(), qg.quant
+        for last, names in getattr(qg, "folded", {}).items():  # the layer's source: every node folded in
+            merged = imported.provenance.merged.setdefault(last, [])
+            merged.extend(m for n in names for m in [*imported.provenance.merged.get(n, []), n] if m not in merged)
     else:  # a scheme reads the graph as imported (its own shape arithmetic, tuples)
         from irgen.canonical import canonicalize
 
@@ -239,8 +242,12 @@ def _name(graph: _Graph, imported: ImportedModel) -> _Names:
     layer_namer = SafeNames()
     prov = imported.provenance.by_var
     layer_names: dict[int, str] = {}
+    merged = imported.provenance.merged
     for layer in graph.layers:
         src = next((prov[m] for m in layer.members if m in prov), None)
+        if graph.quant:  # a quantized layer is named after its compute node, not a (de)quantize node
+            folded = [n for m in layer.members for n in [*merged.get(m, []), m] if n in prov]
+            src = next((prov[n] for n in folded if "quant" not in prov[n][1].lower()), src)
         # two layers from one source node (a fake-quant split in two) get distinct names
         layer_names[layer.index] = layer_namer.fresh(src[0] if src else layer.anchor)
     tensor_name: dict[str, str] = {}

@@ -639,6 +639,9 @@ class QGraph:
         _, self.bindings = main_bindings(self.mod)
         self._pending: list = []
         self._count = 0
+        #: binding name -> the names of the bindings :meth:`replace` folded into it (the span's
+        #: quantize/dequantize and compute ops): the layer's ``source`` lists their nodes
+        self.folded: dict[str, list[str]] = {}
         self._index()
 
     def emit(self, expr):
@@ -682,6 +685,7 @@ class QGraph:
 
         last = names[-1]
         drop = set(names[:-1])
+        self.folded.setdefault(last, []).extend(n for n in names[:-1] if n not in self.folded.get(last, []))
         new = []
         for b in self.bindings:
             if b.name in drop:
