@@ -268,3 +268,47 @@ def test_schemes_detect_the_dialect_a_frontend_declares(dialect, tmp_path, plugi
     ir = json.loads((out / "ir.json").read_text())
     assert ir["producer"]["frontend"] == "onnx-copy" and ir["producer"]["quantizer"] == "qdq"
     assert any(l["quant"] and l["quant"]["scheme"] == "qdq" for l in ir["layers"])
+
+
+BARE_SCHEME = """
+    from irgen.plugin import Quantizer, hookimpl, realize_qdq, recompute_qdq, recompute_requantized, register_recompute
+
+    SCHEME = "bare-qdq"
+    if RECOMPUTE:
+        register_recompute(SCHEME, "*", recompute_qdq)
+        register_recompute(SCHEME, "integer", recompute_requantized)
+
+
+    @hookimpl
+    def irgen_register_quantizers(register):
+        register(Quantizer(name=SCHEME, detect=lambda qg: False, realize=lambda qg: realize_qdq(qg, scheme=SCHEME)))
+"""
+
+
+@pytest.mark.parametrize("with_recompute", [True, False])
+def test_a_scheme_owns_its_recompute(with_recompute, tmp_path, plugin_file, capsys, monkeypatch):
+    """verify finds a scheme's numpy recompute by the scheme's name alone (irgen knows no scheme
+    by name): a scheme that registers one has its layers recomputed from their quant records;
+    one that registers none is checked with fused_ops alone, and verify says which layers."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_qdq import quantized
+
+    import irgen.quant
+
+    monkeypatch.setattr(irgen.quant, "RECOMPUTE", dict(irgen.quant.RECOMPUTE))  # this test's registrations go
+    scheme = f"bare-qdq-{with_recompute}".lower()
+    model = quantized("small_cnn", False, "s8", tmp_path)
+    plugin = str(plugin_file(f"bare_{with_recompute}".lower(), BARE_SCHEME.replace("RECOMPUTE", str(with_recompute))
+                             .replace('"bare-qdq"', repr(scheme))))
+    out = tmp_path / "out"
+    assert irgen_main(["--plugin", plugin, "run", str(model), "-o", str(out), "--quantizer", scheme,
+                       "--no-progress"]) == 0
+    code, result, err = _verify(capsys, out, "--plugin", plugin)
+    assert code == 0 and result["passed"], (err, result and result["problems"])
+    fused_only = [n for n in result["notes"] if "checked with their fused_ops alone" in n]
+    if with_recompute:
+        assert not fused_only, result["notes"]
+    else:
+        assert fused_only and f"scheme {scheme!r} registers no recompute" in fused_only[0], result["notes"]

@@ -85,7 +85,11 @@ into the graph, so TVM computes it), side by side so they cannot drift:
   ``check_qparams`` (validated ``QTensor`` of a tensor), ``follow_constant``
   (a dequantized integer constant through reshapes and transposes).
 * ``register_recompute(scheme, kind, fn)``: verify's numpy recompute of a layer
-  kind of your scheme.
+  kind of your scheme (``kind="*"``: of every kind without its own); irgen knows no
+  scheme by name, so a scheme that registers none is checked by its ``fused_ops``
+  alone, and verify says so. The built-in schemes' arithmetic to reuse:
+  ``recompute_requantized`` (TFLite's kernels), ``recompute_qdq`` (ONNX Runtime's),
+  ``recompute_pow2`` (a rounding shift per channel).
 * ``realize_qdq(qg, scheme, conv_requant)``: realize an ONNX QDQ (or torch
   reference-quantized) graph exactly as ONNX Runtime's CPU kernels compute it;
   ``conv_requant(qg, acc, scale, out, lo, hi, axis, ndim, tensor)`` replaces the
@@ -150,6 +154,9 @@ from irgen.quant import (
     per_axis,
     quantize_linear,
     quantize_multiplier,
+    recompute_pow2,
+    recompute_qdq,
+    recompute_requantized,
     register_recompute,
     requantize_float,
     rx_clamp_cast,
@@ -219,7 +226,8 @@ __all__ = [
     "rx_multiply_by_quantized_multiplier", "divide_round_half_away", "rx_divide_round_half_away",
     "quantize_linear", "requantize_float", "rx_requantize_float", "rx_round_to_int", "ort_softmax_table",
     "tflite_softmax_table", "per_axis", "rx_const", "rx_clamp_cast", "check_qparams", "follow_constant",
-    "register_recompute", "realize_qdq", "QDQ_RECOMPUTE",
+    "register_recompute", "recompute_requantized", "recompute_qdq", "recompute_pow2", "realize_qdq",
+    "QDQ_RECOMPUTE",
     # numpy reference
     "run_op", "run_layer",
     # names and files

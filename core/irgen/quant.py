@@ -152,8 +152,14 @@ _SCHEMES_LOADED: set[str] = set()
 def register_recompute(scheme: str, kind: str, fn) -> None:
     """Make ``fn(layer, inputs, params) -> np.ndarray`` verify's numpy recompute of the layers whose
     ``quant`` record says ``{"scheme": scheme, "kind": kind}``: the integer output the layer must
-    produce from its integer inputs and parameters alone. Call it when the plugin module is
-    imported (``irgen verify`` imports the plugin named after the scheme on first use)."""
+    produce from its integer inputs and parameters alone. ``kind="*"`` is the scheme's recompute of
+    every kind it registers nothing more specific for. Call it when the plugin module is imported
+    (``irgen verify`` imports the plugin named after the scheme on first use). A layer whose scheme
+    registers no recompute for its kind is checked with its ``fused_ops`` alone, and verify says so.
+
+    The integer arithmetic of the built-in schemes is there to reuse: :func:`recompute_requantized`
+    (TFLite's kernels: MultiplyByQuantizedMultiplier requantization), :func:`recompute_qdq`
+    (ONNX Runtime's CPU kernels), :func:`recompute_pow2` (power-of-two shifts)."""
     RECOMPUTE[(scheme, kind)] = fn
 
 
@@ -170,29 +176,32 @@ def scheme_recompute(scheme: str, kind: str):
                 ep.load()
             except Exception:  # noqa: BLE001  a broken plugin: the layer falls back to fused_ops
                 pass
-    return RECOMPUTE.get((scheme, kind))
+    return RECOMPUTE.get((scheme, kind)) or RECOMPUTE.get((scheme, "*"))
 
 
 def recompute(layer: dict[str, Any], inputs: list[np.ndarray], params: dict[str, np.ndarray]) -> np.ndarray:
     """A realized integer layer from its ``quant`` record and parameters alone.
 
     This is the arithmetic a hardware engineer reproduces; it does not read
-    ``fused_ops``. Kinds: conv2d, depthwise_conv2d, dense, add, mean,
-    avg_pool2d, concatenate, softmax (its table is parameter ``table``), integer; for scheme ``qdq`` (ONNX Runtime's
-    rounding) conv2d, depthwise_conv2d, dense, add, avg_pool2d,
-    global_avg_pool, lut, concatenate, quantize, dequantize.
+    ``fused_ops``. The layer's scheme provides it (:func:`register_recompute`); irgen
+    knows no scheme by name. Raises NotImplementedError when the scheme registers none.
     """
+    qr = layer["quant"]
+    kind = qr["kind"]
+    fn = scheme_recompute(qr["scheme"], kind)
+    if fn is None:
+        raise NotImplementedError(f"scheme {qr['scheme']!r} registers no recompute of kind {kind!r}")
+    return fn(layer, inputs, params)
+
+
+def recompute_requantized(layer: dict[str, Any], inputs: list[np.ndarray], params: dict[str, np.ndarray]) -> np.ndarray:
+    """TFLite's integer kernels from a ``quant`` record: conv2d, depthwise_conv2d, dense, add,
+    mean, avg_pool2d, concatenate, softmax (its table is parameter ``table``), integer (plain
+    int8 ops: max pool, reshape...)."""
     from irgen.reference import conv2d
 
     qr = layer["quant"]
     kind = qr["kind"]
-    fn = scheme_recompute(qr["scheme"], kind)
-    if fn is not None:
-        return fn(layer, inputs, params)
-    if qr["scheme"] == "pow2" and kind in ("conv2d", "depthwise_conv2d", "dense"):
-        return _recompute_pow2(layer, inputs, params)
-    if qr["scheme"] in ("qdq", "pow2") and kind != "integer":
-        return _recompute_qdq(layer, inputs, params)
     out = qr["output"]
     lo, hi = qr.get("clamp") or (np.iinfo(out["dtype"]).min, np.iinfo(out["dtype"]).max)
     zp_in = [int(np.asarray(i["zero_point"]).reshape(-1)[0]) for i in qr["inputs"]]
@@ -303,7 +312,7 @@ def round_shift_half_even(acc, shift) -> np.ndarray:
     return quo + (rem > half) + (rem == half) * (quo & 1)
 
 
-def _recompute_pow2(layer: dict[str, Any], inputs: list[np.ndarray], params: dict[str, np.ndarray]) -> np.ndarray:
+def recompute_pow2(layer: dict[str, Any], inputs: list[np.ndarray], params: dict[str, np.ndarray]) -> np.ndarray:
     """A ``pow2`` convolution or dense layer: int32 accumulation, then a rounding shift per channel."""
     qr = layer["quant"]
     rq, out = qr["requant"], qr["output"]
@@ -313,7 +322,7 @@ def _recompute_pow2(layer: dict[str, Any], inputs: list[np.ndarray], params: dic
     return np.clip(y, lo, hi).astype(out["dtype"])
 
 
-def _recompute_qdq(layer: dict[str, Any], inputs: list[np.ndarray], params: dict[str, np.ndarray]) -> np.ndarray:
+def recompute_qdq(layer: dict[str, Any], inputs: list[np.ndarray], params: dict[str, np.ndarray]) -> np.ndarray:
     """The ``qdq`` scheme's layers (ONNX Runtime's CPU kernels) from ``quant`` and parameters."""
     from irgen.reference import conv2d
 
@@ -324,9 +333,6 @@ def _recompute_qdq(layer: dict[str, Any], inputs: list[np.ndarray], params: dict
     rq = qr.get("requant") or {}
     if qr.get("reference") == "torch":  # torch reference-quantized graphs (the torch frontend)
         return _recompute_torch(layer, inputs, params)
-    fn = scheme_recompute("qdq", kind) if qr["scheme"] != "qdq" else None
-    if fn is not None:  # a scheme built on qdq (pow2): qdq's own plugin kinds
-        return fn(layer, inputs, params)
     if qr.get("constants"):  # integer constants as operands (QLinearAdd/QLinearMul with an initializer)
         inputs, it = [], iter(inputs)
         for k in range(len(qr["inputs"])):
@@ -429,7 +435,7 @@ def _recompute_torch(layer: dict[str, Any], inputs: list[np.ndarray], params: di
         return torch_quantize(_avg_pool_in_order(deq[0], qr["pool"]), out["scale"], int(out["zero_point"]),
                               lo, hi, out["dtype"])
     if kind == "concatenate":  # tables, as the qdq record
-        return _recompute_qdq({**layer, "quant": {k: v for k, v in qr.items() if k != "reference"}}, inputs, params)
+        return recompute_qdq({**layer, "quant": {k: v for k, v in qr.items() if k != "reference"}}, inputs, params)
     if kind == "quantize":
         return torch_quantize(inputs[0], out["scale"], int(out["zero_point"]), lo, hi, out["dtype"])
     if kind == "lut":  # a table, then (for reshape/flatten...) the data movement

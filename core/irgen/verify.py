@@ -314,6 +314,8 @@ class _Layers:
     def __init__(self, files: _Files):
         self.files = files
         self._params: dict[str, dict[str, np.ndarray]] = {}
+        #: integer layers checked with their fused_ops alone (their scheme recomputes nothing): why
+        self.fused_only: dict[str, str] = {}
 
     def params(self, layer: dict) -> dict[str, np.ndarray]:
         name = layer["name"]
@@ -334,7 +336,9 @@ class _Layers:
             first = np.asarray(quant.recompute(layer, inputs, params))
         except (NotImplementedError, KeyError, TypeError) as err:  # a scheme recompute does not know
             try:
-                return [np.asarray(r) for r in reference.run_layer(layer, inputs, params)], None
+                outs = [np.asarray(r) for r in reference.run_layer(layer, inputs, params)]
+                self.fused_only.setdefault(layer["name"], _one_line(err))
+                return outs, None
             except reference.UnsupportedLayer as unsup:
                 raise reference.UnsupportedLayer(layer["name"], f"quant {layer['quant'].get('kind')!r}",
                                                  f"recompute: {err}; fused_ops: {unsup}") from None
@@ -984,6 +988,11 @@ def verify_output(out_dir: str | Path, *, modes=MODES, thresholds: Thresholds | 
         histograms[name] = _histogram(golden, ref, mode)
     passed = n_fail == 0 and (n_unsup == 0 or th.allow_unsupported) and not any(
         p["check"] in _FOLDER_CHECKS or p["layer"] is None for p in problems)
+    if runner.fused_only:
+        names = list(runner.fused_only)
+        notes.append(f"{len(names)} integer layer(s) checked with their fused_ops alone, their scheme recomputing "
+                     f"nothing for them ({runner.fused_only[names[0]]}): {', '.join(names[:5])}"
+                     f"{' ...' if len(names) > 5 else ''}")
     return {
         "irgen_verify": 1,
         "out": str(out),

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from irgen.plugin import QDQ_RECOMPUTE, IrgenError, Quantizer, hookimpl, register_recompute
+from irgen.plugin import (QDQ_RECOMPUTE, IrgenError, Quantizer, hookimpl, recompute_pow2, recompute_qdq,
+                          recompute_requantized, register_recompute)
 
 __version__ = "0.1.0"
 
@@ -89,6 +90,10 @@ def realize(qg) -> None:
 
 # verify's recompute of the kinds irgen's QDQ engine records beyond the built-in ones, under this
 # scheme's name (so pow2 outputs verify without the qdq plugin installed)
+register_recompute(SCHEME, "*", recompute_qdq)  # the QDQ engine's kinds, ONNX Runtime's kernels
+register_recompute(SCHEME, "integer", recompute_requantized)
+for _kind in ("conv2d", "depthwise_conv2d", "dense"):  # requantized by a rounding shift
+    register_recompute(SCHEME, _kind, recompute_pow2)
 for _kind, _fn in QDQ_RECOMPUTE.items():
     register_recompute(SCHEME, _kind, _fn)
 

@@ -15,7 +15,8 @@ verify's recompute of the kinds the engine records.
 
 from __future__ import annotations
 
-from irgen.plugin import QDQ_RECOMPUTE, Quantizer, hookimpl, realize_qdq, register_recompute
+from irgen.plugin import (QDQ_RECOMPUTE, Quantizer, hookimpl, realize_qdq, recompute_qdq, recompute_requantized,
+                          register_recompute)
 
 __version__ = "0.1.0"
 
@@ -42,6 +43,8 @@ def realize(qg) -> None:
 
 # verify's recompute of the kinds the engine records beyond irgen's built-in qdq kinds
 # (schemes built on qdq, such as pow2, find them under this scheme's name)
+register_recompute(SCHEME, "*", recompute_qdq)  # ONNX Runtime's CPU kernels
+register_recompute(SCHEME, "integer", recompute_requantized)  # plain int8 ops (max pool, reshape...)
 for _kind, _fn in QDQ_RECOMPUTE.items():
     register_recompute(SCHEME, _kind, _fn)
 

@@ -36,14 +36,17 @@ from typing import Any
 
 import numpy as np
 
-from irgen.plugin import IrgenError, Quantizer, hookimpl, register_recompute
+from irgen.plugin import IrgenError, Quantizer, hookimpl, recompute_requantized, register_recompute
 from irgen_tflite_int8 import kinds
 
 __version__ = "0.1.0"
 
 SCHEME = "tflite-int8"
 
-for _kind, _fn in kinds.RECOMPUTE.items():  # irgen verify finds them by scheme and kind
+# irgen verify finds them by scheme and kind: TFLite's requantizing kernels (conv, dense, add,
+# mean, pools, concatenate, softmax, plain int8 ops), and the kinds of kinds.py
+register_recompute(SCHEME, "*", recompute_requantized)
+for _kind, _fn in kinds.RECOMPUTE.items():
     register_recompute(SCHEME, _kind, _fn)
 
 
