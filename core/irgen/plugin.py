@@ -84,6 +84,8 @@ into the graph, so TVM computes it), side by side so they cannot drift:
 * ``per_axis`` (broadcast a per-channel vector), ``rx_const``, ``rx_clamp_cast``,
   ``check_qparams`` (validated ``QTensor`` of a tensor), ``follow_constant``
   (a dequantized integer constant through reshapes and transposes).
+* ``register_consistency(scheme, fn)``: verify's check that a layer's derived
+  requantization values (multipliers, shifts) follow from its scales.
 * ``register_recompute(scheme, kind, fn)``: verify's numpy recompute of a layer
   kind of your scheme (``kind="*"``: of every kind without its own); irgen knows no
   scheme by name, so a scheme that registers none is checked by its ``fused_ops``
@@ -157,6 +159,7 @@ from irgen.quant import (
     recompute_pow2,
     recompute_qdq,
     recompute_requantized,
+    register_consistency,
     register_recompute,
     requantize_float,
     rx_clamp_cast,
@@ -226,7 +229,7 @@ __all__ = [
     "rx_multiply_by_quantized_multiplier", "divide_round_half_away", "rx_divide_round_half_away",
     "quantize_linear", "requantize_float", "rx_requantize_float", "rx_round_to_int", "ort_softmax_table",
     "tflite_softmax_table", "per_axis", "rx_const", "rx_clamp_cast", "check_qparams", "follow_constant",
-    "register_recompute", "recompute_requantized", "recompute_qdq", "recompute_pow2", "realize_qdq",
+    "register_recompute", "register_consistency", "recompute_requantized", "recompute_qdq", "recompute_pow2", "realize_qdq",
     "QDQ_RECOMPUTE",
     # numpy reference
     "run_op", "run_layer",

@@ -163,6 +163,26 @@ def register_recompute(scheme: str, kind: str, fn) -> None:
     RECOMPUTE[(scheme, kind)] = fn
 
 
+#: scheme -> ``fn(layer) -> str | None``: why a layer's derived requantization values disagree
+#: with its scales (see :func:`register_consistency`)
+CONSISTENCY: dict[str, Any] = {}
+
+
+def register_consistency(scheme: str, fn) -> None:
+    """Make ``fn(layer) -> str | None`` verify's check that a conv/dense layer's derived
+    requantization values (multipliers, shifts, requant scales) still follow from the scales
+    beside them in its ``quant`` record (a scale edited in ``ir.json`` is caught even where the
+    arithmetic does not read it); None when they agree. Without one, verify checks a
+    ``requant.scale`` against ``s_x * s_w / s_y``."""
+    CONSISTENCY[scheme] = fn
+
+
+def scheme_consistency(scheme: str):
+    """The consistency check ``scheme`` registered (its plugin imported on first use), or None."""
+    scheme_recompute(scheme, "")  # imports the scheme's plugin
+    return CONSISTENCY.get(scheme)
+
+
 def scheme_recompute(scheme: str, kind: str):
     """The plugin recompute of ``kind``; the scheme's plugin (the ``irgen`` entry
     point named after the scheme) is imported on first use, so that ``irgen

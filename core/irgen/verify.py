@@ -207,17 +207,11 @@ def quant_consistency(layer: dict) -> str | None:
         s_y = float(np.asarray(qr["output"]["scale"]).reshape(-1)[0])
     except (KeyError, TypeError, ValueError):
         return None
-    if qr.get("scheme") == "tflite-int8" and "multiplier" in rq:
-        from irgen.quant import quantize_multiplier
+    from irgen.quant import scheme_consistency
 
-        want = [quantize_multiplier(float(r)) for r in s_x * s_w / s_y]
-        have = list(zip(np.broadcast_to(np.asarray(rq["multiplier"]), s_w.shape).tolist(),
-                        np.broadcast_to(np.asarray(rq["shift"]), s_w.shape).tolist()))
-        bad = [c for c, (w, h) in enumerate(zip(want, have)) if tuple(w) != tuple(h)]
-        if bad:
-            return (f"requant multiplier/shift of channel(s) {bad[:4]} do not follow from the input, weight and "
-                    f"output scales (s_x*s_w/s_y)")
-        return None
+    own = scheme_consistency(str(qr.get("scheme")))
+    if own is not None:  # the scheme checks its own derived values
+        return own(layer)
     if "scale" in rq and np.size(rq["scale"]) == s_w.size:
         got = np.asarray(rq["scale"], np.float64).reshape(-1)
         if qr.get("reference") == "torch":

@@ -36,7 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from irgen.plugin import IrgenError, Quantizer, hookimpl, recompute_requantized, register_recompute
+from irgen.plugin import (IrgenError, Quantizer, hookimpl, quantize_multiplier, recompute_requantized,
+                          register_consistency, register_recompute)
 from irgen_tflite_int8 import kinds
 
 __version__ = "0.1.0"
@@ -48,6 +49,29 @@ SCHEME = "tflite-int8"
 register_recompute(SCHEME, "*", recompute_requantized)
 for _kind, _fn in kinds.RECOMPUTE.items():
     register_recompute(SCHEME, _kind, _fn)
+
+
+def consistency(layer: dict[str, Any]) -> str | None:
+    """A conv/dense layer's requant multiplier and shift per channel are TFLite's
+    QuantizeMultiplier of ``s_x * s_w / s_y`` (verify catches a scale edited in ir.json)."""
+    qr = layer["quant"]
+    rq = qr.get("requant") or {}
+    if "multiplier" not in rq:
+        return None
+    s_x = float(np.asarray(qr["inputs"][0]["scale"]).reshape(-1)[0])
+    s_w = np.asarray(qr["weight"]["scale"], np.float64).reshape(-1)
+    s_y = float(np.asarray(qr["output"]["scale"]).reshape(-1)[0])
+    want = [quantize_multiplier(float(r)) for r in s_x * s_w / s_y]
+    have = list(zip(np.broadcast_to(np.asarray(rq["multiplier"]), s_w.shape).tolist(),
+                    np.broadcast_to(np.asarray(rq["shift"]), s_w.shape).tolist()))
+    bad = [c for c, (w, h) in enumerate(zip(want, have)) if tuple(w) != tuple(h)]
+    if bad:
+        return (f"requant multiplier/shift of channel(s) {bad[:4]} do not follow from the input, weight and "
+                f"output scales (s_x*s_w/s_y)")
+    return None
+
+
+register_consistency(SCHEME, consistency)
 
 
 def _ops():
