@@ -21,7 +21,7 @@ import tvm
 from tvm import relax
 
 from irgen.api import Provenance
-from irgen.graph import Binding, main_bindings, rebuild_main, tensor_type, users_of
+from irgen.graph import Binding, Constant, main_bindings, rebuild_main, tensor_type, users_of
 
 # (replaced values by binding index, inserted bindings before an index, dropped indices)
 Changes = tuple[dict[int, relax.Expr], dict[int, list[Binding]], set[int]]
@@ -56,8 +56,6 @@ def _constant_second(bindings: list[Binding], users: dict[str, list[int]], prove
     """``add``/``multiply`` of a constant and a tensor take the tensor first (torch's ONNX
     exporter writes a Linear's bias add as ``Add(bias, x)``): the bias joins its dense layer
     and is its ``bias`` parameter, as from ``.pt2``. Exact: both are commutative."""
-    from irgen.graph import Constant
-
     replace: dict[int, relax.Expr] = {}
     for i, b in enumerate(bindings):
         build = _COMMUTATIVE.get(b.op or "")

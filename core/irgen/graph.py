@@ -880,7 +880,11 @@ def group_module(mod: tvm.IRModule, assignment: dict[str, int], layer_names: dic
     vmap: dict[str, relax.Expr] = {}
     given = {p.name: p for p in func.params}
 
+    inputs_of: dict[int, tuple[list[str], list[Constant]]] = {}
+
     def layer_inputs(k: int) -> tuple[list[str], list[Constant]]:
+        if k in inputs_of:
+            return inputs_of[k]
         mset = {b.name for b in groups[k]}
         ext: list[str] = []
         consts: list[Constant] = []
@@ -891,6 +895,7 @@ def group_module(mod: tvm.IRModule, assignment: dict[str, int], layer_names: dic
             for c in constants(b.value):
                 if not any(c.same_as(x) for x in consts):
                     consts.append(c)
+        inputs_of[k] = (ext, consts)
         return ext, consts
 
     def emit_layer(k: int) -> None:

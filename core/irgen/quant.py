@@ -179,23 +179,29 @@ def register_consistency(scheme: str, fn) -> None:
 
 def scheme_consistency(scheme: str):
     """The consistency check ``scheme`` registered (its plugin imported on first use), or None."""
-    scheme_recompute(scheme, "")  # imports the scheme's plugin
+    _load_scheme_plugin(scheme)
     return CONSISTENCY.get(scheme)
 
 
-def scheme_recompute(scheme: str, kind: str):
-    """The plugin recompute of ``kind``; the scheme's plugin (the ``irgen`` entry
-    point named after the scheme) is imported on first use, so that ``irgen
-    verify`` needs no plugin host."""
-    if (scheme, kind) not in RECOMPUTE and scheme not in _SCHEMES_LOADED:
-        _SCHEMES_LOADED.add(scheme)
-        import importlib.metadata
+def _load_scheme_plugin(scheme: str) -> None:
+    """Import the scheme's plugin (the ``irgen`` entry point named after the scheme) once, so
+    that its registrations exist and ``irgen verify`` needs no plugin host."""
+    if scheme in _SCHEMES_LOADED:
+        return
+    _SCHEMES_LOADED.add(scheme)
+    import importlib.metadata
 
-        for ep in importlib.metadata.entry_points(group="irgen", name=scheme):
-            try:
-                ep.load()
-            except Exception:  # noqa: BLE001  a broken plugin: the layer falls back to fused_ops
-                pass
+    for ep in importlib.metadata.entry_points(group="irgen", name=scheme):
+        try:
+            ep.load()
+        except Exception:  # noqa: BLE001  a broken plugin: the layer falls back to fused_ops
+            pass
+
+
+def scheme_recompute(scheme: str, kind: str):
+    """The plugin recompute of ``kind`` (or the scheme's ``"*"`` one), its plugin imported on first use."""
+    if (scheme, kind) not in RECOMPUTE:
+        _load_scheme_plugin(scheme)
     return RECOMPUTE.get((scheme, kind)) or RECOMPUTE.get((scheme, "*"))
 
 

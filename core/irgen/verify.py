@@ -233,9 +233,10 @@ class _Files:
     under ``limit``). A record whose ``file`` points outside OUT is *refused*: it is
     never opened, and its layer fails verification with the reason."""
 
-    def __init__(self, out: Path, ir: dict, limit: int | None, backend=None):
+    def __init__(self, out: Path, ir: dict, limit: int | None, backend: Callable[[], Any] = lambda: None):
         self.out, self.limit = out, limit
-        self.backend = backend  # the Backend that wrote the files (its read_tensor), if installed
+        self._backend = backend  # -> the Backend that wrote the files (its read_tensor), if installed
+        self._resolved = False
         self.backend_name = (ir.get("producer") or {}).get("backend")
         self.where: dict[int, str] = {}
         self.refused: dict[int, tuple[str | None, str]] = {}  # id(record) -> (owning layer, why)
@@ -276,6 +277,8 @@ class _Files:
 
     def _backend_read(self, path: Path, rec: dict, what: str) -> np.ndarray:
         """A data file in the format of the backend that wrote it, read by that backend."""
+        if not self._resolved:  # only a folder with such files needs the plugins
+            self.backend, self._resolved = self._backend(), True
         reader = getattr(self.backend, "read_tensor", None)
         if reader is None:
             why = (f"backend {self.backend_name!r} reads no files back (it has no read_tensor)" if self.backend
@@ -735,7 +738,7 @@ def verify_output(out_dir: str | Path, *, modes=MODES, thresholds: Thresholds | 
             model_path, model_sha_ok = src.path, src.sha256_matches
             notes += src.notes
 
-    files = _Files(out, ir, max_tensor_bytes, _backend_of(ir, host, plugins, strict))
+    files = _Files(out, ir, max_tensor_bytes, lambda: _backend_of(ir, host, plugins, strict))
     problems: list[dict[str, Any]] = [{"layer": owner, "check": "files", "message": why}
                                       for owner, why in files.refused.values()]
     say("check manifest.json checksums")
