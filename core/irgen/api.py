@@ -194,6 +194,57 @@ ATTENTION_FUSION = FusionRule(
 )
 
 
+#: what a data file holds (:attr:`TensorInfo.kind`)
+TENSOR_KINDS = ("input", "activation", "parameter")
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """What irgen tells :attr:`Backend.store_tensor` about the tensor it stores.
+
+    ``name`` is the tensor's name in ``ir.json`` (a parameter's is ``<layer>.<role>``);
+    ``kind`` one of :data:`TENSOR_KINDS` (a model ``input``, a layer's output
+    ``activation``, a layer ``parameter``); ``shape`` and ``dtype`` the logical
+    array's (what the record keeps); ``layout`` its logical layout as ``ir.json``
+    records it (``NCHW``, ``NHWC``, ``OIHW``, ``IO``, ``NC``, or None when no op
+    states one); ``role`` a parameter's role (``weight``, ``bias``, ``w_scale``, ...;
+    None otherwise); ``op`` and ``layer`` the op and name of the layer that owns
+    the parameter or computes the activation (None for a model input).
+    """
+
+    name: str
+    kind: str
+    shape: tuple[int, ...]
+    dtype: str
+    layout: str | None = None
+    role: str | None = None
+    op: str | None = None
+    layer: str | None = None
+
+
+@dataclass
+class StoredTensor:
+    """What :attr:`Backend.store_tensor` wrote for one tensor.
+
+    ``file``: the main data file, which ``read_tensor(file, record)`` reads back as the
+    logical array (it becomes the record's ``file``). ``extra_files``: the other files
+    written for the same tensor (the same values in other formats), each mapped to the
+    ``manifest.json`` fields in which it differs from ``storage`` (e.g. ``{"format":
+    "readmemh", "word_bits": 16}``); a list means no difference. ``storage``: how the
+    data is laid out in the files, recorded as the tensor record's ``storage`` in
+    ``ir.json`` (irgen adds ``files``, the extra files relative to OUT). Its keys are the
+    backend's; these have a fixed meaning and are the defaults of every file's
+    ``manifest.json`` entry: ``layout`` (the physical layout), ``shape`` (the physical,
+    e.g. padded, shape), ``dtype``, ``byte_order`` (``"little"`` or ``"big"``);
+    ``padding`` describes padding the backend added; ``word_bits`` a word width.
+    All paths are inside the folder of the path irgen gave.
+    """
+
+    file: Path
+    extra_files: dict[Path, dict[str, Any]] | list[Path] = field(default_factory=dict)
+    storage: dict[str, Any] = field(default_factory=dict)
+
+
 @dataclass
 class Backend:
     """What a hardware target can run and how it wants its data.
@@ -211,6 +262,20 @@ class Backend:
     (inside OUT, a regular file, under ``--max-tensor-bytes``) before calling it,
     and that the array it returns has the record's shape and dtype.
 
+    ``store_tensor(path_without_suffix, array, info) -> StoredTensor`` (API 1.1),
+    used instead of ``write_tensor`` when given, is for a backend that stores data
+    its own way: ``info`` (:class:`TensorInfo`) says which tensor it is (input,
+    activation or parameter; a parameter's role; its logical layout; the layer's
+    op), so the backend may transpose (NCHW -> NHWC), pad channels, and write
+    several files (``.bin``, hex, ``.npy``). The :class:`StoredTensor` it returns
+    names the main file (the record's ``file``), the extra files, and a ``storage``
+    dict irgen records in the tensor's ``ir.json`` record as ``storage``; every
+    file is listed in ``manifest.json`` with its sha256 and the ``dtype``,
+    ``shape``, ``layout`` and ``byte_order`` of its content. The record keeps the
+    *logical* shape, dtype and layout: ``read_tensor(file, record)`` gets the record
+    with its ``storage`` and returns the logical array, so verify compares it as
+    any other.
+
     ``check_layer(layer) -> list[str]`` states the hardware's constraints: it gets
     each formed layer before anything is compiled (``name``, ``op``, ``attrs``,
     ``quant``, and ``inputs``/``outputs``/``params`` as records with ``shape``,
@@ -218,6 +283,10 @@ class Backend:
     sentences (empty when it fits). A model with any such layer is refused up
     front, every offending layer named with what it breaks; so is one whose 4-D
     activations are not in ``layout``, or whose ops are not in ``supported_ops``.
+
+    ``constraints`` (API 1.1), optional, is the table ``irgen backends show NAME``
+    prints: rows of (layer op or topic, the constraint in a sentence), the human
+    reading of what ``supported_ops`` and ``check_layer`` enforce.
     """
 
     name: str
@@ -228,11 +297,16 @@ class Backend:
     read_tensor: Callable[[Path, dict[str, Any]], Any] | None = None
     check_layer: Callable[[dict[str, Any]], list[str]] | None = None
     description: str = ""
+    store_tensor: Callable[[Path, Any, TensorInfo], StoredTensor] | None = None
+    #: the hardware's supported ops and constraints, for ``irgen backends show NAME``:
+    #: rows of (layer op or topic, constraint sentence)
+    constraints: list[tuple[str, str]] | None = None
 
     def __post_init__(self) -> None:
-        if self.write_tensor is not None and self.read_tensor is None:
-            raise IrgenError(f"backend {self.name!r} writes its own data files (write_tensor) but cannot read them "
-                             "back (no read_tensor): irgen verify could not check what it wrote")
+        for field_name in ("write_tensor", "store_tensor"):
+            if getattr(self, field_name) is not None and self.read_tensor is None:
+                raise IrgenError(f"backend {self.name!r} writes its own data files ({field_name}) but cannot read "
+                                 "them back (no read_tensor): irgen verify could not check what it wrote")
 
 
 @dataclass

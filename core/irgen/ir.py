@@ -14,7 +14,7 @@ from irgen.graph import OP_NAMES, Binding, Constant, Layer, attrs_to_dict, tenso
 
 #: the version of the IR ``ir.json`` is written in: semver (docs/ir-changelog.md); its schema is
 #: ``irgen/schemas/ir.schema.json`` (:mod:`irgen.schema`)
-IR_VERSION = "1.0.0"
+IR_VERSION = "1.1.0"
 
 _ACTIVATIONS = {"relax.nn.relu", "relax.clip", "relax.sigmoid", "relax.tanh", "relax.nn.gelu", "relax.nn.silu"}
 _WEIGHTED = {"relax.nn.conv2d", "relax.nn.conv1d", "relax.nn.conv2d_transpose", "relax.matmul"}

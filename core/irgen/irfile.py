@@ -108,6 +108,7 @@ class _Checker:
         self.shape(rec["shape"], _key(path, "shape"))
         for key in ("dtype", "layout", "file", "producer", "source"):
             self.text(rec.get(key), _key(path, key), optional=True)
+        self.obj(rec.get("storage"), _key(path, "storage"), optional=True)  # a backend's own (IR 1.1)
         return rec
 
     def tensors(self, value: Any, path: str) -> list:

@@ -191,12 +191,16 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def write_manifest(folder: OutputFolder, info: dict[str, Any]) -> Path:
-    """``manifest.json``: every file with size and sha256, plus ``info``."""
+def write_manifest(folder: OutputFolder, info: dict[str, Any], data_files: dict[str, dict[str, Any]] | None = None) -> Path:
+    """``manifest.json``: every file with size and sha256, plus ``info``; a tensor's data
+    file also with what ``data_files`` says of its content (``tensor``, ``dtype``,
+    ``shape``, ``layout``, ``byte_order``, ...), keyed by its path relative to OUT."""
     files = []
     for p in sorted(folder.tmp.rglob("*")):
         if p.is_file():
-            files.append({"path": p.relative_to(folder.tmp).as_posix(), "size": p.stat().st_size, "sha256": sha256_file(p)})
+            rel = p.relative_to(folder.tmp).as_posix()
+            extra = {k: v for k, v in (data_files or {}).get(rel, {}).items() if k not in ("path", "size", "sha256")}
+            files.append({"path": rel, "size": p.stat().st_size, "sha256": sha256_file(p), **extra})
     path = folder.path("manifest.json")
     path.write_text(json.dumps({**info, "files": files}, indent=1) + "\n")
     return path

@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 
 from irgen import __version__
-from irgen.api import Backend, ImportedModel, InputSpec, IrgenError, Quantizer, UnsupportedOpsError
+from irgen.api import (Backend, ImportedModel, InputSpec, IrgenError, Quantizer, StoredTensor, TensorInfo,
+                       UnsupportedOpsError)
 from irgen.names import SafeNames
 from irgen.plugins import call_plugin
 from irgen.output import OutputFolder, ParamsStreamWriter, Progress, write_manifest
@@ -281,18 +282,24 @@ def _layer_records(graph: _Graph, imported: ImportedModel, names: _Names, be: Ba
     return records
 
 
-def _check_backend(graph: _Graph, names: _Names, records: list, be: Backend) -> None:
-    """The backend's constraints on the formed layers, before anything is compiled: its
-    activation layout and ``check_layer``. Every offending layer is named at once."""
+def _static_shapes(graph: _Graph, names: _Names) -> dict[str, tuple[tuple[int, ...], str]]:
+    """(shape, dtype) of every tensor of the formed graph by its IR name, from the Relax types."""
     from irgen.graph import tensor_type
 
-    if not be.layout and be.check_layer is None:
-        return
     shapes: dict[str, tuple[tuple[int, ...], str]] = {}
     for v in [*graph.func.params, *(b.var for b in graph.bindings)]:
         t = tensor_type(v)
         if t is not None:
             shapes[names.tensor.get(v.name, v.name)] = t
+    return shapes
+
+
+def _check_backend(graph: _Graph, names: _Names, records: list, be: Backend) -> None:
+    """The backend's constraints on the formed layers, before anything is compiled: its
+    activation layout and ``check_layer``. Every offending layer is named at once."""
+    if not be.layout and be.check_layer is None:
+        return
+    shapes = _static_shapes(graph, names)
     layouts = _layouts([rec.record for rec in records], shapes)
 
     def tensor(n: str) -> dict[str, Any]:
@@ -332,14 +339,66 @@ def _call_check(be: Backend, view: dict[str, Any]) -> list[str]:
     return list(why or [])
 
 
-def _tensor_writer(folder: OutputFolder, be: Backend):
-    """``write(stem, array) -> file path relative to OUT``, with the backend's tensor format."""
+class _TensorWriter:
+    """``write(stem, array, name, kind, ...) -> file path relative to OUT``, in the backend's
+    format (``store_tensor``, ``write_tensor`` or ``.npy``). Keeps what ``ir.json`` and
+    ``manifest.json`` record of each file: ``storage`` (main file -> the tensor record's
+    ``storage``) and ``manifest`` (file -> dtype, shape, layout, byte order, tensor)."""
 
-    def write(stem: str, arr: np.ndarray) -> str:
-        path = (be.write_tensor or _write_npy)(folder.path(stem), arr)
-        return path.relative_to(folder.tmp).as_posix()
+    def __init__(self, folder: OutputFolder, be: Backend, registry, graph: _Graph, names: _Names, records: list):
+        self.folder, self.be, self.registry = folder, be, registry
+        self.storage: dict[str, dict[str, Any]] = {}
+        self.manifest: dict[str, dict[str, Any]] = {}
+        # the logical layout of the activations and inputs, and the layer computing each
+        self.layouts = _layouts([rec.record for rec in records], _static_shapes(graph, names))
+        self.computed_by: dict[str, tuple[str, str]] = {}  # activation -> (layer name, op)
+        for rec in records:
+            for o in rec.record["outputs"]:
+                self.computed_by.setdefault(o, (rec.record["name"], rec.record["op"]))
 
-    return write
+    def _rel(self, path: Path) -> str:
+        return Path(path).relative_to(self.folder.tmp).as_posix()
+
+    def __call__(self, stem: str, arr: np.ndarray, name: str, kind: str, role: str | None = None,
+                 layout: str | None = None, op: str | None = None, layer: str | None = None) -> str:
+        if kind != "parameter":
+            layout = self.layouts.get(name)
+            layer, op = self.computed_by.get(name, (None, None))
+        logical = {"tensor": name, "dtype": str(arr.dtype), "shape": list(arr.shape), "layout": layout}
+        if self.be.store_tensor is None:
+            path = (self.be.write_tensor or _write_npy)(self.folder.path(stem), arr)
+            rel = self._rel(path)
+            order = _npy_byte_order(arr.dtype) if self.be.write_tensor is None else None
+            self.manifest[rel] = {**logical, "byte_order": order}
+            return rel
+        info = TensorInfo(name=name, kind=kind, shape=tuple(arr.shape), dtype=str(arr.dtype), layout=layout,
+                          role=role, op=op, layer=layer)
+        return self._store(stem, arr, info)
+
+    def _store(self, stem: str, arr: np.ndarray, info: TensorInfo) -> str:
+        be = self.be
+        stored = call_plugin(self.registry, be.name, f"store tensor {info.name!r}", be.store_tensor,
+                             self.folder.path(stem), arr, info)
+        if not isinstance(stored, StoredTensor):
+            raise IrgenError(f"backend {be.name!r}: store_tensor must return a StoredTensor, got {stored!r:.100}")
+        extra = stored.extra_files
+        extra = {p: {} for p in extra} if not isinstance(extra, dict) else extra
+        root = self.folder.tmp.resolve()
+        for p in [stored.file, *extra]:
+            if not Path(p).resolve().is_relative_to(root) or not Path(p).is_file():
+                raise IrgenError(f"backend {be.name!r}: store_tensor of {info.name!r} names {p}, "
+                                 "not a file it wrote in the output folder")
+        storage = dict(stored.storage or {})
+        storage["files"] = [self._rel(p) for p in extra]
+        rel = self._rel(stored.file)
+        self.storage[rel] = storage
+        base = {"tensor": info.name, "dtype": storage.get("dtype", info.dtype),
+                "shape": list(storage.get("shape", info.shape)), "layout": storage.get("layout", info.layout),
+                "byte_order": storage.get("byte_order")}
+        self.manifest[rel] = base
+        for p, fields in extra.items():
+            self.manifest[self._rel(p)] = {**base, **(fields or {})}
+        return rel
 
 
 def _compile_and_capture(folder: OutputFolder, graph: _Graph, imported: ImportedModel, names: _Names, records: list,
@@ -387,7 +446,7 @@ def _compile_and_capture(folder: OutputFolder, graph: _Graph, imported: Imported
     debug = _DebugGraph(graph.func.params, imported.inputs, kernels, where, aliases, [source_of(v) for v in out_vars])
     writer = ParamsStreamWriter(folder.path("debug/output_tensors.params"), debug.tensor_names())
     for spec, arr in zip(imported.inputs, arrays):
-        tensor_files[spec.name] = write(stems[spec.name], arr)
+        tensor_files[spec.name] = write(stems[spec.name], arr, spec.name, "input")
         shapes[spec.name] = (tuple(arr.shape), str(arr.dtype))
     for name, value in debug.leading_tensors(arrays):
         writer.add(name, value)
@@ -403,7 +462,7 @@ def _compile_and_capture(folder: OutputFolder, graph: _Graph, imported: Imported
             arr = tensor.numpy()  # a copy: the VM reuses this storage later
             writer.add(debug.kernel_node_name(ki, j), tensor)
             for n in wanted.get((ki, j), []):
-                tensor_files[n] = write(stems[n], arr)
+                tensor_files[n] = write(stems[n], arr, n, "activation")
                 shapes[n] = (tuple(arr.shape), str(arr.dtype))
                 done[0] += 1
                 progress.step("layers", done[0], total)
@@ -432,21 +491,27 @@ def _complete_records(graph: _Graph, names: _Names, records: list, tensor_files,
         r = rec.record
         for role, arr in rec.params.items():
             stem = param_namer(f"{r['name']}.{role}")
-            fname = write(f"parameters/{stem}", arr)
+            layout = _param_layout(r, role, arr)
+            fname = write(f"parameters/{stem}", arr, f"{r['name']}.{role}", "parameter", role=role, layout=layout,
+                          op=r["op"], layer=r["name"])
             r["params"][role] = {
                 "name": f"{r['name']}.{role}",
                 "shape": list(arr.shape),
                 "dtype": str(arr.dtype),
-                "layout": _param_layout(r, role, arr),
+                "layout": layout,
                 "file": fname,
             }
+            if fname in write.storage:
+                r["params"][role]["storage"] = write.storage[fname]
             param_records[fname] = r["params"][role]
     layouts = _layouts([rec.record for rec in records], shapes)
     for rec in records:
         r = rec.record
         r["inputs"] = [_tensor_record(n, shapes, tensor_files, layouts,
-                                      _producer(n, graph.layers, records, names.tensor)) for n in r["inputs"]]
-        r["outputs"] = [_tensor_record(n, shapes, tensor_files, layouts, r["name"]) for n in r["outputs"]]
+                                      _producer(n, graph.layers, records, names.tensor), write.storage)
+                       for n in r["inputs"]]
+        r["outputs"] = [_tensor_record(n, shapes, tensor_files, layouts, r["name"], write.storage)
+                        for n in r["outputs"]]
     return {"layouts": layouts, "params": param_records}
 
 
@@ -511,7 +576,7 @@ def run(
         names = _name(graph, imported)
         records = _layer_records(graph, imported, names, be)
         _check_backend(graph, names, records, be)
-        write = _tensor_writer(folder, be)
+        write = _TensorWriter(folder, be, host.backends, graph, names, records)
         tensor_files, shapes, out_vars, kernels = _compile_and_capture(
             folder, graph, imported, names, records, arrays, opt_level, write, progress)
 
@@ -535,9 +600,10 @@ def run(
                 "opt_level": opt_level,
             },
             "model": {"path": str(model), "sha256": sha256_path(model)},
-            "inputs": [_tensor_record(s.name, shapes, tensor_files, layouts, "input") for s in imported.inputs],
-            "outputs": [_tensor_record(tensor.get(v, v), shapes, tensor_files, layouts, producer(tensor.get(v, v)))
-                        for v in out_vars],
+            "inputs": [_tensor_record(s.name, shapes, tensor_files, layouts, "input", write.storage)
+                       for s in imported.inputs],
+            "outputs": [_tensor_record(tensor.get(v, v), shapes, tensor_files, layouts, producer(tensor.get(v, v)),
+                                       write.storage) for v in out_vars],
             "layers": [rec.record for rec in records],
         }
         for o, name in zip(ir["outputs"], imported.output_names):
@@ -561,6 +627,7 @@ def run(
                 "model": ir["model"],
                 "frontend_options": frontend_options(options),
             },
+            write.manifest,
         )
     progress.done(f"wrote {out} ({len(graph.layers)} layers, {len(kernels)} kernels)")
     return ir
@@ -620,16 +687,28 @@ def _write_npy(path_without_suffix: Path, arr: np.ndarray) -> Path:
 
 
 def _param_layout(rec: dict, role: str, arr: np.ndarray) -> str | None:
-    if role == "weight" and rec["op"] in ("conv2d", "conv2d_transpose") and arr.ndim == 4:
+    if role == "weight" and rec["op"] in ("conv2d", "depthwise_conv2d", "conv2d_transpose") and arr.ndim == 4:
         return str(rec["attrs"].get("kernel_layout", "OIHW"))
     if role == "weight" and rec["op"] == "dense":
         return "IO"  # the graph computes x @ W
     return None
 
 
-def _tensor_record(name: str, shapes, files, layouts, producer) -> dict[str, Any]:
+def _tensor_record(name: str, shapes, files, layouts, producer, storage=None) -> dict[str, Any]:
     shape, dtype = shapes.get(name, ((), None))
-    return {"name": name, "shape": list(shape), "dtype": dtype, "layout": layouts.get(name), "file": files.get(name), "producer": producer}
+    rec = {"name": name, "shape": list(shape), "dtype": dtype, "layout": layouts.get(name), "file": files.get(name),
+           "producer": producer}
+    if files.get(name) in (storage or {}):
+        rec["storage"] = storage[files[name]]
+    return rec
+
+
+def _npy_byte_order(dtype: np.dtype) -> str:
+    """The byte order of ``dtype``'s values in a ``.npy`` file: ``little`` or ``big``."""
+    order = np.dtype(dtype).byteorder
+    if order in ("=", "|"):
+        return sys.byteorder
+    return "big" if order == ">" else "little"
 
 
 _LAYOUT_ATTRS = ("out_layout", "data_layout", "layout")

@@ -35,6 +35,10 @@ Registration (what the hooks register)
   (``Backend.fusion_rules``); ``ATTENTION_FUSION`` folds softmax attention into one layer.
 * ``ImportedModel``, ``InputSpec``, ``Provenance``: what a frontend returns
   (the Relax module, its inputs, and which source nodes each binding came from).
+* ``TensorInfo``, ``StoredTensor``, ``TENSOR_KINDS`` (1.1): what
+  ``Backend.store_tensor`` is told about a tensor it stores (kind, parameter role,
+  logical layout, the layer's op) and what it returns (main file, extra files, the
+  ``storage`` record irgen writes into ``ir.json`` and ``manifest.json``).
 * ``IrgenError``: the one exception irgen reports as a message, not a traceback;
   ``UnsupportedOpsError`` lists the source ops a frontend cannot import.
 * ``QUANT_DIALECTS``: the quantization dialects frontends declare
@@ -138,6 +142,9 @@ from irgen.api import (
     QUANT_DIALECTS,
     Quantizer,
     Serializer,
+    StoredTensor,
+    TENSOR_KINDS,
+    TensorInfo,
     UnsupportedOpsError,
 )
 from irgen.hookspecs import hookimpl
@@ -185,7 +192,7 @@ from irgen.safeio import (
     regular_tree,
 )
 
-API_VERSION = "1.0"
+API_VERSION = "1.1"
 
 #: names whose module imports TVM: (module, name there), loaded by :func:`__getattr__`
 _LAZY = {
@@ -221,6 +228,7 @@ __all__ = [
     # registration
     "hookimpl", "Frontend", "Quantizer", "Backend", "Serializer", "FusionRule", "ATTENTION_FUSION",
     "ImportedModel", "InputSpec", "Provenance", "IrgenError", "UnsupportedOpsError", "QUANT_DIALECTS",
+    "TensorInfo", "StoredTensor", "TENSOR_KINDS",
     # the graph a scheme reads and rewrites
     "QGraph", "QTensor", "Binding", "Constant", "attrs_to_dict", "substitute", "main_bindings",
     "module_bindings", "check_tensor_sizes", "tuple_output_outside_dataflow", "arg_ref",
