@@ -20,9 +20,7 @@ and the plugin's source imports nothing from irgen but ``irgen.plugin``.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import site
 import subprocess
 import sys
 from pathlib import Path
@@ -33,15 +31,12 @@ import pytest
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
+from irgen.testing import fresh_venv  # noqa: E402
+from irgen.testing import models as testing_models  # noqa: E402
 from test_plugin_api import PACKAGES, import_violations  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "vendor_plugin"
-SHAPE = (1, 3, 8, 8)
-
-
-def _venv_python(folder: Path) -> Path:
-    return folder / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
 
 
 @pytest.fixture(scope="module")
@@ -50,19 +45,7 @@ def venv(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("acme_venv")
     src = tmp / "vendor_plugin"
     shutil.copytree(EXAMPLE, src, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
-    env_dir = tmp / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(env_dir)], check=True)
-    py = _venv_python(env_dir)
-    if sys.prefix != sys.base_prefix:
-        # this interpreter is itself a venv (CI's): --system-site-packages reaches the base
-        # interpreter's packages only, so the new venv also reads this one's (.pth files included)
-        purelib = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                 check=True, capture_output=True, text=True).stdout.strip()
-        lines = [f"import site; site.addsitedir({p!r})" for p in site.getsitepackages()]
-        Path(purelib, "zz_parent_venv.pth").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    pip = subprocess.run([str(py), "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-input",
-                          "--disable-pip-version-check", "-q", str(src)], capture_output=True, text=True)
-    assert pip.returncode == 0, pip.stdout + pip.stderr
+    py = fresh_venv(tmp / "venv", src)
     # the plugin is importable in the venv only, not by the interpreter running the tests
     assert subprocess.run([sys.executable, "-c", "import irgen_acme"], capture_output=True, cwd=tmp).returncode != 0
     return py
@@ -75,58 +58,12 @@ def irgen(py: Path, *args: str, cwd: Path, check: bool = True) -> subprocess.Com
     return r
 
 
-def _float_model(path: Path) -> Path:
-    """conv+relu, max pool, conv+relu, residual add, global average pool, flatten, dense."""
-    from onnx import TensorProto, helper, numpy_helper
-
-    rng = np.random.default_rng(0)
-
-    def init(name, shape):
-        return numpy_helper.from_array((rng.standard_normal(shape) * 0.3).astype(np.float32), name)
-
-    n = helper.make_node
-    nodes = [
-        n("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"), n("Relu", ["c1"], ["r1"], name="relu1"),
-        n("MaxPool", ["r1"], ["p1"], kernel_shape=[2, 2], strides=[2, 2], name="pool1"),
-        n("Conv", ["p1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1], name="conv2"), n("Relu", ["c2"], ["r2"], name="relu2"),
-        n("Add", ["r2", "p1"], ["a"], name="add"), n("GlobalAveragePool", ["a"], ["g"], name="gap"),
-        n("Flatten", ["g"], ["f"], name="flat"), n("Gemm", ["f", "wf", "bf"], ["y"], transB=1, name="fc"),
-    ]
-    graph = helper.make_graph(
-        nodes, "acme", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(SHAPE))],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
-        [init("w1", (8, 3, 3, 3)), init("b1", (8,)), init("w2", (8, 8, 3, 3)), init("b2", (8,)), init("wf", (4, 8)),
-         init("bf", (4,))])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    onnx.save(model, str(path))
-    return path
-
-
-def _quantize(src: Path, dst: Path, symmetric: bool) -> Path:
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
-
-    class Reader(CalibrationDataReader):
-        def __init__(self):
-            self.it = iter([{"x": np.random.default_rng(k).standard_normal(SHAPE).astype(np.float32)} for k in range(4)])
-
-        def get_next(self):
-            return next(self.it, None)
-
-    quantize_static(str(src), str(dst), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
-                    activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
-                    extra_options={"ActivationSymmetric": symmetric, "WeightSymmetric": symmetric})
-    return dst
-
-
 @pytest.fixture(scope="module")
 def models(tmp_path_factory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("acme_models")
-    f = _float_model(d / "float.onnx")
-    np.save(d / "x.npy", np.random.default_rng(7).standard_normal(SHAPE).astype(np.float32))
-    return {"float": f, "sym": _quantize(f, d / "sym_int8.onnx", True),
-            "asym": _quantize(f, d / "asym_int8.onnx", False), "x": d / "x.npy"}
+    return {"float": testing_models.float_onnx(d / "float.onnx"), "x": testing_models.input_npy(d / "x.npy"),
+            "sym": testing_models.qdq_onnx(d / "sym_int8.onnx", symmetric=True),
+            "asym": testing_models.qdq_onnx(d / "asym_int8.onnx", symmetric=False, weight_symmetric=False)}
 
 
 @pytest.fixture(scope="module")

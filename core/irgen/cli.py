@@ -121,6 +121,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     schema = commands.add_parser("schema", parents=[after], help="print the JSON Schema of ir.json")
     schema.set_defaults(func=cmd_schema)
+
+    new_plugin = commands.add_parser(
+        "new-plugin", parents=[after], help="write a working plugin project (package, entry point, test) to start from")
+    new_plugin.add_argument("kind", choices=("frontend", "quantizer", "backend", "serializer"), metavar="KIND",
+                            help="frontend, quantizer, backend or serializer")
+    new_plugin.add_argument("name", metavar="NAME", help="the plugin's name, e.g. acme-npu (package irgen_acme_npu)")
+    new_plugin.add_argument("-o", "--output", type=Path, default=None, metavar="DIR",
+                            help="the project folder to create (default: ./irgen-NAME); it must not exist")
+    new_plugin.set_defaults(func=cmd_new_plugin)
     return parser
 
 
@@ -180,13 +189,26 @@ def cmd_plugins(args: argparse.Namespace) -> int:
          ", ".join(r["kinds"]) or "-", ", ".join(r["hooks"]) or "-")
         for r in rows
     ]
-    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]) - 1)]
-    for row in table:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1])
+    _print_columns(table)
+    # what each plugin registers, by kind and name (irgen run --frontend/--quantizer/--backend/--serializer NAME)
+    order = list(PluginHost().registries)
+    objects = [("KIND", "NAME", "PLUGIN", "DESCRIPTION")]
+    objects += sorted(((kind, name, r["name"], (r.get("descriptions") or {}).get(kind, {}).get(name) or "-")
+                       for r in rows for kind, names in r["registered"].items() for name in names),
+                      key=lambda o: (order.index(o[0]) if o[0] in order else len(order), o[1]))
+    if len(objects) > 1:
+        _print_columns(objects)
     for r in rows:
         if r["error"]:
             print(f"{r['name']}: {r['error']}")
     return 0
+
+
+def _print_columns(table: list[tuple[str, ...]]) -> None:
+    """Rows of cells, left-aligned in columns two spaces apart (the last cell as it is)."""
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]) - 1)]
+    for row in table:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1])
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -288,6 +310,18 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
     info = inspect_output(args.out)
     print(json.dumps(info, indent=1) if args.json else format_inspect(info))
+    return 0
+
+
+def cmd_new_plugin(args: argparse.Namespace) -> int:
+    """Write a plugin project from irgen's templates (:mod:`irgen.scaffold`)."""
+    from irgen.scaffold import new_plugin, tokens
+
+    path = new_plugin(args.kind, args.name, args.output)
+    values = tokens(args.kind, args.name)
+    print(f"wrote {path}: the {args.kind} plugin {args.name!r} (package {values['PACKAGE']}); next:\n"
+          f"  pip install -e {path}   # then 'irgen plugins' lists it\n"
+          f"  cd {path} && pytest     # its tests, on irgen.testing")
     return 0
 
 

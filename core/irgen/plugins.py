@@ -337,6 +337,8 @@ class PluginHost:
                 for kind, reg in self.registries.items()
             }
             registered = {kind: names for kind, names in registered.items() if names}
+            descriptions = {kind: {n: _description(self.registries[kind].get(n)) for n in names}
+                            for kind, names in registered.items()}
             rows.append({
                 "name": info.name,
                 "version": info.version,
@@ -346,9 +348,16 @@ class PluginHost:
                 "kinds": list(registered),
                 "hooks": hooks,
                 "registered": registered,
+                "descriptions": descriptions,
                 "error": info.error,
             })
         return rows
+
+
+def _description(obj: Any) -> str:
+    """A registered object's one-line description (``description``, or an option's ``help``)."""
+    text = getattr(obj, "description", None) or getattr(obj, "help", None) or ""
+    return " ".join(str(text).split())
 
 
 def _import_module(name: str) -> ModuleType:
