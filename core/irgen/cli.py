@@ -122,6 +122,12 @@ def build_parser() -> argparse.ArgumentParser:
     schema = commands.add_parser("schema", parents=[after], help="print the JSON Schema of ir.json")
     schema.set_defaults(func=cmd_schema)
 
+    backends = commands.add_parser("backends", parents=[after],
+                                   help="list the backends; 'backends show NAME': one backend's ops and constraints")
+    backends.add_argument("action", nargs="?", choices=("show",), metavar="show", help="show one backend")
+    backends.add_argument("name", nargs="?", metavar="NAME", help="the backend to show")
+    backends.set_defaults(func=cmd_backends)
+
     new_plugin = commands.add_parser(
         "new-plugin", parents=[after], help="write a working plugin project (package, entry point, test) to start from")
     new_plugin.add_argument("kind", choices=("frontend", "quantizer", "backend", "serializer"), metavar="KIND",
@@ -330,6 +336,45 @@ def cmd_schema(args: argparse.Namespace) -> int:
     from irgen.schema import schema_text
 
     sys.stdout.write(schema_text())
+    return 0
+
+
+def cmd_backends(args: argparse.Namespace) -> int:
+    """``irgen backends``: every backend; ``irgen backends show NAME``: what one backend states
+    (layout, data files, fusion rules, supported ops, its table of constraints)."""
+    host = load_host(args)
+    reg = host.backends
+    if args.action is None:
+        if args.name is not None:
+            raise IrgenError(f"irgen backends {args.name}: did you mean 'irgen backends show {args.name}'?")
+        table = [("NAME", "PLUGIN", "LAYOUT", "DATA FILES", "DESCRIPTION")]
+        for name, be in reg.items():
+            data = "own (store_tensor)" if be.store_tensor else "own (write_tensor)" if be.write_tensor else ".npy"
+            table.append((name, reg.owner(name), be.layout or "any", data, be.description or "-"))
+        _print_columns(table)
+        return 0
+    if args.name is None:
+        raise IrgenError("irgen backends show: which backend? (irgen backends lists them)")
+    be = reg.get(args.name)
+    print(f"backend {be.name} (plugin {reg.owner(be.name)})")
+    if be.description:
+        print(f"  {be.description}")
+    print(f"activation layout: {be.layout or 'any (as the model states it)'}")
+    print("data files: " + ("the backend's own (store_tensor; read back with read_tensor)" if be.store_tensor else
+                            "the backend's own (write_tensor; read back with read_tensor)" if be.write_tensor else
+                            ".npy"))
+    print("fusion rules (anchor, then followers absorbed in order):")
+    for rule in be.fusion_rules:
+        steps = [" | ".join(sorted(rule.anchor))] + [f"[{' | '.join(sorted(f))}]" for f in rule.followers]
+        print(f"  {rule.name}: {' -> '.join(steps)}" + (f" (layer op {rule.op})" if rule.op else ""))
+    print("supported ops: " + (", ".join(sorted(be.supported_ops)) if be.supported_ops is not None else
+                               "any (not limited by supported_ops)"))
+    print("per-layer check: " + ("check_layer, before compiling" if be.check_layer else "none"))
+    if be.constraints:
+        print()
+        _print_columns([("OP", "CONSTRAINT"), *((str(what), str(rule)) for what, rule in be.constraints)])
+    else:
+        print("constraints table: none (the backend states no table)")
     return 0
 
 
