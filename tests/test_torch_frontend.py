@@ -168,7 +168,8 @@ def test_pth_input_takes_the_name_given(tmp_path):
 
 def _assert_error(r: subprocess.CompletedProcess, out: Path, *needles: str) -> str:
     assert r.returncode == 2, (r.returncode, r.stderr)
-    lines = [line for line in r.stderr.splitlines() if line.startswith("irgen: error:")]
+    # a value argparse refuses (--model-args that is not JSON) is a usage error: "irgen run: error: ..."
+    lines = [line for line in r.stderr.splitlines() if line.startswith(("irgen: error:", "irgen run: error:"))]
     assert len(lines) == 1, r.stderr
     assert "Traceback" not in r.stderr, r.stderr
     for n in needles:

@@ -377,7 +377,7 @@ def test_torch_pth_source_uses_recorded_options(tmp_path, capsys, monkeypatch):
          "--model-args", '{"width": 6}', "--input-shape", "x=1,3,8,8")
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert manifest["frontend_options"] == {"input_shapes": {"x": [1, 3, 8, 8]}, "model_class": "torch_classes:Net",
-                                            "model_args": '{"width": 6}'}
+                                            "model_args": {"width": 6}}
     ir = json.loads((tmp_path / "out" / "ir.json").read_text())
     # importing the recorded --model-class runs code: only with the user's consent
     code, _, err = _verify(capsys, tmp_path / "out", "--mode", "source")

@@ -319,3 +319,63 @@ class Serializer:
     name: str
     write: Callable[[dict[str, Any], Path], list[Path]]
     description: str = ""
+
+
+#: what an :class:`Option`'s value is: how it is parsed, recorded and checked
+OPTION_KINDS = {
+    "text": "a string",
+    "int": "an integer",
+    "float": "a number",
+    "flag": "true when given (no value)",
+    "json": "a JSON object, given as its text; the value is the parsed dict",
+    "path": "a file or folder; it is protected from being overwritten by OUT, recorded as an absolute path, "
+            "and checked to be there (regular files only) before the source check uses a recorded one",
+}
+
+
+@dataclass
+class Option:
+    """A command-line option a plugin adds (``irgen_register_options``), as ``pytest_addoption`` does.
+
+    ``name`` is the key of its value in the run's options: the mapping a frontend's
+    ``load(path, options)`` and ``source_runner(path, options)`` receive, and that
+    ``irgen_configure(options)`` hands every plugin. The option itself is
+    ``--`` + ``name`` with ``_`` written as ``-`` (``model_class`` -> ``--model-class``).
+    Its value is None (``False`` for a ``flag``) unless given, or ``default``.
+
+    ``kind`` is one of :data:`OPTION_KINDS`. ``commands`` are the subcommands that
+    take it (``run``; ``verify`` too when its source check needs it given again).
+    ``record``: the value is stored in ``manifest.json`` so that ``irgen verify``'s
+    source check loads the model as the run did. ``runs_code``: the value makes a
+    frontend run code (e.g. a class to import): a value recorded in ``manifest.json``
+    (untrusted) is used only with ``irgen verify --allow-pickle``. ``group`` is its
+    heading in ``--help`` (default: the registering plugin's name).
+    """
+
+    name: str
+    help: str
+    kind: str = "text"
+    default: Any = None
+    metavar: str | None = None
+    commands: tuple[str, ...] = ("run",)
+    record: bool = False
+    runs_code: bool = False
+    group: str | None = None
+
+    def __post_init__(self) -> None:
+        import re
+
+        if not isinstance(self.name, str) or not re.fullmatch(r"[a-z][a-z0-9_]{0,40}", self.name):
+            raise IrgenError(f"option {self.name!r}: a name is lower-case letters, digits and '_' "
+                             "(it becomes --name-with-dashes)")
+        if self.kind not in OPTION_KINDS:
+            raise IrgenError(f"option {self.name!r}: kind {self.kind!r} is not one of {', '.join(OPTION_KINDS)}")
+        self.commands = tuple(self.commands)
+        unknown = [c for c in self.commands if c not in ("run", "verify")]
+        if unknown or not self.commands:
+            raise IrgenError(f"option {self.name!r}: commands must be 'run' and/or 'verify', got {self.commands!r}")
+
+    @property
+    def flag(self) -> str:
+        """The command-line spelling, e.g. ``--model-class``."""
+        return "--" + self.name.replace("_", "-")

@@ -33,7 +33,8 @@ def _add_plugin_options(parser: argparse.ArgumentParser, suffix: str = "") -> No
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(host: PluginHost | None = None) -> argparse.ArgumentParser:
+    """The whole command line; with ``host``, the options its plugins register too."""
     parser = argparse.ArgumentParser(
         prog="irgen", description="Turn NN models into a custom IR and golden data with TVM."
     )
@@ -69,22 +70,13 @@ def build_parser() -> argparse.ArgumentParser:
                           "ir.json, the canonical IR, is always written)")
     run.add_argument("--quantizer", default=None, metavar="NAME",
                      help="quantization-fusion scheme (default: detected from the model)")
-    run.add_argument("--calibration", type=Path, default=None, metavar="DIR",
-                     help="keras frontend: quantize to full-integer int8, calibrating with DIR/*.npy (one sample each)")
     run.add_argument("--force", action="store_true", help="replace an existing OUT")
     _add_limit_option(run)
     run.add_argument("--seed", type=int, default=0, help="seed for generated inputs (default: 0)")
     run.add_argument("--no-progress", action="store_true", help="no progress output")
-    torch_opts = run.add_argument_group("torch .pth state dicts")
-    torch_opts.add_argument("--model-class", default=None, metavar="MODULE:CLASS",
-                            help="nn.Module class a .pth state dict belongs to, e.g. mypkg.nets:Net; "
-                                 "the module must be importable (installed, on PYTHONPATH or in the "
-                                 "current directory); needs --input-shape NAME=DIMS for the example input")
-    torch_opts.add_argument("--model-args", default=None, metavar="JSON",
-                            help="constructor keyword arguments for --model-class, a JSON object")
-    torch_opts.add_argument("--allow-pickle", action="store_true",
-                            help="allow pickled data: a .pth holding a whole module, the pickled parts of a .pt2 "
-                                 "archive; unpickling RUNS ARBITRARY CODE from the file; only for files you trust")
+    run.add_argument("--allow-pickle", action="store_true",
+                     help="allow pickled data: a .pth holding a whole module, the pickled parts of a .pt2 "
+                          "archive; unpickling RUNS ARBITRARY CODE from the file; only for files you trust")
     run.add_argument("--verify", action="store_true",
                      help="run 'irgen verify' on OUT right after writing it (exit 1 when it fails; OUT is kept)")
     _add_threshold_options(run.add_argument_group("--verify thresholds"))
@@ -136,7 +128,63 @@ def build_parser() -> argparse.ArgumentParser:
     new_plugin.add_argument("-o", "--output", type=Path, default=None, metavar="DIR",
                             help="the project folder to create (default: ./irgen-NAME); it must not exist")
     new_plugin.set_defaults(func=cmd_new_plugin)
+    if host is not None:
+        _add_registered_options(host, {"run": run, "verify": verify})
     return parser
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise argparse.ArgumentTypeError(f"not JSON ({err.msg} at column {err.colno})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+#: how an :class:`irgen.api.Option` of each kind is parsed
+_OPTION_TYPES = {"text": str, "int": int, "float": float, "json": _json_object, "path": Path}
+
+
+def _add_registered_options(host: PluginHost, parsers: dict[str, argparse.ArgumentParser]) -> None:
+    """Every option the plugins register (``irgen_register_options``), under its plugin's heading."""
+    groups: dict[tuple[str, str], Any] = {}
+    for name, opt in host.options.items():
+        owner = host.options.owner(name)
+        for command in opt.commands:
+            key = (command, opt.group or f"plugin {owner}")
+            if key not in groups:
+                groups[key] = parsers[command].add_argument_group(key[1])
+            # `irgen verify` takes a plugin option only to replace the recorded value: no default there
+            default = argparse.SUPPRESS if command == "verify" else opt.default
+            kwargs: dict[str, Any] = {"dest": name, "help": opt.help}
+            if opt.kind == "flag":
+                kwargs.update(action="store_true", default=default if command == "verify" else bool(opt.default))
+            else:
+                kwargs.update(type=_OPTION_TYPES[opt.kind], default=default, metavar=opt.metavar or opt.kind.upper())
+            try:
+                groups[key].add_argument(opt.flag, **kwargs)
+            except argparse.ArgumentError as err:
+                raise IrgenError(f"plugin '{owner}' registers option {opt.flag}, which irgen {command} already "
+                                 f"has ({err.message})") from None
+
+
+class _PreParser(argparse.ArgumentParser):
+    def error(self, message: str):  # the full parser reports it, with the right usage line
+        raise ValueError(message)
+
+
+def _plugin_args(argv: Sequence[str] | None) -> tuple[list[str], bool]:
+    """``--plugin`` and ``--strict-plugins`` from anywhere in ``argv``: read first, because
+    the plugins they load may add options to the command line."""
+    pre = _PreParser(prog="irgen", add_help=False)
+    _add_plugin_options(pre)
+    try:
+        known, _ = pre.parse_known_args(argv)
+    except ValueError:
+        return [], False
+    return known.plugin, known.strict_plugins
 
 
 def _max_bytes(text: str) -> int:
@@ -169,16 +217,24 @@ def _add_threshold_options(group) -> None:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """Parse ``argv``, merging the global options given after the subcommand."""
-    args = build_parser().parse_args(argv)
+    """Parse ``argv`` in two steps, as pytest does: ``--plugin``/``--strict-plugins`` first,
+    to load the plugins, then the whole command line with the options they register.
+    The global options given after the subcommand are merged; ``args.host`` is the loaded
+    plugin host."""
+    plugins, strict = _plugin_args(sys.argv[1:] if argv is None else argv)
+    host = PluginHost().load(extra=plugins, strict=strict)
+    args = build_parser(host).parse_args(argv)
     args.plugin = args.plugin + args.plugin_after
     args.strict_plugins = args.strict_plugins or args.strict_plugins_after
     del args.plugin_after, args.strict_plugins_after
+    args.host = host
     return args
 
 
 def load_host(args: argparse.Namespace) -> PluginHost:
-    return PluginHost().load(extra=args.plugin, strict=args.strict_plugins)
+    """The plugin host :func:`parse_args` loaded (or a new one for a namespace built elsewhere)."""
+    host = getattr(args, "host", None)
+    return host if host is not None else PluginHost().load(extra=args.plugin, strict=args.strict_plugins)
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
@@ -282,16 +338,20 @@ def _verify_quietly(args: argparse.Namespace, out: Path, modes: list[str] | None
     # The source check takes nothing that runs code from OUT's manifest: allow_pickle (and the
     # consent to import a recorded --model-class) only from this command line. `irgen run --verify`
     # passes the run's own frontend options: the user typed them.
-    options = None
+    host = load_host(args) if "source" in modes else None
+    options = given = None
     if getattr(args, "command", None) == "run":
         from irgen.pipeline import parse_input_shapes
 
-        options = {"input_shapes": parse_input_shapes(args.input_shape or [], limit), "model_class": args.model_class,
-                   "model_args": args.model_args, "calibration": args.calibration}
+        options = {"input_shapes": parse_input_shapes(args.input_shape or [], limit)}
+        options.update({n: getattr(args, n, None) for n, opt in load_host(args).options.items() if opt.record})
+    elif host is not None:  # plugin options given to `irgen verify` itself replace the recorded ones
+        given = {n: getattr(args, n) for n, opt in host.options.items()
+                 if "verify" in opt.commands and getattr(args, n, None) not in (None, False)}
     result = verify_output(out, modes=modes, thresholds=_thresholds(args), model=model, progress=progress,
                            source_optional=optional, allow_pickle=bool(getattr(args, "allow_pickle", False)),
-                           frontend_options=options, max_tensor_bytes=limit,
-                           host=load_host(args) if "source" in modes else None, plugins=args.plugin or [],
+                           frontend_options=options, given_options=given, max_tensor_bytes=limit,
+                           host=host, plugins=args.plugin or [],
                            strict=args.strict_plugins)
     for note in result.get("notes") or []:
         print(f"irgen: note: {_one_line(note)}", file=sys.stderr)

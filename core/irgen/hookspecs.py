@@ -22,11 +22,11 @@ and ``irgen plugins`` import every plugin.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable, Mapping
 
 import pluggy
 
-from irgen.api import Backend, Frontend, Quantizer, Serializer
+from irgen.api import Backend, Frontend, Option, Quantizer, Serializer
 
 PROJECT = "irgen"
 
@@ -66,4 +66,33 @@ def irgen_register_serializers(register: Callable[[Serializer], None]) -> None:
 
     Call ``register(Serializer(...))`` for each; its ``name`` is what
     ``irgen run --serializer NAME`` selects.
+    """
+
+
+@hookspec
+def irgen_register_options(register: Callable[[Option], None]) -> None:
+    """Register command-line options for ``irgen run`` (and ``irgen verify``), as
+    ``pytest_addoption`` does.
+
+    Call ``register(Option(name=..., help=..., kind=...))`` for each. irgen loads the
+    plugins first (``--plugin`` is read before anything else), then builds the
+    command line with every registered option, grouped under its plugin in
+    ``--help``. The value reaches a frontend as ``options[name]`` in
+    ``load(path, options)`` and every plugin through :func:`irgen_configure`.
+    Two plugins registering one name, or a name that clashes with a core option,
+    is an error naming them. ``record=True`` stores the value in
+    ``manifest.json`` for ``irgen verify``'s source check; ``runs_code=True`` keeps
+    a recorded value from being used without ``irgen verify --allow-pickle``.
+    """
+
+
+@hookspec
+def irgen_configure(options: Mapping[str, Any]) -> None:
+    """Called once before ``irgen run`` imports the model, with the run's options.
+
+    ``options`` maps every registered :class:`~irgen.api.Option`'s name to its value
+    (or default), besides the core ones (``input_shapes``, ``allow_pickle``,
+    ``max_tensor_bytes``, ``opt_level``, ``backend``, ...). A backend or serializer
+    reads its own options here (e.g. a channel multiple) and keeps them for the run;
+    the mapping is read-only.
     """

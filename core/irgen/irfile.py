@@ -184,11 +184,9 @@ def validate_manifest(doc: Any, where: str = MANIFEST_FILE) -> dict[str, Any]:
     shapes = c.obj(opts.get("input_shapes"), "frontend_options.input_shapes", optional=True)
     for name, dims in shapes.items():
         c.shape(dims, _key("frontend_options.input_shapes", name))
-    for key in ("model_class", "calibration"):
-        c.text(opts.get(key), _key("frontend_options", key), optional=True, nonempty=True)
-    args = opts.get("model_args")
-    if args is not None and not isinstance(args, (str, dict)):
-        c.fail("frontend_options.model_args", f"expected a JSON object or its text, got {_tname(args)}")
+    for key, value in opts.items():  # a plugin's option: its kind is checked where it is used (verify)
+        if key not in ("input_shapes", "allow_pickle") and not isinstance(value, (str, int, float, bool, dict)):
+            c.fail(_key("frontend_options", key), f"expected a string, number, true/false or object, got {_tname(value)}")
     if opts.get("allow_pickle") is not None and not isinstance(opts["allow_pickle"], bool):
         c.fail("frontend_options.allow_pickle", f"expected true or false, got {_tname(opts['allow_pickle'])}")
     return doc

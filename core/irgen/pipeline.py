@@ -159,8 +159,8 @@ def sha256_path(path: Path) -> str:
 
 
 def run_cli(args, host) -> int:
-    # frontends read their own options (e.g. model_class, calibration) from here
-    options = {k: v for k, v in vars(args).items() if k not in ("func", "command")}
+    # frontends read their own options (those their plugin registers, e.g. model_class) from here
+    options = {k: v for k, v in vars(args).items() if k not in ("func", "command", "host")}
     options["input_shapes"] = parse_input_shapes(getattr(args, "input_shape", []) or [],
                                                  options.get("max_tensor_bytes", DEFAULT_MAX_TENSOR_BYTES))
     run(
@@ -550,8 +550,10 @@ def run(
     sers = [host.serializers.get(n) for n in dict.fromkeys([serializer] if isinstance(serializer, str) else serializer)]
     protect = [("the model", model), ("the current folder", Path.cwd())]
     protect += [("the input file", Path(i.partition("=")[2] if "=" in i and not Path(i).exists() else i)) for i in inputs]
-    if options.get("calibration"):
-        protect.append(("the calibration folder", Path(options["calibration"])))
+    for name, opt in host.options.items():  # a plugin's file or folder option (e.g. --calibration DIR)
+        if opt.kind == "path" and options.get(name):
+            protect.append((f"the {opt.flag} path", Path(options[name])))
+    host.configure(options)
     folder = OutputFolder(out, force, protect)
 
     progress.stage(f"import {model.name} ({fe.name} frontend)")
@@ -625,7 +627,7 @@ def run(
                 "command": shlex.join(command) if command else None,
                 "cwd": str(Path.cwd()),
                 "model": ir["model"],
-                "frontend_options": frontend_options(options),
+                "frontend_options": frontend_options(options, host),
             },
             write.manifest,
         )
@@ -661,21 +663,26 @@ def _serialize(host, sers: list, ir: dict[str, Any], folder: OutputFolder) -> No
     write_json(ir, folder.tmp)
 
 
-#: the frontend options ``irgen verify`` needs to load the model again as ``irgen run`` did
-FRONTEND_OPTIONS = ("input_shapes", "model_class", "model_args", "calibration", "allow_pickle")
+#: the core options ``irgen verify`` needs to load the model again as ``irgen run`` did;
+#: plugins add theirs (``Option(record=True)``)
+FRONTEND_OPTIONS = ("input_shapes", "allow_pickle")
 
 
-def frontend_options(options: dict[str, Any]) -> dict[str, Any]:
-    """The frontend options of a run, as JSON (recorded in ``manifest.json``)."""
+def frontend_options(options: dict[str, Any], host=None) -> dict[str, Any]:
+    """The options of a run the source check needs, as JSON (recorded in ``manifest.json``):
+    the core ones and every plugin option registered with ``record=True``."""
+    kinds = {name: opt.kind for name, opt in host.options.items() if opt.record} if host is not None else {}
     rec: dict[str, Any] = {}
-    for key in FRONTEND_OPTIONS:
+    for key in (*FRONTEND_OPTIONS, *kinds):
         v = options.get(key)
         if v in (None, False, {}, []):
             continue
         if key == "input_shapes":
             v = {k: [int(d) for d in dims] for k, dims in v.items()}
-        elif key == "calibration":
+        elif kinds.get(key) == "path":
             v = str(Path(v).resolve())
+        elif isinstance(v, Path):
+            v = str(v)
         rec[key] = v
     return rec
 

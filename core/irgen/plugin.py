@@ -110,6 +110,14 @@ numpy reference
 * ``run_op(relax_op, args, attrs)``: one Relax op in numpy, as verify runs it.
 * ``run_layer(layer, inputs, params)``: an IR layer's ``fused_ops`` in numpy.
 
+Command-line options
+--------------------
+
+* ``Option`` and ``OPTION_KINDS`` (1.1): an option a plugin adds to ``irgen run``
+  (and ``irgen verify``) from its ``irgen_register_options`` hook; its value
+  reaches a frontend as ``options[name]`` and every plugin through
+  ``irgen_configure(options)``.
+
 Names and files
 ---------------
 
@@ -177,6 +185,7 @@ from irgen.quant import (
     rx_round_to_int,
     tflite_softmax_table,
 )
+from irgen.api import OPTION_KINDS, Option
 from irgen.reference import run_layer, run_op
 from irgen.safeio import (
     DEFAULT_MAX_TENSOR_BYTES,
@@ -244,4 +253,6 @@ __all__ = [
     # names and files
     "SafeNames", "identifier", "regular_file", "file_or_folder", "regular_tree", "open_regular", "read_bytes",
     "load_npy", "inside", "check_tensor_size", "DEFAULT_MAX_TENSOR_BYTES", "MAX_JSON_BYTES", "human_bytes",
+    # command-line options
+    "Option", "OPTION_KINDS",
 ]

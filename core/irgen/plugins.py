@@ -28,7 +28,7 @@ from typing import Any, Callable, Generic, Iterable, TypeVar
 import pluggy
 
 from irgen import hookspecs
-from irgen.api import Backend, Frontend, IrgenError, Quantizer, Serializer
+from irgen.api import Backend, Frontend, IrgenError, Option, Quantizer, Serializer
 
 ENTRY_POINT_GROUP = "irgen"
 BLOCK_ENV = "IRGEN_BLOCK_PLUGINS"
@@ -113,6 +113,7 @@ _HOOK_KINDS = {
     "irgen_register_quantizers": "quantizer",
     "irgen_register_backends": "backend",
     "irgen_register_serializers": "serializer",
+    "irgen_register_options": "option",
 }
 
 
@@ -180,17 +181,19 @@ class PluginHost:
         self.quantizers: Registry[Quantizer] = Registry("quantizer", Quantizer)
         self.backends: Registry[Backend] = Registry("backend", Backend)
         self.serializers: Registry[Serializer] = Registry("serializer", Serializer)
+        self.options: Registry[Option] = Registry("option", Option)
         self.strict = False
         self._infos: dict[str, PluginInfo] = {}
 
     @property
     def registries(self) -> dict[str, Registry[Any]]:
-        """Registries by kind: "frontend", "quantizer", "backend", "serializer"."""
+        """Registries by kind: "frontend", "quantizer", "backend", "serializer", "option"."""
         return {
             "frontend": self.frontends,
             "quantizer": self.quantizers,
             "backend": self.backends,
             "serializer": self.serializers,
+            "option": self.options,
         }
 
     @property
@@ -305,6 +308,25 @@ class PluginHost:
                     return
                 for obj in found:
                     self.registries[kind].register(obj, impl.plugin_name)
+
+    def configure(self, options: dict[str, Any]) -> None:
+        """Call every ``irgen_configure`` implementation with a read-only view of ``options``
+        (every registered option present, its default when not given); a plugin that
+        fails is named."""
+        from types import MappingProxyType
+
+        full = dict(options)
+        for name, opt in self.options.items():
+            full.setdefault(name, False if opt.kind == "flag" and opt.default is None else opt.default)
+        view = MappingProxyType(full)
+        for impl in self.pm.hook.irgen_configure.get_hookimpls():
+            try:
+                with _TimeBound(_timeout_seconds()):
+                    impl.function(*(view for _ in impl.argnames))
+            except IrgenError:
+                raise
+            except (Exception, SystemExit) as exc:
+                raise IrgenError(f"plugin '{impl.plugin_name}' failed in irgen_configure: {_one_line(exc)}") from exc
 
     # -- test helpers ----------------------------------------------------------
 

@@ -58,7 +58,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from irgen.api import IrgenError
+from irgen.api import OPTION_KINDS, IrgenError
 from irgen.irfile import read_ir, read_manifest, tensor_records
 from irgen.safeio import (DEFAULT_MAX_TENSOR_BYTES, check_tensor_size, file_or_folder, human_bytes, inside, load_npy,
                           open_regular, regular_file, regular_tree)
@@ -447,45 +447,62 @@ def model_sha256(path: Path) -> str:
 
 
 def _manifest_options(manifest: dict | None, path: Path, allow_pickle: bool, limit: int | None,
-                      notes: list[str]) -> dict[str, Any]:
-    """The frontend options recorded in ``manifest.json``, taken only as far as they are safe.
+                      notes: list[str], registered: Any = None) -> dict[str, Any]:
+    """The options recorded in ``manifest.json``, taken only as far as they are safe.
 
     The manifest is untrusted: ``allow_pickle`` is never taken from it (the source
-    check unpickles only with ``--allow-pickle`` on the verify command line), and
-    ``model_class`` (importing a module runs its code) is used only with that same
-    consent. ``input_shapes`` are checked against the tensor size limit, and a
-    ``calibration`` folder must be a folder of regular files; using it is noted."""
+    check unpickles only with ``--allow-pickle`` on the verify command line), and a
+    plugin option registered with ``runs_code`` (``--model-class``: importing a module
+    runs its code) is used only with that same consent. ``input_shapes`` are checked
+    against the tensor size limit; a ``path`` option must name a file or a folder of
+    regular files, and using it is noted; a value of the wrong type, or an option no
+    installed plugin registers, is refused (``registered``: the host's option registry)."""
     rec = (manifest or {}).get("frontend_options") or {}
     opts: dict[str, Any] = {}
     if rec.get("allow_pickle") and not allow_pickle:
         raise IrgenError(f"source check: OUT was generated with --allow-pickle (the model {path.name} is a pickled "
                          f"module, and unpickling it runs code from the file); pass --allow-pickle to irgen verify "
                          f"only if you trust that file")
-    if rec.get("model_class"):
-        if not allow_pickle:
-            raise IrgenError(f"source check: manifest.json names --model-class {rec['model_class']!r:.100}, and "
-                             f"importing it runs that module's code; pass --allow-pickle to irgen verify only if you "
-                             f"trust OUT and its model")
-        opts["model_class"] = rec["model_class"]
-        if rec.get("model_args") is not None:
-            opts["model_args"] = rec["model_args"]
     if rec.get("input_shapes"):
         for name, dims in rec["input_shapes"].items():
             check_tensor_size(f"manifest.json: input {name!r:.100}", dims, "float32", limit)
         opts["input_shapes"] = {k: tuple(v) for k, v in rec["input_shapes"].items()}
-    if rec.get("calibration"):
-        cal = Path(rec["calibration"])
-        if not file_or_folder(cal, "calibration folder (from manifest.json)").is_dir():
-            raise IrgenError(f"source check: calibration folder {cal} (from manifest.json): not a folder")
-        for f in sorted(cal.glob("*.npy")):
-            regular_file(f, "calibration file (from manifest.json)")
-        opts["calibration"] = cal
-        notes.append(f"source check: calibration data from {cal} (recorded in manifest.json)")
+    known = dict(registered.items()) if registered is not None else {}
+    plugin_keys = sorted(k for k in rec if k not in ("allow_pickle", "input_shapes"))
+    unknown = [repr(k)[:60] for k in plugin_keys if k not in known]
+    if unknown:
+        raise IrgenError(f"source check: manifest.json records option(s) {', '.join(unknown[:10])}, which no "
+                         "installed plugin registers (install the plugin, or give it with --plugin)")
+    for key in plugin_keys:
+        opts[key] = _recorded_option(known[key], rec[key], allow_pickle, notes)
     return opts
+
+
+#: the JSON types a recorded option value of each kind may have
+_RECORDED_TYPES = {"text": (str,), "int": (int,), "float": (int, float), "flag": (bool,), "json": (dict, str),
+                   "path": (str,)}
+
+
+def _recorded_option(opt: Any, value: Any, allow_pickle: bool, notes: list[str]) -> Any:
+    """One plugin option's value from ``manifest.json``, checked by its kind (see :func:`_manifest_options`)."""
+    where = f"{opt.flag} {value!r:.100} (recorded in manifest.json)"
+    if not isinstance(value, _RECORDED_TYPES[opt.kind]) or (isinstance(value, bool) and opt.kind != "flag"):
+        raise IrgenError(f"source check: manifest.json records {opt.flag} as {type(value).__name__}, "
+                         f"expected {OPTION_KINDS[opt.kind]}")
+    if opt.runs_code and not allow_pickle:
+        raise IrgenError(f"source check: manifest.json names {opt.flag} {value!r:.100}, and using it runs that "
+                         f"code; pass --allow-pickle to irgen verify only if you trust OUT and its model")
+    if opt.kind == "path":
+        value = Path(value)
+        if file_or_folder(value, f"source check: {where}").is_dir():
+            regular_tree(value, f"source check: {where}")
+        notes.append(f"source check: {where}")
+    return value
 
 
 def resolve_source(out: Path, ir: dict, model: Path | None = None, host=None, *, manifest: Any = ...,
                    allow_pickle: bool = False, options: dict[str, Any] | None = None,
+                   given: dict[str, Any] | None = None,
                    max_tensor_bytes: int | None = DEFAULT_MAX_TENSOR_BYTES) -> SourceModel:
     """The model ``out`` was generated from, its frontend and options, checked without loading it;
     raises IrgenError when it is not there or may not be run.
@@ -494,7 +511,8 @@ def resolve_source(out: Path, ir: dict, model: Path | None = None, host=None, *,
     ``ir.json`` (relative to the recorded ``cwd``), which is used only when its sha256
     is the one ``ir.json`` records. ``options``: frontend options the user gave
     (``irgen run --verify``), used as they are; None: the ones recorded in
-    ``manifest.json``, as far as :func:`_manifest_options` allows. ``allow_pickle``
+    ``manifest.json``, as far as :func:`_manifest_options` allows; ``given``: plugin
+    options the user gave ``irgen verify``, which replace recorded ones. ``allow_pickle``
     comes from the command line only."""
     from irgen.plugins import PluginHost
 
@@ -530,9 +548,10 @@ def resolve_source(out: Path, ir: dict, model: Path | None = None, host=None, *,
     if name not in host.frontends.names():
         raise IrgenError(f"source check: frontend {name!r:.100} is not installed")
     if options is None:
-        opts = _manifest_options(manifest, path, allow_pickle, max_tensor_bytes, notes)
+        opts = _manifest_options(manifest, path, allow_pickle, max_tensor_bytes, notes, host.options)
     else:
         opts = {k: v for k, v in options.items() if v is not None}
+    opts.update(given or {})
     opts["allow_pickle"] = bool(allow_pickle)
     opts["max_tensor_bytes"] = max_tensor_bytes
     return SourceModel(host.frontends.get(name), path, opts, notes, matches)
@@ -682,7 +701,7 @@ def _backend_of(ir: dict, host, plugins, strict: bool):
 def verify_output(out_dir: str | Path, *, modes=MODES, thresholds: Thresholds | None = None,
                   source_runner: Callable | None = None, model: str | Path | None = None,
                   progress=None, source_optional: bool = False, allow_pickle: bool = False,
-                  frontend_options: dict[str, Any] | None = None,
+                  frontend_options: dict[str, Any] | None = None, given_options: dict[str, Any] | None = None,
                   max_tensor_bytes: int | None = DEFAULT_MAX_TENSOR_BYTES, host=None,
                   plugins: list[str] | tuple = (), strict: bool = False) -> dict[str, Any]:
     """Verify the output folder ``out_dir``; returns the result dict (see README, ``irgen verify``).
@@ -702,7 +721,8 @@ def verify_output(out_dir: str | Path, *, modes=MODES, thresholds: Thresholds | 
     code: ``allow_pickle`` comes only from the caller (``irgen verify --allow-pickle``),
     and so does the consent to import a ``model_class`` recorded in ``manifest.json``;
     ``frontend_options`` given by the caller (``irgen run --verify``: the run's own
-    options) are used instead of the recorded ones. The model at the recorded path
+    options) are used instead of the recorded ones, and ``given_options`` (plugin options
+    given to ``irgen verify``) over them. The model at the recorded path
     runs only when its sha256 is the one ``ir.json`` records; see :func:`resolve_source`.
     """
     t0 = time.perf_counter()
@@ -729,7 +749,7 @@ def verify_output(out_dir: str | Path, *, modes=MODES, thresholds: Thresholds | 
         try:
             source_runner, src = isolated_source_runner(
                 out, ir, model_path, host, plugins, strict, manifest=manifest, allow_pickle=allow_pickle,
-                options=frontend_options, max_tensor_bytes=max_tensor_bytes)
+                options=frontend_options, given=given_options, max_tensor_bytes=max_tensor_bytes)
         except IrgenError as err:
             if not source_optional:
                 raise

@@ -22,7 +22,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from irgen.plugin import Frontend, ImportedModel, InputSpec, IrgenError, Provenance, UnsupportedOpsError, hookimpl
+from irgen.plugin import (Frontend, ImportedModel, InputSpec, IrgenError, Option, Provenance, UnsupportedOpsError,
+                          hookimpl)
 from irgen_tensorflow.tflite_check import TYPES as _TYPES
 from irgen_tensorflow.tflite_check import Unreadable, check_model
 
@@ -463,3 +464,12 @@ def irgen_register_frontends(register):
             "(int8 with --calibration DIR), then imported as tflite",
         )
     )
+
+
+@hookimpl
+def irgen_register_options(register):
+    register(Option(
+        name="calibration", kind="path", metavar="DIR", group="keras models", record=True, commands=("run", "verify"),
+        help="keras frontend: quantize to full-integer int8, calibrating with DIR/*.npy (one sample each); "
+             "irgen verify: the folder, when it is no longer where manifest.json records it",
+    ))

@@ -42,6 +42,7 @@ from irgen.plugin import (
     ImportedModel,
     InputSpec,
     IrgenError,
+    Option,
     Provenance,
     UnsupportedOpsError,
     hookimpl,
@@ -561,3 +562,18 @@ def irgen_register_frontends(register):
             quant_dialect="torch-qdq",
         )
     )
+
+
+@hookimpl
+def irgen_register_options(register):
+    group = "torch .pth state dicts"
+    register(Option(
+        name="model_class", metavar="MODULE:CLASS", group=group, record=True, runs_code=True,
+        help="nn.Module class a .pth state dict belongs to, e.g. mypkg.nets:Net; the module must be importable "
+             "(installed, on PYTHONPATH or in the current directory); needs --input-shape NAME=DIMS for the "
+             "example input",
+    ))
+    register(Option(
+        name="model_args", kind="json", metavar="JSON", group=group, record=True,
+        help="constructor keyword arguments for --model-class, a JSON object",
+    ))
