@@ -351,9 +351,10 @@ MAIN_C = r"""
 #include "npu_int8_layers.h"
 
 static void tensor(const char *what, const npu_tensor_t *t) {
-    printf("%s %s %s %s %lld", what, t->name, t->dtype, t->layout ? t->layout : "-", (long long)t->channels);
+    printf("%s %s %s %s %lld %u", what, t->name, t->dtype, t->layout ? t->layout : "-", (long long)t->channels,
+           t->rank);
     for (uint32_t d = 0; d < t->rank; ++d) printf(" %lld", (long long)t->dims[d]);
-    printf(" %s %s %u\n", t->file, t->hex_file, t->hex_word_bits);
+    printf(" %s %s %u\n", t->file ? t->file : "-", t->hex_file ? t->hex_file : "-", t->hex_word_bits);
 }
 
 int main(void) {
@@ -371,17 +372,23 @@ int main(void) {
 """
 
 
-def test_header_compiles_and_matches_the_ir(runs, tmp_path):
+def _header_program(out: Path, tmp: Path) -> list[str]:
+    """What a C program that includes OUT's npu_int8_layers.h prints (compiled with cc, warnings as errors)."""
     cc = shutil.which("cc")
     if cc is None:
         pytest.skip("no C compiler (cc)")
-    npu = runs["npu"]
-    (tmp_path / "main.c").write_text(MAIN_C)
-    exe = tmp_path / "main"
-    build = subprocess.run([cc, "-std=c99", "-Wall", "-Werror", "-I", str(npu), "-o", str(exe), str(tmp_path / "main.c")],
+    tmp.mkdir(parents=True, exist_ok=True)
+    (tmp / "main.c").write_text(MAIN_C)
+    exe = tmp / "main"
+    build = subprocess.run([cc, "-std=c99", "-Wall", "-Werror", "-I", str(out), "-o", str(exe), str(tmp / "main.c")],
                            capture_output=True, text=True)
     assert build.returncode == 0, build.stderr
-    got = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.splitlines()
+    return subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.splitlines()
+
+
+def test_header_compiles_and_matches_the_ir(runs, tmp_path):
+    npu = runs["npu"]
+    got = _header_program(npu, tmp_path)
 
     def tensor(what, t):
         st = t["storage"]
@@ -390,8 +397,8 @@ def test_header_compiles_and_matches_the_ir(runs, tmp_path):
             (letter, (_, after)), = st["padding"].items()
             channels = st["shape"][st["layout"].index(letter)] - after
         hexf = next(f for f in st["files"] if f.endswith(".hex"))
-        return " ".join([what, t["name"], t["dtype"], st["layout"] or "-", str(channels), *map(str, st["shape"]),
-                         t["file"], hexf, str(st["word_bits"])])
+        return " ".join([what, t["name"], t["dtype"], st["layout"] or "-", str(channels), str(len(st["shape"])),
+                         *map(str, st["shape"]), t["file"], hexf, str(st["word_bits"])])
 
     ir = _ir(npu)
     want = [str(len(ir["layers"]))]
@@ -410,6 +417,31 @@ def test_header_compiles_and_matches_the_ir(runs, tmp_path):
         want += [tensor(role, layer["params"][role]) for role in ("weight", "bias") if role in layer["params"]]
     assert got == want
     assert "layer conv1 conv2d 1 3 3 1 1" in got and "layer pool1 max_pool2d 4 2 2 2 0" in got
+
+
+def _parse_header(out: Path) -> list[dict]:
+    """The layers of OUT's header, as the compiled program reads them: name, op, output shapes."""
+    layers = []
+    for line in _header_program(out, out.parent / (out.name + "_cc")):
+        kind, *rest = line.split()
+        if kind == "layer":
+            layers.append({"name": rest[0], "op": rest[1], "outputs": []})
+        elif kind == "out":
+            rank = int(rest[4])
+            layers[-1]["outputs"].append({"shape": [int(d) for d in rest[5:5 + rank]]})
+    return layers
+
+
+def test_conformance(tmp_path):
+    """irgen.testing's conformance checks: the backend's files read back to the generic backend's
+    values on its QDQ model (and verify passes); the header, written from a generic run, parses
+    back (through cc) to ir.json's layers and output shapes."""
+    from irgen.testing import conformance, models
+
+    got = conformance.check_backend("npu-int8", models.qdq_onnx(tmp_path / "q.onnx"), tmp=tmp_path / "backend")
+    assert got["files"] > 10 and got["suffixes"] == [".bin"], got
+    got = conformance.check_serializer("npu-int8-header", _parse_header, tmp=tmp_path / "serializer")
+    assert got["layers"] > 5 and any(str(f).endswith("npu_int8_layers.h") for f in got["files"]), got
 
 
 # ------------------------------------------------------------------ constraints
