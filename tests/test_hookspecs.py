@@ -26,6 +26,8 @@ TESTED_BY = {
     "irgen_register_quantizers": "tests/test_quant_plugins.py::test_third_party_scheme_takes_effect",
     "irgen_register_backends": "tests/test_plugin_contracts.py::test_backend_files_read_back_by_the_backend",
     "irgen_register_serializers": "tests/test_plugin_kit.py::test_conformance_fails_on_a_broken_plugin_of_each_kind",
+    "irgen_register_options": "tests/test_plugin_options.py::test_values_reach_configure_and_the_manifest",
+    "irgen_configure": "tests/test_plugin_options.py::test_values_reach_configure_and_the_manifest",
 }
 
 
