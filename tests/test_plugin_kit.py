@@ -168,6 +168,14 @@ def test_the_pytest_plugin_is_loaded_and_its_fixture_removes_the_plugin(request,
     with pytest.raises(IrgenError, match="serializer 'kit-yaml' registered by both 'yaml-for-one-test' and 'second'"):
         irgen_plugin(Yaml(), name="second")  # the name kit-yaml is taken: an error, not a warning
 
+    class Failing:
+        @hookimpl
+        def irgen_register_backends(self, register):
+            raise RuntimeError("no licence for the acme toolchain")
+
+    with pytest.raises(IrgenError, match="plugin 'failing' could not be registered: RuntimeError: no licence"):
+        irgen_plugin(Failing(), name="failing")
+
 
 def test_the_fixture_left_nothing_behind():
     assert "kit-yaml" not in PluginHost().load().serializers

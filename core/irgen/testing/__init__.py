@@ -91,8 +91,9 @@ def registered(*plugins: Any, names: Sequence[str] | None = None) -> Iterator[An
     host loaded inside the block, as if installed; yields a loaded host that has them.
 
     On exit they are removed, and so is every recompute and consistency check registered
-    meanwhile (:func:`irgen.plugin.register_recompute`). A plugin whose hook fails or
-    registers a name another plugin has is an error here, not a warning."""
+    meanwhile (:func:`irgen.plugin.register_recompute`). One of ``plugins`` whose hook fails
+    or that registers a name another plugin has is an error here, not a warning (an
+    installed plugin that fails to load stays a warning, as in ``irgen``)."""
     global _ORIGINAL_LOAD
     from irgen import quant
     from irgen.plugins import PluginHost
@@ -107,10 +108,12 @@ def registered(*plugins: Any, names: Sequence[str] | None = None) -> Iterator[An
     added = list(zip(names, plugins))
     _ACTIVE.extend(added)
     try:
-        host = PluginHost().load(strict=True)
-        missing = [n for n, p in added if not host.pm.is_registered(p)]
-        if missing:
-            raise IrgenError(f"plugin(s) {', '.join(missing)} could not be registered (blocked, or a name taken)")
+        host = PluginHost().load()
+        for name, plugin in added:
+            if not host.pm.is_registered(plugin):
+                info = {i["name"]: i for i in host.describe()}.get(name) or {}
+                why = info.get("error") or ("blocked" if info.get("status") == "blocked" else "a plugin of that name exists")
+                raise IrgenError(f"plugin {name!r} could not be registered: {why}")
         yield host
     finally:
         for item in added:
@@ -128,7 +131,7 @@ def plugin_host(*plugins: Any) -> Any:
     :func:`registered` blocks, and ``plugins`` (registered under :func:`plugin_name`)."""
     from irgen.plugins import PluginHost
 
-    host = PluginHost().load(strict=True)
+    host = PluginHost().load()
     for plugin in plugins:
         if not host.pm.is_registered(plugin):
             host.register_plugin(plugin, plugin_name(plugin))
