@@ -1,31 +1,39 @@
 """``irgen.report``: the verify report as one self-contained HTML file.
 
-The results are ``irgen.verify.verify_output``'s on a real irgen output of
-``examples/tiny_cnn.onnx`` (and on a copy of it with one golden activation
-file corrupted, for a failing result). The browser test opens the report in
-headless Chromium (the distribution's ``/usr/bin/chromium``, which ``.ci/run``
-installs), checks that the page logged nothing to the console and that its
-script ran, and finds the error chart's bars in the screenshot by their
-colours.
+The results are ``irgen.verify.verify_output``'s on real irgen outputs:
+``examples/tiny_cnn.onnx`` (float; a copy with one golden activation file
+corrupted, for a failing result; the same with its model gone, for a skipped
+source check), a QDQ int8 ONNX model and a full-int8 TFLite model, each verified
+once per module. The browser tests open the reports in headless Chromium (the
+distribution's ``/usr/bin/chromium``, which ``.ci/run`` installs) at 1280 pixels,
+check that the page logged nothing to the console and that its script ran,
+measure the page's width with a script added to a copy of the page (no
+horizontal overflow), and find the error chart's bars in the screenshot by
+their colours. With ``IRGEN_REPORT_SCREENSHOT`` (a folder, or a file name whose
+stem each screenshot extends) the screenshots are kept to look at.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import os
 import re
 import shutil
 import struct
 import subprocess
+import textwrap
 import zlib
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from html import escape, unescape
+
 from irgen import reference
 from irgen.cli import main as irgen_main
-from irgen.report import COLORS, render_report, write_report
+from irgen.report import COLORS, DRIFT_RULE, render_report, write_report
 from irgen.verify import verify_output
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,6 +73,36 @@ def good_result(outputs) -> dict:
 @pytest.fixture(scope="module")
 def bad_result(outputs) -> dict:
     return _verify(outputs["bad"])
+
+
+@pytest.fixture(scope="module")
+def skipped_result(outputs, tmp_path_factory) -> dict:
+    """The good output verified with its model gone: the source check is skipped, with a note."""
+    gone = tmp_path_factory.mktemp("gone") / "tiny_cnn.onnx"
+    return verify_output(outputs["good"], model=gone, source_optional=True)
+
+
+@pytest.fixture(scope="module")
+def qdq_result(tmp_path_factory) -> dict:
+    """A QDQ int8 ONNX model (per-channel weights, int8 activations): irgen run, then verify."""
+    from test_qdq import quantized
+
+    base = tmp_path_factory.mktemp("report_qdq")
+    model = quantized("small_cnn", True, "s8", base)
+    assert irgen_main(["run", str(model), "-o", str(base / "out"), "--no-progress"]) == 0
+    return _verify(base / "out")
+
+
+@pytest.fixture(scope="module")
+def tflite_result(tmp_path_factory) -> dict:
+    """A full-int8 TFLite model made by TensorFlow's converter: irgen run, then verify (TFLite interpreter)."""
+    from test_verify_quantized import _keras_int8
+
+    base = tmp_path_factory.mktemp("report_tflite")
+    model = _keras_int8(base, tiny_logits=False)
+    out = base / "out"
+    assert irgen_main(["run", str(model), "-o", str(out), "--input", str(base / "x.npy"), "--no-progress"]) == 0
+    return _verify(out)
 
 
 def _rename(result: dict, old: str, new: str) -> dict:
@@ -206,6 +244,146 @@ def test_large_model_layout():
     assert html.count('class="edge skip"') == 49
 
 
+def _mobilenet_names() -> list[str]:
+    """108 layer names as torchvision's MobileNetV3 exports them through ONNX: each part repeats its module path."""
+    names = []
+    for b in range(1, 13):
+        blk = f"features_features.{b}_block_block"
+        names += [f"{blk}.0_block.0.0_Conv", f"{blk}.0_block.0.2_HardSwish", f"{blk}.1_block.1.0_Conv",
+                  f"{blk}.1_block.1.2_HardSwish", f"{blk}.2_avgpool_GlobalAveragePool", f"{blk}.2_fc1_Conv",
+                  f"{blk}.2_fc2_Conv", f"{blk}.2_scale_activation_HardSigmoid", f"{blk}.3_block.3.0_Conv"]
+    return names
+
+
+def _metric(err: float | None, cos: float | None, lsb: int | None = None, status: str = "pass", **extra) -> dict:
+    return {"status": status, "tensor": "t", "elements": 64, "exact_share": 0.5 if err else 1.0, "exact": err == 0,
+            "max_abs": err, "max_rel": err, "max_lsb": lsb, "cosine": cos, "sqnr_db": 120.0, "message": None, **extra}
+
+
+def _chain(entire: list[float], single: list[float], atol: float = 1e-5) -> dict:
+    """A float chain: one layer per error, max|golden| 1 (max_rel = max_abs), so each limit is ``atol``."""
+    layers = [{"name": f"l{i}", "op": "conv2d", "dtype": "float32", "integer": False, "scheme": None,
+               "inputs": [f"l{i - 1}" if i else "input"], "status": "pass",
+               "checks": {"single": _metric(s, 1.0), "entire": _metric(e, 1.0), "source": None}}
+              for i, (e, s) in enumerate(zip(entire, single))]
+    return {"passed": True, "modes": ["single", "entire"], "layers": layers,
+            "thresholds": {"max_lsb": 1, "atol": atol, "rtol": 1e-4, "min_cosine": 0.999}}
+
+
+def _large(names: list[str]) -> dict:
+    """A quantized-looking result of ``names`` (int8, a scheme, all three checks with the source
+    check's end-to-end drift): the widest table and chart the report draws."""
+    layers = []
+    for i, name in enumerate(names):
+        local = _metric(0.0, 1.0, 0)
+        e2e = {k: local[k] for k in ("status", "exact", "exact_share", "max_lsb", "max_abs", "cosine", "sqnr_db")}
+        e2e.update(max_lsb=i % 3, max_abs=0.0123 * (i % 3), exact=i % 3 == 0, exact_share=0.987654)
+        src = {**local, "verdict": "local", "end_to_end": e2e, "local": {"exact_share": 1.0, "max_lsb": 0}}
+        layers.append({"name": name, "op": "conv2d", "dtype": "int8", "integer": True, "scheme": "tflite-int8",
+                       "inputs": [names[i - 1] if i else "input"], "status": "pass",
+                       "checks": {"single": _metric(float(i % 2), 1 - 3.58e-7, i % 2),
+                                  "entire": _metric(float(i % 2), 1 - 3.58e-7, i % 2), "source": src}})
+    return {"passed": True, "modes": ["single", "entire", "source"], "layers": layers,
+            "notes": ["a note long enough to wrap: " + "calibration data from /a/long/path/" * 12],
+            "model": {"path": "/models/" + "very_long_directory_name/" * 8 + "mobilenet_v3_large.onnx"},
+            "thresholds": {"max_lsb": 1, "atol": 1e-5, "rtol": 1e-4, "min_cosine": 0.999}}
+
+
+def test_long_names_are_shortened_to_their_distinctive_part_with_the_full_name_on_hover():
+    """MobileNetV3's names all begin ``features_features.1_block_b``: cut at 28 characters
+    they read alike. The chart's labels and the table's names keep what tells them apart,
+    are distinct, and carry the full name as a tooltip wherever they shorten it."""
+    names = _mobilenet_names()
+    assert len({n[:27] for n in names}) <= 12  # what plain truncation shows: one label per block
+    html = render_report(_large(names))
+    labels = re.findall(r'class="rlabel \w+">([^<]*)<title>([^<]*)</title>', html)
+    assert [full for _, full in labels] == names
+    assert all(len(label) <= 32 for label, _ in labels)
+    assert len({label for label, _ in labels}) == len(names), "shortened labels collide"
+    assert sum(label != full for label, full in labels) == len(names)  # all were too long
+    cells = re.findall(r'<td class="l name" data-v="([^"]*)"(?: title="([^"]*)")?>([^<]*)</td>', html)
+    assert sorted(full for full, _, _ in cells) == sorted(names)
+    for full, title, text in cells:
+        assert len(text) <= 34 and (title == full if text != full else title == "")
+    assert len({text for _, _, text in cells}) == len(names)
+    # the graph's boxes shorten too; their tooltip starts with the full name
+    boxes = re.findall(r'<title>#\d+ ([^\n<]*)\n', html)
+    assert boxes == names
+
+
+def test_errors_below_the_log_floor_are_marked():
+    """0 draws a diamond, a positive value under the axis floor a left-pointing triangle
+    (with its value and the floor in the tooltip), each once per panel, and the key shows both."""
+    result = _chain([0.0, 1e-12, 1e-3], [0.0, 1e-12, 1e-3])
+    result["layers"][1]["checks"]["entire"]["cosine"] = 1 - 1e-13
+    result["modes"] = ["entire"]
+    html = render_report(result)
+    chart = html[html.index('id="error-chart"'):]
+    chart = chart[:chart.index("</svg>")]
+    assert chart.count('class="bar exact"') == 3  # l0's error and 1 - cosine; l2's 1 - cosine is 0 too
+    below = re.findall(r'<path class="bar below pass"[^>]*><title>([^<]*)</title>', chart)
+    assert len(below) == 2, below  # l1's error, 1e-12, and its 1 - cosine, 1e-13
+    assert "max error 1e-12 abs" in below[0] and "below the axis floor 1e-8" in below[0]
+    assert "1 \u2212 cosine 1e-13" in below[1] and "below the axis floor 1e-8" in below[1]
+    assert len(re.findall(r'<rect class="bar pass"', chart)) == 1  # l2's error: a real bar
+    legend = chart[chart.index('id="chart-legend"'):]
+    assert 'class="key exact"' in legend and 'class="key below"' in legend and "below the axis floor" in legend
+
+
+def test_drift_start_follows_the_stated_rule():
+    """Entire errors climbing along a chain: drift starts where one grows past 10x its own
+    single-layer error and a tenth of the limit; without that growth, where one passes its limit;
+    none when neither happens. The header links the layer, the chart marks its row."""
+    single = [1e-7] * 6
+    html = render_report(_chain([1e-7, 2e-7, 5e-7, 3e-6, 2e-5, 2e-5], single))
+    head = html[html.index('id="drift-entire"'):]
+    head = head[:head.index("</span>")]
+    assert 'href="#layer-3"' in head and "grows beyond its own single-layer error 1e-07" in head, head
+    assert html.count('class="drift-mark"') == 1 and html.count('class="drift-row"') == 2
+    assert "chain drifts from l3" in html and html.count(escape(DRIFT_RULE)) == 1  # the rule, stated in the header
+    width = float(re.search(r'<svg id="error-chart"[^>]* width="([\d.]+)"', html).group(1))
+    lines = textwrap.wrap("Drift: " + DRIFT_RULE, int((width - 16) / 5.2))
+    assert all(f">{escape(line)}</text>" in html for line in lines)  # and in the chart's key
+    html = render_report(_chain([1e-7, 2e-7, 5e-7, 3e-6, 2e-5, 2e-5], [1e-6] * 6))
+    head = html[html.index('id="drift-entire"'):]
+    assert 'href="#layer-4"' in head[:head.index("</span>")] and "above its limit 1e-05" in head
+    html = render_report(_chain([1e-7, 2e-7, 5e-7, 9e-7], single[:4]))
+    assert '<b>entire</b>: no drift' in html and 'class="drift-mark"' not in html
+    # integer layers: any LSB beyond the layer's own, here the source check's end to end against its local error
+    result = _large(_mobilenet_names()[:5])
+    html = render_report(result)
+    head = html[html.index('id="drift-source"'):]
+    assert 'href="#layer-1"' in head[:head.index("</span>")] and "1 LSB grows beyond its own single-layer error 0 LSB" in head
+
+
+def test_drift_start_of_real_results(good_result, bad_result, qdq_result):
+    """The real results: a float model verified against ONNX Runtime does not drift; the corrupted
+    golden file is where the entire chain first exceeds its limit; ORT's int8 kernels equal irgen's."""
+    html = render_report(good_result)
+    assert '<b>entire</b>: no drift' in html and '<b>source</b>: no drift' in html
+    html = render_report(bad_result)
+    index = [layer["name"] for layer in bad_result["layers"]].index(CORRUPTED)
+    head = html[html.index('id="drift-entire"'):]
+    head = head[:head.index("</span>")]
+    assert f'href="#layer-{index}"' in head and "above its limit" in head, head
+    assert '<b>source</b>: no drift' in render_report(qdq_result)
+
+
+def test_every_note_is_shown(skipped_result, qdq_result):
+    """A source check skipped (its model is gone) is in the result's notes, and the report lists
+    every note, escaped, besides the verdict's "source check skipped"."""
+    notes = skipped_result["notes"]
+    assert any(n.startswith("source check skipped: model ") and "no such file" in n for n in notes), notes
+    r = copy.deepcopy(skipped_result)
+    r["notes"].append("calibration from " + HOSTILE)
+    html = render_report(r)
+    block = html[html.index('<ul id="notes"'):]
+    block = block[:block.index("</ul>")]
+    assert block.count("<li>") == len(r["notes"]) and all(escape(n) in block for n in r["notes"])
+    assert HOSTILE not in html and 'id="source-skipped"' in html
+    assert '<p id="notes" class="note">No notes.</p>' in render_report(qdq_result) and not qdq_result["notes"]
+
+
 # ------------------------------------------------------------------ browser
 
 CHROMIUM_FLAGS = [
@@ -332,18 +510,102 @@ def test_report_in_headless_chromium(bad_result, tmp_path):
     # and the bars are the chart's: outside its box neither colour appears
     outside = _mask(img, COLORS["fail"]).sum() - failed
     assert outside == 0, outside
-    if os.environ.get("IRGEN_REPORT_SCREENSHOT"):  # keep the screenshot to look at
-        shutil.copy(shot, os.environ["IRGEN_REPORT_SCREENSHOT"])
+    _keep(shot, "failing")
 
 
-def test_integer_model_report(tmp_path):
+# A script added to a copy of a report (its hash joins the page's script-src): it writes the
+# page's width, the chart's and the table's boxes, their scroll widths and the notes' text into
+# the DOM, which --dump-dom prints.
+MEASURE = """(function () {
+  function box(el) {
+    if (!el) return null;
+    var r = el.getBoundingClientRect();
+    return {left: r.left, right: r.right, top: r.top, bottom: r.bottom,
+            scroll: el.scrollWidth, client: el.clientWidth};
+  }
+  var d = document.documentElement, chart = document.getElementById("error-chart"),
+      table = document.getElementById("layer-table"), notes = document.getElementById("notes");
+  var out = {page: d.scrollWidth, window: window.innerWidth, chart: box(chart),
+             chartBox: box(chart && chart.parentElement), table: box(table),
+             tableBox: box(table && table.parentElement), notes: notes ? notes.innerText : null,
+             drift: document.querySelectorAll("#error-chart .drift-mark").length};
+  var pre = document.createElement("pre");
+  pre.id = "measured";
+  pre.textContent = JSON.stringify(out);
+  document.body.appendChild(pre);
+})();"""
+
+
+def _with_measure(html: str) -> str:
+    import base64
+    import hashlib
+
+    digest = base64.b64encode(hashlib.sha256(MEASURE.encode()).digest()).decode()
+    assert html.count("script-src 'sha256-") == 1
+    html = html.replace("script-src ", f"script-src 'sha256-{digest}' ", 1)
+    return html.replace("</body>", f"<script>{MEASURE}</script></body>")
+
+
+def _keep(shot: Path, kind: str) -> None:
+    """Keep a screenshot to look at when IRGEN_REPORT_SCREENSHOT names a folder (or a file name)."""
+    where = os.environ.get("IRGEN_REPORT_SCREENSHOT")
+    if not where:
+        return
+    where = Path(where)
+    if where.suffix.lower() != ".png":
+        where.mkdir(parents=True, exist_ok=True)
+        where = where / "report.png"
+    shutil.copy(shot, where.with_name(f"{where.stem}-{kind}{where.suffix}"))
+
+
+@pytest.mark.parametrize("kind", ["float", "skipped", "qdq", "tflite", "large"])
+def test_report_fits_a_1280_pixel_window(kind, request, tmp_path):
+    """Real reports of a float model (all three checks; and with its source check skipped), a QDQ
+    int8 and a full-int8 TFLite model, and a 108-layer result with MobileNetV3's names, opened in
+    Chromium at 1280 pixels: the page is no wider than the window, neither the chart nor the
+    table needs a scrollbar of its own, the notes are on the page, and the screenshot shows the
+    chart's plot areas and bars whole, inside the window."""
+    result = (_large(_mobilenet_names()) if kind == "large" else
+              request.getfixturevalue({"float": "good_result", "skipped": "skipped_result", "qdq": "qdq_result",
+                                       "tflite": "tflite_result"}[kind]))
+    assert result["passed"], result["problems"]
+    page = tmp_path / f"report-{kind}.html"
+    page.write_text(_with_measure(render_report(result)), encoding="utf-8")
+    shot = tmp_path / f"report-{kind}.png"
+    dom, log = _browse(page, tmp_path, "--window-size=1280,1200", "--dump-dom", f"--screenshot={shot}")
+    assert not log, "Chromium logged about the page:\n" + "\n".join(log)
+    _keep(shot, kind)
+    m = re.search(r'<pre id="measured">([^<]*)</pre>', dom)
+    assert m, "the measuring script did not run"
+    got = json.loads(unescape(m.group(1)))
+    assert got["window"] == 1280 and got["page"] <= 1280, got  # no horizontal page overflow
+    for key in ("chart", "table"):
+        assert got[key]["left"] >= 0 and got[key]["right"] <= 1280, (key, got)
+        box = got[key + "Box"]
+        assert box["scroll"] <= box["client"], (key, got)  # its own container does not scroll sideways
+    assert got["chart"]["right"] - got["chart"]["left"] > 600 and got["table"]["right"] - got["table"]["left"] > 500
+    for note in result.get("notes") or []:  # every note, as text on the page
+        assert " ".join(note.split()) in " ".join(got["notes"].split()), (note, got["notes"])
+    if not result.get("notes"):
+        assert got["notes"] == "No notes."
+    if kind == "skipped":
+        assert "source check skipped: model " in got["notes"]
+
+    img = _png_rgb(shot)
+    assert img.shape == (1200, 1280, 3)
+    plot = _mask(img, COLORS["plot"])
+    assert plot.sum() > 5000, "error chart not visible in the screenshot"
+    ys, xs = np.nonzero(plot)
+    top, left, right = ys.min(), xs.min(), xs.max()
+    assert 0 < left and right < 1280 - 20, (left, right)  # every panel whole, inside the window
+    region = img[top:, left:right + 1]
+    assert _mask(region, COLORS["pass"]).sum() > 100  # bars and markers in the pass colour
+    assert _mask(img, COLORS["fail"]).sum() == 0
+
+
+def test_integer_model_report(qdq_result):
     """A real quantized (QDQ int8) output: integer layers are charted in LSB and say their scheme."""
-    from test_qdq import quantized
-
-    model = quantized("small_cnn", True, "s8", tmp_path)
-    out = tmp_path / "out"
-    assert irgen_main(["run", str(model), "-o", str(out), "--no-progress"]) == 0
-    result = _verify(out)
+    result = qdq_result
     integer = [layer for layer in result["layers"] if layer["integer"]]
     assert integer and result["passed"], result["problems"]
     html = render_report(result)

@@ -1,20 +1,28 @@
 """``report.html``: an ``irgen verify`` result as one self-contained HTML file.
 
-The page has a header (model, producer, verdict, thresholds, counts,
-problems), the layer graph, a per-layer error chart, a per-layer table (worst
-first) and histograms of golden vs reference values for the layers the result
-carries them for. Every chart is SVG generated here; CSS and the few lines of
-JavaScript (click a table heading to sort) are inline, and a
-Content-Security-Policy forbids loading anything else, so the file opens
-offline and anywhere it is copied to.
+The page has a header (model, producer, verdict, thresholds, where each chain
+starts to drift, counts, problems, every note of the result), the per-layer
+error chart, the layer graph, a per-layer table (worst first) and histograms of
+golden vs reference values for the layers the result carries them for. Every
+chart is SVG generated here; CSS and the few lines of JavaScript (click a table
+heading to sort) are inline, and a Content-Security-Policy forbids loading
+anything else, so the file opens offline and anywhere it is copied to.
+
+The page fits a 1280-pixel window: the chart and the table are sized for three
+checks, long layer names are shortened (:func:`_short_name`, the full name in a
+tooltip), and whatever is still wider scrolls inside its own box. In the chart
+an exact 0 is a diamond and an error under the log axis' floor a left-pointing
+triangle, so no value goes undrawn; :data:`DRIFT_RULE` says where a chain is
+marked as starting to drift (:func:`_drift_start`).
 
 Every string taken from the result is escaped: layer names come from model
 files, which may be hostile.
 
 Element ids the tests (and users' scripts) rely on: ``summary``, ``verdict``,
-``problems``, ``layer-graph``, ``error-chart``, ``layer-table``,
-``histograms``; chart plot areas are filled with :data:`COLORS` ``["plot"]``
-and pass/fail bars with ``["pass"]``/``["fail"]``.
+``problems``, ``notes``, ``drift-entire``/``drift-source``, ``layer-graph``,
+``error-chart``, ``chart-legend``, ``layer-table``, ``histograms``; chart plot
+areas are filled with :data:`COLORS` ``["plot"]`` and pass/fail bars with
+``["pass"]``/``["fail"]``.
 """
 
 from __future__ import annotations
@@ -24,11 +32,12 @@ import hashlib
 import math
 import os
 import tempfile
+import textwrap
 from html import escape
 from pathlib import Path
 from typing import Any, Iterable
 
-__all__ = ["write_report", "render_report", "COLORS"]
+__all__ = ["write_report", "render_report", "COLORS", "DRIFT_RULE"]
 
 CHECKS = ("single", "entire", "source")
 
@@ -42,6 +51,7 @@ COLORS = {
     "plot": "#eef3f8",
     "golden": "#4c72b0",
     "reference": "#e07b00",
+    "drift": "#7b2cbf",
 }
 
 # Layer-graph box fills and strokes, by layer status.
@@ -96,6 +106,39 @@ def _fmt_cos(value: Any) -> str:
 
 def _short(text: str, n: int) -> str:
     return text if len(text) <= n else text[: n - 1] + "\u2026"
+
+
+_SEPS = "_./:"
+
+
+def _short_name(name: str, n: int) -> str:
+    """A layer name in at most ``n`` characters that keeps what tells layers apart.
+
+    Exporters repeat a module's path in each part (``features_features.12_block_block.1_fc2_Conv``):
+    a ``_``-part that the next part extends (``features`` before ``features.12``) is dropped
+    first. What is still too long keeps a head and a tail cut at separators (``_ . / :``), the
+    head at most ``n/2``, as many characters as fit, with ``…`` between. The full name goes in a
+    tooltip wherever the result differs from the name."""
+    if len(name) <= n:
+        return name
+    parts = name.split("_")
+    parts = [p for k, p in enumerate(parts) if not (k + 1 < len(parts) and p and parts[k + 1].startswith(p + "."))]
+    text = "_".join(parts)
+    if len(text) <= n:
+        return text
+    ends = [k for k in range(1, len(text)) if text[k] in _SEPS and text[k - 1] not in _SEPS]  # a head text[:k]
+    starts = [k for k in range(1, len(text)) if text[k - 1] in _SEPS and text[k] not in _SEPS]  # a tail text[k:]
+    heads = ([k for k in ends if text[k] == "_" and k <= n // 2] or [k for k in ends if k <= n // 2]
+             or [max(1, n // 3)])
+    best = None  # (characters kept, head length, tail start): the most kept, then the longer head
+    for h in heads:
+        tail = next((k for k in starts if k > h and h + 1 + len(text) - k <= n), None)
+        if tail is not None and (best is None or (h + len(text) - tail, h) > best[:2]):
+            best = (h + len(text) - tail, h, tail)
+    if best is None:  # no tail part fits: cut inside the last one
+        best = (0, heads[0], len(text) - (n - heads[0] - 1))
+    _, h, tail = best
+    return text[:h] + "\u2026" + text[tail:]
 
 
 def _status(value: Any) -> str:
@@ -175,7 +218,7 @@ def _badness(layer: dict, modes: list[str], thresholds: dict) -> tuple:
 
 def _graph_svg(layers: list[dict]) -> str:
     """Layers as boxes, layered top to bottom by longest path from the inputs, edges from ``inputs``."""
-    bw, bh, gx, gy, per_row, margin = 230, 36, 26, 34, 5, 16
+    bw, bh, gx, gy, per_row, margin = 210, 36, 26, 34, 5, 16  # five boxes a row fit a 1280-pixel window
     index = {}
     for i, layer in enumerate(layers):
         index.setdefault(str(layer.get("name")), i)
@@ -258,8 +301,8 @@ def _graph_svg(layers: list[dict]) -> str:
             f'<a href="#layer-{i}"><g class="node {status}" id="node-{i}"><title>{_e(tip)}</title>'
             f'<rect x="{x:.1f}" y="{y:.1f}" width="{bw}" height="{bh}" rx="4" fill="{fill}" '
             f'stroke="{stroke}" stroke-width="{sw}"/>'
-            f'<text x="{x + 8:.1f}" y="{y + 15:.1f}" class="nname">{_e(_short(name, 28))}</text>'
-            f'<text x="{x + 8:.1f}" y="{y + 29:.1f}" class="nsub">{_e(_short(sub, 38))}</text></g></a>')
+            f'<text x="{x + 8:.1f}" y="{y + 15:.1f}" class="nname">{_e(_short_name(name, 25))}</text>'
+            f'<text x="{x + 8:.1f}" y="{y + 29:.1f}" class="nsub">{_e(_short(sub, 34))}</text></g></a>')
     return (
         f'<svg id="layer-graph" role="img" aria-label="layer graph" width="{width}" height="{height}" '
         f'viewBox="0 0 {width} {height}"><defs><marker id="arrow" viewBox="0 0 8 8" refX="8" refY="4" '
@@ -269,12 +312,71 @@ def _graph_svg(layers: list[dict]) -> str:
 
 # ------------------------------------------------------------------ error chart
 
+#: A float layer's chained error must grow past this many times its own single-layer error
+#: (and past a tenth of its limit) for the report to call it drift; an integer layer's, past
+#: its own by any LSB. See :func:`_drift_start`.
+DRIFT_GROWTH = 10.0
+
+DRIFT_RULE = (
+    "A chain (entire: irgen's recompute chained from the model input; source: the source runtime's "
+    "values end to end) drifts at the first layer, in IR order, whose chained error exceeds its limit "
+    "or whose check fails, or whose chained error grows beyond the layer's own single-layer error "
+    "(the single check; for the source check of a quantized model, the layer recomputed from the "
+    "runtime's own inputs): integer layers by any LSB, float layers to more than "
+    f"{DRIFT_GROWTH:g}\u00d7 it and more than a tenth of the limit.")
+
+
+def _chain_errors(layer: dict, check: str, thresholds: dict) -> tuple[float | None, float | None, float | None, str] | None:
+    """(chained error, the layer's own error, limit, unit) of a chained check, or None if it did not compare."""
+    checks = _dict(layer.get("checks"))
+    m = _dict(checks.get(check))
+    if m.get("status") not in ("pass", "fail"):
+        return None
+    e2e = _dict(m.get("end_to_end"))
+    if e2e:  # the source check of a quantized model: the verdict is local, the chain end to end
+        chained, unit = _error(layer, e2e)
+        own = _error(layer, m)[0]
+        return chained, own, _threshold(unit, check, e2e, thresholds), unit
+    chained, unit = _error(layer, m)
+    single = _dict(checks.get("single"))
+    own = _error(layer, single)[0] if single.get("status") in ("pass", "fail") else None
+    limit = _threshold(unit, check, m, thresholds)
+    return chained, own, (0.0 if limit is None and unit == "LSB" else limit), unit
+
+
+def _drift_start(ordered_ir: list[tuple[int, dict]], check: str, thresholds: dict) -> dict | None:
+    """The first layer where the ``check`` chain drifts, by :data:`DRIFT_RULE`, or None:
+    ``{"index", "name", "chained", "own", "limit", "unit", "why"}``."""
+    for i, layer in ordered_ir:
+        errs = _chain_errors(layer, check, thresholds)
+        if errs is None:
+            continue
+        chained, own, limit, unit = errs
+        m = _dict(_dict(layer.get("checks")).get(check))
+        why = None
+        if chained is not None and limit is not None and not chained <= limit:
+            why = f"error {_fmt(chained)} {unit} above its limit {_fmt(limit)} {unit}"
+        elif m.get("status") == "fail" and not m.get("end_to_end"):
+            why = f"fails its check: {m.get('message') or 'see the table'}"
+        elif chained is not None and own is not None and (
+                chained > own if unit == "LSB"
+                else chained > DRIFT_GROWTH * own and chained > (limit or 0.0) / DRIFT_GROWTH):
+            why = f"error {_fmt(chained)} {unit} grows beyond its own single-layer error {_fmt(own)} {unit}"
+        if why:
+            return {"index": i, "name": str(layer.get("name")), "chained": chained, "own": own,
+                    "limit": limit, "unit": unit, "why": why}
+    return None
+
 
 class _LogAxis:
-    """Decades ``10**lo`` .. ``10**hi`` onto ``0 .. width`` pixels."""
+    """Decades ``10**lo`` .. ``10**hi`` onto ``0 .. width`` pixels; positive values under
+    ``10**lo`` are below the floor (drawn as a marker, not a bar)."""
 
     def __init__(self, lo: int, hi: int, width: float):
         self.lo, self.hi, self.width = lo, hi, width
+
+    def below(self, v: float) -> bool:
+        return 0 < v < 10.0 ** self.lo
 
     def x(self, v: float) -> float:
         if v <= 0:
@@ -285,35 +387,54 @@ class _LogAxis:
         return max(2.0, min(self.width, t * self.width))
 
     def ticks(self) -> Iterable[int]:
-        step = max(1, math.ceil((self.hi - self.lo) / max(1, int(self.width // 45))))
+        step = max(1, math.ceil((self.hi - self.lo) / max(1, int(self.width // 40))))
         return range(self.hi, self.lo - 1, -step)
 
 
+def _exact_marker(x: float, cy: float, fill: str, cls: str = "bar exact") -> str:
+    """A diamond: the value is exactly 0."""
+    return f'<path class="{cls}" d="M{x + 1:.1f},{cy:.1f} l4,-4 l4,4 l-4,4 z" fill="{fill}"'
+
+
+def _below_marker(x: float, cy: float, fill: str, cls: str = "bar below") -> str:
+    """A triangle pointing left: above 0, below the axis floor."""
+    return f'<path class="{cls}" d="M{x + 1:.1f},{cy:.1f} l8,-5 v10 z" fill="{fill}"'
+
+
+def _drift_marker(x: float, cy: float, cls: str = "drift-mark") -> str:
+    """A triangle pointing right, left of a panel: the chain drifts from this layer on."""
+    return f'<path class="{cls}" d="M{x - 11:.1f},{cy - 5:.1f} l9,5 l-9,5 z" fill="{COLORS["drift"]}"'
+
+
 def _bar_panel(x0: float, top: float, pw: float, rows: list[tuple[float | None, str, str, float | None]],
-               axis: _LogAxis, row_h: float, title: str) -> list[str]:
+               axis: _LogAxis, row_h: float, title: str, drift_row: int | None = None) -> list[str]:
     """One panel of the chart: a plot area at ``x0`` with one bar per row.
 
-    ``rows`` holds (value, status, tooltip, threshold); value None draws "n/a".
+    ``rows`` holds (value, status, tooltip, threshold); value None draws "n/a", 0 a diamond,
+    a value under the axis floor a left-pointing triangle. ``drift_row``: the row where a
+    chain starts to drift, outlined and marked left of the panel.
     """
-    out = [f'<text x="{x0:.1f}" y="{top - 22:.1f}" class="ptitle">{_e(title)}</text>']
+    out = [f'<text x="{x0:.1f}" y="{top - 20:.1f}" class="psub">{_e(title)}</text>']
     plot_h = row_h * len(rows)
     out.append(f'<rect class="plot" x="{x0:.1f}" y="{top:.1f}" width="{pw:.1f}" height="{plot_h:.1f}" '
                f'fill="{COLORS["plot"]}"/>')
     for t in axis.ticks():
         tx = x0 + axis.x(10.0 ** t)
         out.append(f'<line class="grid" x1="{tx:.1f}" y1="{top:.1f}" x2="{tx:.1f}" y2="{top + plot_h:.1f}"/>')
-        out.append(f'<text x="{tx:.1f}" y="{top - 6:.1f}" class="tick" text-anchor="middle">1e{t}</text>')
+        anchor = "end" if t == axis.hi else "start" if t == axis.lo else "middle"  # the panels' end labels stay inside
+        out.append(f'<text x="{tx:.1f}" y="{top - 6:.1f}" class="tick" text-anchor="{anchor}">1e{t}</text>')
+    floor = f"\n(below the axis floor 1e{axis.lo})"
     for r, (value, status, tip, thr) in enumerate(rows):
         y = top + r * row_h
+        cy = y + row_h / 2
         color = COLORS.get(status, COLORS["missing"])
         if value is None:
             label = "n/a" if status in ("unsupported", "missing") else "\u2014"
             out.append(f'<text x="{x0 + 4:.1f}" y="{y + row_h - 4:.1f}" class="na">{label}<title>{_e(tip)}</title></text>')
-            continue
-        if value == 0:  # exact: a small diamond on the axis
-            cy = y + row_h / 2
-            out.append(f'<path class="bar exact" d="M{x0 + 1:.1f},{cy:.1f} l4,-4 l4,4 l-4,4 z" fill="{color}">'
-                       f'<title>{_e(tip)}</title></path>')
+        elif value == 0:  # exact: a small diamond on the axis
+            out.append(_exact_marker(x0, cy, color) + f'><title>{_e(tip)}</title></path>')
+        elif axis.below(value):
+            out.append(_below_marker(x0, cy, color, f"bar below {status}") + f'><title>{_e(tip + floor)}</title></path>')
         else:
             w = axis.x(value)
             out.append(f'<rect class="bar {status}" x="{x0:.1f}" y="{y + 2:.1f}" width="{w:.1f}" '
@@ -321,12 +442,24 @@ def _bar_panel(x0: float, top: float, pw: float, rows: list[tuple[float | None, 
         if thr is not None and thr > 0:
             tx = x0 + axis.x(thr)
             out.append(f'<line class="thr" x1="{tx:.1f}" y1="{y + 1:.1f}" x2="{tx:.1f}" y2="{y + row_h - 1:.1f}"/>')
+        if r == drift_row:
+            out.append(f'<rect class="drift-row" x="{x0 - 0.5:.1f}" y="{y + 0.5:.1f}" width="{pw + 1:.1f}" '
+                       f'height="{row_h - 1:.1f}" fill="none" stroke="{COLORS["drift"]}" stroke-width="1.5"/>')
     return out
 
 
-def _chart_svg(ordered: list[tuple[int, dict]], modes: list[str], thresholds: dict) -> str:
-    """Per layer (rows, ir order) and per check: max error (log) and 1 - cosine (log)."""
-    row_h, label_w, err_w, cos_w, gap, top = 17, 200, 170, 100, 26, 62
+#: The chart's geometry: it fits a 1280-pixel window with three checks (two panels each).
+_CHART = {"row_h": 17, "label_w": 212, "err_w": 165, "cos_w": 92, "gap": 22, "group_gap": 34, "top": 78}
+
+
+def _chart_svg(ordered: list[tuple[int, dict]], modes: list[str], thresholds: dict,
+               drift: dict[str, dict] | None = None) -> str:
+    """Per layer (rows, ir order) and per check: max error (log) and 1 - cosine (log).
+
+    ``drift``: per chained check, :func:`_drift_start`'s layer, marked in that check's panels."""
+    g = _CHART
+    row_h, label_w, err_w, cos_w, gap, top = g["row_h"], g["label_w"], g["err_w"], g["cos_w"], g["gap"], g["top"]
+    drift = drift or {}
     values = []
     for _, layer in ordered:
         for check in modes:
@@ -339,22 +472,20 @@ def _chart_svg(ordered: list[tuple[int, dict]], modes: list[str], thresholds: di
         if t and t > 0:
             values.append(t)
     hi = max(1, math.ceil(math.log10(max(values)))) if values else 1
-    lo = min(-8, hi - 6)
-    if values:
-        lo = max(lo, math.floor(math.log10(min(values))) - 1) if min(values) < 10.0 ** lo else lo
-    err_axis = _LogAxis(lo, hi, err_w)
+    err_axis = _LogAxis(min(-8, hi - 6), hi, err_w)
     cos_axis = _LogAxis(-8, 0, cos_w)
     min_cos = _num(thresholds.get("min_cosine"))
     n = max(1, len(ordered))
-    width = label_w + max(len(modes) * (err_w + cos_w + 2 * gap), 560) + 10
-    height = top + n * row_h + 58
+    group_w = err_w + gap + cos_w + g["group_gap"]
+    width = max(label_w + len(modes) * group_w + 10, _LEGEND_W)
+    row_of = {i: r for r, (i, _) in enumerate(ordered)}
     out = []
     for r, (i, layer) in enumerate(ordered):
         y = top + r * row_h
         status = _status(layer.get("status"))
         name = str(layer.get("name"))
-        out.append(f'<a href="#layer-{i}"><text x="{label_w - 8}" y="{y + row_h - 5}" text-anchor="end" '
-                   f'class="rlabel {status}">{_e(_short(name, 28))}<title>{_e(name)}</title></text></a>')
+        out.append(f'<a href="#layer-{i}"><text x="{label_w - 14}" y="{y + row_h - 5}" text-anchor="end" '
+                   f'class="rlabel {status}">{_e(_short_name(name, 32))}<title>{_e(name)}</title></text></a>')
     x = label_w
     for check in modes:
         err_rows, cos_rows = [], []
@@ -376,23 +507,61 @@ def _chart_svg(ordered: list[tuple[int, dict]], modes: list[str], thresholds: di
             err_rows.append((v, st, f"{name} [{check}] {st}\nmax error {_fmt(v)} {unit}{msg}", thr))
             cos = _cosine(m)
             dist = None if cos is None else (math.inf if math.isnan(cos) else max(0.0, min(2.0, 1.0 - cos)))
-            cos_rows.append((dist, st, f"{name} [{check}] cosine {_fmt(cos, 9)}", None if min_cos is None
+            cos_rows.append((dist, st, f"{name} [{check}] cosine {_fmt_cos(cos)}\n1 \u2212 cosine {_fmt(dist)}",
+                             None if min_cos is None
                              else 1.0 - min_cos))
-        out += _bar_panel(x, top, err_w, err_rows, err_axis, row_h, f"{check}: max error (log)")
+        start = _dict(drift.get(check))
+        drift_row = row_of.get(start.get("index")) if start else None
+        out.append(f'<text x="{x:.1f}" y="{top - 40:.1f}" class="ptitle">{_e(check)}</text>')
+        out += _bar_panel(x, top, err_w, err_rows, err_axis, row_h, "max error, log", drift_row)
+        if drift_row is not None:
+            out.append(_drift_marker(x, top + drift_row * row_h + row_h / 2)
+                       + f'><title>{_e(check)} chain drifts from {_e(start.get("name"))}: {_e(start.get("why"))}'
+                       f'</title></path>')
         x += err_w + gap
-        out += _bar_panel(x, top, cos_w, cos_rows, cos_axis, row_h, f"{check}: 1 \u2212 cosine")
-        x += cos_w + gap
+        out += _bar_panel(x, top, cos_w, cos_rows, cos_axis, row_h, "1 \u2212 cosine, log", drift_row)
+        x += cos_w + g["group_gap"]
     if not modes:
         out.append(f'<text x="{label_w}" y="{top}" class="na">no checks in this result</text>')
-    foot = top + n * row_h + 20
-    out.append(f'<text x="{label_w}" y="{foot}" class="tick">bars: max |golden \u2212 reference|, in LSB for '
-               f'integer layers; \u25c6 = exact (0); colour = the check\'s status</text>'
-               f'<text x="{label_w}" y="{foot + 13}" class="tick">thin line: the limit. Integer layers: max_lsb '
-               f'against the source runtime (single, entire: exact).</text>'
-               f'<text x="{label_w}" y="{foot + 26}" class="tick">Float layers: atol (entire, source: '
-               f'\u00d7 max(1, max|golden|)), plus rtol \u00b7 |golden| elementwise.</text>')
+    lines = _legend_lines(width - 16)
+    out += _legend(8, top + n * row_h + 22, err_axis.lo, cos_axis.lo, lines)
+    height = top + n * row_h + 22 + 14 * (1 + len(lines)) + 6
     return (f'<svg id="error-chart" role="img" aria-label="per-layer error chart" width="{width}" '
             f'height="{height}" viewBox="0 0 {width} {height}">' + "".join(out) + "</svg>")
+
+
+#: The chart's least width: its key's row of markers, and lines of text not too short.
+_LEGEND_W = 960
+
+
+def _legend_lines(width: float) -> list[str]:
+    """The chart key's lines of text, wrapped for ``width`` pixels (SVG text does not wrap; its 10-pixel
+    font is taken as 5.2 pixels a character, which DejaVu Sans and its likes do not exceed on average)."""
+    chars = int(width / 5.2)
+    return ["Colour: the check's status (green pass, red fail, grey unsupported, amber missing).",
+            *textwrap.wrap("Bars: max |golden \u2212 reference|, in LSB for integer layers. Limits: integer layers "
+                           "max_lsb against the source runtime (single, entire: exact); float layers atol (entire, "
+                           "source: \u00d7 max(1, max|golden|)), plus rtol \u00b7 |golden| elementwise.", chars),
+            *textwrap.wrap("Drift: " + DRIFT_RULE, chars)]
+
+
+def _legend(x: float, y: float, err_floor: int, cos_floor: int, lines: list[str]) -> list[str]:
+    """The chart's key: its markers drawn as in the chart (in grey: the status colours are the bars' alone)."""
+    grey = "#52606d"
+    out = ['<g id="chart-legend">',
+           _exact_marker(x, y - 4, grey, "key exact") + "/>",
+           f'<text x="{x + 13:.1f}" y="{y:.1f}" class="tick">exact (0)</text>',
+           _below_marker(x + 90, y - 4, grey, "key below") + "/>",
+           f'<text x="{x + 104:.1f}" y="{y:.1f}" class="tick">below the axis floor (max error &lt; 1e{err_floor}, '
+           f'1 \u2212 cosine &lt; 1e{cos_floor}; the value is in the tooltip)</text>',
+           f'<line class="thr" x1="{x + 610:.1f}" y1="{y - 9:.1f}" x2="{x + 610:.1f}" y2="{y + 1:.1f}"/>',
+           f'<text x="{x + 617:.1f}" y="{y:.1f}" class="tick">the limit</text>',
+           _drift_marker(x + 705, y - 4, "key drift") + "/>",
+           f'<text x="{x + 708:.1f}" y="{y:.1f}" class="tick">where a chain starts to drift (rule below)</text>',
+           "</g>"]
+    for k, text in enumerate(lines):
+        out.append(f'<text x="{x:.1f}" y="{y + 16 + 14 * k:.1f}" class="tick">{_e(text)}</text>')
+    return out
 
 
 # ------------------------------------------------------------------ histograms
@@ -407,7 +576,7 @@ def _histogram_svg(k: int, name: str, h: dict) -> str:
     title = f"{name} [{h.get('check') or '?'}]"
     head = (f'<svg class="histogram" id="hist-{k}" role="img" width="{w}" height="{hgt}" '
             f'viewBox="0 0 {w} {hgt}"><title>{_e(title)}</title>'
-            f'<text x="{ml}" y="16" class="ptitle">{_e(_short(title, 60))}</text>')
+            f'<text x="{ml}" y="16" class="ptitle">{_e(_short_name(str(name), 48))} [{_e(h.get("check") or "?")}]</text>')
     if (nb < 1 or len(golden) != nb or len(ref) != nb or any(v is None or not math.isfinite(v) for v in edges)
             or any(v is None for v in golden + ref)):
         return head + f'<text x="{ml}" y="60" class="na">histogram data malformed</text></svg>'
@@ -455,16 +624,19 @@ code,.mono{font-family:"DejaVu Sans Mono",Menlo,Consolas,monospace;font-size:12p
 .verdict.pass{background:#1b7f5f}.verdict.fail{background:#c81d32}
 .skipped{font-size:60%;font-weight:400;color:#8a5a00;margin-right:8px}
 table.kv td{padding:1px 10px 1px 0;vertical-align:top}table.kv td:first-child{color:#52606d;white-space:nowrap}
-.counts span{margin-right:16px}.problems li{margin:2px 0}.scroll{overflow:auto;max-height:85vh;border:1px solid #e4e7eb}
+.counts span{margin-right:16px}.problems li,.notes li{margin:2px 0;overflow-wrap:anywhere}
+.scroll{overflow:auto;max-height:85vh;border:1px solid #e4e7eb}.tablewrap{overflow-x:auto;max-width:100%}
+table.kv{table-layout:fixed;width:100%}table.kv td:first-child{width:92px}table.kv td{overflow-wrap:anywhere}
 svg text{font-size:11px;fill:#1f2933}svg .nname{font-size:12px;font-weight:600}svg .nsub{font-size:10.5px;fill:#52606d}
-svg .ptitle{font-size:12px;font-weight:600}svg .tick{font-size:10px;fill:#52606d}svg .na{font-size:10px;fill:#7b8794}
+svg .ptitle{font-size:12px;font-weight:600}svg .psub{font-size:10.5px;fill:#3e4c59}svg .tick{font-size:10px;fill:#52606d}svg .na{font-size:10px;fill:#7b8794}
 svg .rlabel.fail{fill:#c81d32;font-weight:600}svg .edge{fill:none;stroke:#90a4ae;stroke-width:1.2}
 svg .edge.skip{stroke-dasharray:4 3}svg .grid{stroke:#d5dde6;stroke-width:1}svg .thr{stroke:#1f2933;stroke-width:1.5}
 svg rect.bar,svg rect.plot{shape-rendering:crispEdges}
-table.layers{border-collapse:collapse;font-size:12px}
-table.layers th,table.layers td{border:1px solid #e4e7eb;padding:2px 6px;text-align:right;white-space:nowrap}
-table.layers th{background:#f5f7fa;cursor:pointer;user-select:none}table.layers td.l{text-align:left}
-table.layers td.name{max-width:320px;overflow:hidden;text-overflow:ellipsis}
+table.layers{border-collapse:collapse;font-size:11.5px}
+table.layers th,table.layers td{border:1px solid #e4e7eb;padding:2px 3px;text-align:right;white-space:nowrap}
+table.layers th{background:#f5f7fa;cursor:pointer;user-select:none;vertical-align:bottom;font-weight:600}
+table.layers td.l{text-align:left}table.layers td.name{max-width:250px;overflow:hidden;text-overflow:ellipsis}
+td.chk.fail{color:#c81d32;font-weight:600}td.chk.unsupported,td.chk.missing{color:#7b8794}
 .st{font-weight:600}.st.pass{color:#1b7f5f}.st.fail{color:#c81d32}.st.unsupported,.st.missing{color:#7b8794}
 tr.fail{background:#fff5f6}tr:target{outline:2px solid #4c72b0}
 .hists{display:flex;flex-wrap:wrap;gap:12px}.note{color:#52606d;font-size:12px}
@@ -538,38 +710,73 @@ def _source_html(result: dict) -> tuple[str, str]:
 
 
 def _table(ordered: list[tuple[int, dict]], modes: list[str]) -> str:
-    head = ["#", "layer", "op", "dtype", "scheme", "status"]
+    """Layers worst first; per check its error (coloured by the check's status; the message on
+    hover), exact share, 1 - cosine and SQNR. Narrow enough for a 1280-pixel window with three checks."""
+    schemes = any(layer.get("scheme") for _, layer in ordered)  # a float model has no scheme column
+    e2e_col = any(_dict(_dict(layer.get("checks")).get("source")).get("end_to_end") for _, layer in ordered)
+    head = [("#", ""), ("layer", ""), ("op", ""), ("dtype", "")] + [("scheme", "")] * schemes + [("status", "")]
     for check in modes:
-        head += [f"{check}", f"{check} max err", f"{check} exact", f"{check} cosine", f"{check} SQNR dB"]
-        if check == "source":
-            head.append("source end to end")
+        head += [(check, "error"), (check, "exact"), (check, "1\u2212cos"), (check, "SQNR")]
+        if check == "source" and e2e_col:
+            head.append(("source", "end to end"))
     rows = []
     for rank, (i, layer) in enumerate(ordered):
         status = _status(layer.get("status"))
-        cells = [_cell(i, i), _cell(layer.get("name"), str(layer.get("name")), "l name"),
-                 _cell(layer.get("op"), None, "l"), _cell(layer.get("dtype"), None, "l"),
-                 _cell(layer.get("scheme") or "", None, "l"), _cell(status, _STATUS_RANK.get(status), f"st {status}")]
+        name = str(layer.get("name"))
+        short = _short_name(name, 34)
+        title = f' title="{_e(name)}"' if short != name else ""
+        cells = [_cell(i, i), f'<td class="l name" data-v="{_e(name)}"{title}>{_e(short)}</td>',
+                 _cell(layer.get("op"), None, "l"), _cell(layer.get("dtype"), None, "l")]
+        cells += [_cell(layer.get("scheme") or "", None, "l")] * schemes
+        cells.append(_cell(status, _STATUS_RANK.get(status), f"st {status}"))
         for check in modes:
             m = _dict(_dict(layer.get("checks")).get(check))
             st = _status(m.get("status")) if m else "missing"
             v, unit = _error(layer, m)
             share = _num(m.get("exact_share"))
+            cos = _cosine(m)
+            text = (f"{_fmt(v)} LSB" if unit == "LSB" else _fmt(v)) if v is not None else ("n/a" if st != "pass" else "\u2014")
+            tip = f"{check}: {st}" + (f" \u2014 {m.get('message')}" if m.get("message") else "")
             cells += [
-                f'<td class="l st {st}" data-v="{_STATUS_RANK.get(st, 1)}" title="{_e(m.get("message") or "")}">'
-                f'{_e(st)}</td>',
-                _cell(f"{_fmt(v)} {unit}" if v else _fmt(v), v),
+                f'<td class="chk {st}" data-v="{_e(_fmt(v, 17) if v is not None else "")}" title="{_e(tip)}">'
+                f'{_e(text)}</td>',
                 _cell("\u2014" if share is None else f"{share * 100:.2f}%", share),
-                _cell(_fmt_cos(_cosine(m)), _cosine(m)),
+                f'<td data-v="{_e(_fmt(cos, 17) if cos is not None else "")}" title="cosine {_e(_fmt_cos(cos))}">'
+                f'{_e(_fmt(None if cos is None else 1.0 - cos, 2))}</td>',
                 _cell(_fmt(m.get("sqnr_db"), 4), m.get("sqnr_db")),
             ]
-            if check == "source":
+            if check == "source" and e2e_col:
                 e2e = _dict(m.get("end_to_end"))
                 cells.append(_cell(_drift_text(e2e) if e2e else "\u2014",
                                    None if not e2e else (0 if e2e.get("exact") is True else _num(e2e.get("max_lsb")))))
         rows.append(f'<tr id="layer-{i}" class="{status}" data-rank="{rank}">' + "".join(cells) + "</tr>")
-    ths = "".join(f"<th>{_e(h)}</th>" for h in head)
-    return (f'<table id="layer-table" class="layers"><thead><tr>{ths}</tr></thead><tbody>'
-            + "".join(rows) + "</tbody></table>")
+    tips = {"error": "max |golden \u2212 reference| (LSB for integer layers)", "exact": "share of elements equal",
+            "SQNR": "signal-to-quantization-noise ratio, dB", "1\u2212cos": "1 \u2212 cosine similarity"}
+    ths = "".join(f'<th title="{_e(tips.get(b, ""))}">{_e(a)}' + (f"<br>{_e(b)}" if b else "") + "</th>" for a, b in head)
+    return (f'<div class="tablewrap"><table id="layer-table" class="layers"><thead><tr>{ths}</tr></thead><tbody>'
+            + "".join(rows) + "</tbody></table></div>")
+
+
+def _notes_html(result: dict) -> str:
+    """Every note of the result (a check skipped and why, where calibration data came from, ...)."""
+    notes = [n for n in _list(result.get("notes")) if n is not None]
+    if not notes:
+        return '<p id="notes" class="note">No notes.</p>'
+    return '<ul id="notes" class="notes">' + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>"
+
+
+def _drift_html(drift: dict[str, dict | None]) -> str:
+    """The header's line on where each chain starts to drift, linked to its table row."""
+    parts = []
+    for check, start in drift.items():
+        if start is None:
+            parts.append(f'<span id="drift-{_e(check)}"><b>{_e(check)}</b>: no drift</span>')
+        else:
+            parts.append(f'<span id="drift-{_e(check)}"><b>{_e(check)}</b>: from '
+                         f'<a href="#layer-{_e(start["index"])}" title="{_e(start["name"])}">'
+                         f'<code>{_e(_short_name(start["name"], 48))}</code></a> (#{_e(start["index"])}): '
+                         f'{_e(start["why"])}</span>')
+    return "<br>".join(parts) + f'<details class="note"><summary>the rule</summary>{_e(DRIFT_RULE)}</details>'
 
 
 def render_report(result: dict) -> str:
@@ -597,6 +804,9 @@ def render_report(result: dict) -> str:
     skipped_html, source_html = _source_html(result)
     if source_html:
         kv.append(("source", source_html))
+    drift = {check: _drift_start(ordered_ir, check, thresholds) for check in modes if check in ("entire", "source")}
+    if drift:
+        kv.append(("chain drift", _drift_html(drift)))
     kv_html = "".join(f"<tr><td>{k}</td><td>{v}</td></tr>" for k, v in kv)
     counts = "".join(f'<span>{_e(k)}: <b>{_e(_fmt(summary.get(k), 4))}</b></span>'
                      for k in ("layers", "passed", "failed", "unsupported") if k in summary)
@@ -632,16 +842,18 @@ def render_report(result: dict) -> str:
 <p class="counts">{counts}</p>
 <h2>Problems</h2>
 {problems_html}
+<h2>Notes</h2>
+{_notes_html(result)}
 </header>
 <section><h2>Per-layer error</h2>
 <p class="note">One row per layer in IR order. Hover a bar for its values; click a name for its table row.</p>
-<div class="scroll">{_chart_svg(ordered_ir, modes, thresholds)}</div></section>
+<div class="scroll">{_chart_svg(ordered_ir, modes, thresholds, {k: v for k, v in drift.items() if v})}</div></section>
 <section><h2>Layer graph</h2>
 <p class="note">Layers in IR order, top to bottom; edges from each layer's inputs (dashed: skip connections);
 colour = status. Click a box for its table row.</p>
 <div class="scroll">{_graph_svg(layers)}</div></section>
 <section><h2>Layers, worst first</h2>
-<p class="note">Click a heading to sort.</p>
+<p class="note">Click a heading to sort; hover a shortened name for the full one, an error for its check's message.</p>
 {_table(ordered_worst, modes)}</section>
 <section id="histograms"><h2>Histograms: golden vs reference</h2>
 <div class="hists">{hist_html}</div></section>
