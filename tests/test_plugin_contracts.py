@@ -312,3 +312,53 @@ def test_a_scheme_owns_its_recompute(with_recompute, tmp_path, plugin_file, caps
         assert not fused_only, result["notes"]
     else:
         assert fused_only and f"scheme {scheme!r} registers no recompute" in fused_only[0], result["notes"]
+
+
+CONV_POOL_BACKEND = """
+    from irgen.plugin import Backend, FusionRule, hookimpl
+
+    @hookimpl
+    def irgen_register_backends(register):
+        register(Backend(name="conv-pool", fusion_rules=[
+            FusionRule("conv_pool", frozenset({"relax.nn.conv2d"}), (frozenset({"relax.nn.max_pool2d"}),)),
+        ]))
+"""
+
+
+def test_backend_fusion_rules_apply_to_quantized_layers(tmp_path, plugin_file, capsys):
+    """A backend rule conv2d -> max_pool2d merges a QDQ conv layer with the int8 max pool after
+    it: one layer whose output is the pool's, whose ``quant`` is the conv's requantization with
+    ``fused_after`` naming the pool's ops; verify (numpy recompute, chain, onnxruntime) passes,
+    and the recompute really runs the pool after the scheme's conv arithmetic."""
+    from irgen import quant
+    from irgen.testing.models import qdq_onnx
+
+    model = qdq_onnx(tmp_path / "q.onnx")
+    plugin = plugin_file("convpool", CONV_POOL_BACKEND)
+    out = tmp_path / "out"
+    assert irgen_main(["--plugin", str(plugin), "run", str(model), "-o", str(out), "--no-progress",
+                       "--backend", "conv-pool"]) == 0
+    ir = json.loads((out / "ir.json").read_text())
+    layers = {l["name"]: l for l in ir["layers"]}
+    assert "pool1" not in layers and len(ir["layers"]) == 8  # 9 without the rule
+    conv1 = layers["conv1"]
+    assert conv1["op"] == "conv2d" and conv1["quant"]["kind"] == "conv2d" and conv1["quant"]["fused_after"] == 1
+    assert conv1["fused_ops"][-1]["relax_op"] == "relax.nn.max_pool2d" and conv1["outputs"][0]["shape"] == [1, 8, 4, 4]
+    assert "pool1" in conv1["source"]["nodes"] and conv1["attrs"]["activation"]["op"] == "clip"
+
+    def load(rec):
+        return np.load(out / rec["file"])
+
+    params = {role: load(p) for role, p in conv1["params"].items()}
+    got = quant.recompute(conv1, [load(conv1["inputs"][0])], params)
+    assert np.array_equal(got, load(conv1["outputs"][0]))
+    without = quant.recompute({**conv1, "quant": {k: v for k, v in conv1["quant"].items() if k != "fused_after"},
+                               "fused_ops": conv1["fused_ops"][:-1], "results": [f"op:{len(conv1['fused_ops']) - 2}"]},
+                              [load(conv1["inputs"][0])], params)
+    assert without.shape == (1, 8, 8, 8)  # the conv alone: the pool is what fused_after adds
+
+    code, result, err = _verify(capsys, out, "--plugin", str(plugin))
+    assert code == 0, err
+    assert result["passed"] and {c for row in result["layers"] for c in row["checks"]} == {"single", "entire", "source"}
+    row = next(r for r in result["layers"] if r["name"] == "conv1")
+    assert row["checks"]["source"]["max_lsb"] == 0 and row["checks"]["single"]["max_lsb"] == 0

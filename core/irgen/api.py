@@ -168,6 +168,14 @@ class FusionRule:
     result (attention's mask and values); without it such an op is a layer of its
     own (a residual add). ``op`` names the layers the rule forms in the IR
     (default: the anchor's op name). :data:`ATTENTION_FUSION` is such a rule.
+
+    In a quantized model the rules apply to the scheme's layers (one per source op,
+    its integer arithmetic in place of the op): a rule anchored on a layer's compute
+    op (``relax.nn.conv2d``, ``relax.matmul``) absorbs following *integer* layers
+    (max pool, reshape: no requantization of their own) its followers name; the
+    layer's ``quant`` keeps the anchor's requantization and ``quant.fused_after``
+    counts the followers' ops. Followers with their own requantization (a
+    residual add, a softmax) stay layers of their own.
     """
 
     name: str

@@ -565,6 +565,9 @@ class Layer:
     outputs: list[str] = field(default_factory=list)  # binding names holding the layer's results
     name: str = ""
     op: str | None = None  # the IR op its fusion rule names it (default: the anchor's)
+    #: a quantized layer a fusion rule extended with integer followers: the members of the
+    #: anchor's own layer (its scheme's recompute covers them; the followers' ops run after)
+    head: list[str] | None = None
 
 
 def tuple_output_outside_dataflow(mod: tvm.IRModule) -> tvm.IRModule:
@@ -837,6 +840,67 @@ def cut_layers(bindings: list[Binding], provenance: Provenance, main_output: rel
             if m in out_names or any(bindings[k].name not in mset for k in users.get(m, [])):
                 layer.outputs.insert(len(layer.outputs) - 1, m)
     return layers
+
+
+def fuse_quantized_layers(layers: list[Layer], bindings: list[Binding], rules: list[FusionRule],
+                          kinds: dict[int, str | None], main_output: relax.Expr) -> list[Layer]:
+    """A backend's fusion rules over the layers of a realized quantized graph.
+
+    A scheme cuts its graph into one layer per source op (its integer arithmetic in
+    place of that op); here a rule whose anchor is a layer's compute op absorbs the
+    following layers its ``followers`` name, each read only by the next and reading
+    only the previous layer's result, as :func:`form_layers` does for single ops. A
+    follower must be an exact integer layer (``kinds[index] == "integer"``: max pool,
+    reshape, ...), with no requantization of its own: the IR's ``quant`` record holds
+    one requantization per layer. The merged layer keeps the anchor layer's members
+    as ``head``."""
+    by_name = {b.name: b for b in bindings}
+    layer_of = {m: l.index for l in layers for m in l.members}
+    users = users_of(bindings)
+    out_names = set(var_names(main_output))
+
+    def reads(layer: Layer) -> set[str]:
+        mset = set(layer.members)
+        return {a for m in layer.members for a in var_names(by_name[m].value) if a not in mset}
+
+    def next_layer(layer: Layer, followers: frozenset[str], taken: set[int]) -> Layer | None:
+        if len(layer.outputs) != 1 or layer.outputs[0] in out_names:
+            return None
+        out = layer.outputs[0]
+        readers = {layer_of.get(bindings[k].name) for k in users.get(out, [])}
+        if len(readers) != 1 or None in readers:
+            return None
+        nxt = layers[readers.pop()]
+        if (nxt.index in taken or kinds.get(nxt.index) != "integer" or by_name[nxt.anchor].op not in followers
+                or reads(nxt) != {out}):
+            return None
+        return nxt
+
+    taken: set[int] = set()
+    fused: list[Layer] = []
+    for layer in layers:
+        if layer.index in taken:
+            continue
+        best: list[Layer] = []
+        for rule in (r for r in rules if by_name[layer.anchor].op in r.anchor):
+            chain, absorbed, tail = [], set(), layer
+            for k, followers in enumerate(rule.followers):
+                nxt = next_layer(tail, followers, taken)
+                if nxt is not None:
+                    chain.append(nxt)
+                    absorbed.add(k)
+                    tail = nxt
+            if rule.required <= absorbed:
+                best = chain
+                if chain:
+                    layer = Layer(layer.index, [*layer.members, *(m for c in chain for m in c.members)], layer.anchor,
+                                  rule.name, list(chain[-1].outputs), op=rule.op, head=list(layer.members))
+                break
+        taken.update(c.index for c in best)
+        fused.append(layer)
+    for k, layer in enumerate(fused):
+        layer.index = k
+    return fused
 
 
 # --------------------------------------------------------------------------

@@ -274,7 +274,9 @@ def build_layer_record(
         refs[b.name] = f"op:{j}"
 
     attrs = {**IMPLIED_ATTRS.get(anchor.op or "", {}), **ops[layer.members.index(layer.anchor)]["attrs"]}
-    acts = [b for b in members if b.op in _ACTIVATIONS and b is not anchor]
+    # a quantized layer extended with integer followers (max pool...): its activation is the anchor's
+    head = set(layer.head or layer.members)
+    acts = [b for b in members if b.op in _ACTIVATIONS and b is not anchor and b.name in head]
     if quant is None and acts and acts[-1] is not members[-1]:
         acts = []  # an activation only as the last step: a clip inside hardswish is not one
     if acts:
@@ -309,7 +311,7 @@ def build_layer_record(
             results.append(f"{refs[tgi.tuple_value.name]}.{int(tgi.index)}")
 
     op = short_op(anchor)
-    if quant is not None and quant.get("kind") not in (None, "integer"):
+    if quant is not None and quant.get("kind") not in (None, "integer") and layer.op is None:
         op = quant["kind"]
     elif layer.op is not None:
         op = layer.op

@@ -209,8 +209,8 @@ def _form_layers(host, imported: ImportedModel, be: Backend, quantizer: str | No
     """Fold batch norms, realize the quantization scheme (if any), cut ``main`` into layers."""
     from tvm import relax
 
-    from irgen.graph import (cut_layers, flatten_tuples, fold_batch_norm, form_layers, main_bindings, static_shapes,
-                             tuple_output_outside_dataflow)
+    from irgen.graph import (cut_layers, flatten_tuples, fold_batch_norm, form_layers, fuse_quantized_layers,
+                             main_bindings, static_shapes, tuple_output_outside_dataflow)
     from irgen.quant import QGraph
 
     progress.stage("form layers")
@@ -233,6 +233,8 @@ def _form_layers(host, imported: ImportedModel, be: Backend, quantizer: str | No
     main_out = func.body.body
     if scheme is not None:
         layers = cut_layers(bindings, imported.provenance, main_out)
+        kinds = {l.index: (_layer_quant(l.members, quant) or {}).get("kind") for l in layers}
+        layers = fuse_quantized_layers(layers, bindings, be.fusion_rules, kinds, main_out)
     else:
         layers = form_layers(bindings, be.fusion_rules, imported.provenance, main_out)
     return _Graph(mod, func, bindings, main_out, layers, {b.name: b for b in bindings}, quant, scheme)
@@ -266,13 +268,20 @@ def _name(graph: _Graph, imported: ImportedModel) -> _Names:
     return _Names(layer_names, tensor_name, aliases)
 
 
+def _layer_quant(members: list[str], quant: dict[str, dict]) -> dict | None:
+    """The ``quant`` record of the layer of ``members``: its last member's that has one."""
+    return next((quant[m] for m in reversed(members) if m in quant), None)
+
+
 def _layer_records(graph: _Graph, imported: ImportedModel, names: _Names, be: Backend) -> list:
     """One :class:`irgen.ir.LayerRecord` per layer; every op the backend lacks, at once."""
     from irgen.ir import build_layer_record
 
     records = []
     for layer in graph.layers:
-        q = next((graph.quant[m] for m in reversed(layer.members) if m in graph.quant), None)
+        q = _layer_quant(layer.head or layer.members, graph.quant)
+        if q is not None and layer.head:  # integer followers a fusion rule added: their ops run after the scheme's
+            q = {**q, "fused_after": len(layer.members) - len(layer.head)}
         records.append(build_layer_record(layer, graph.by_name, imported.provenance, names.tensor,
                                           names.layer[layer.index], q))
     if be.supported_ops is not None:

@@ -217,7 +217,32 @@ def recompute(layer: dict[str, Any], inputs: list[np.ndarray], params: dict[str,
     fn = scheme_recompute(qr["scheme"], kind)
     if fn is None:
         raise NotImplementedError(f"scheme {qr['scheme']!r} registers no recompute of kind {kind!r}")
-    return fn(layer, inputs, params)
+    after = int(qr.get("fused_after") or 0)
+    if not after:
+        return fn(layer, inputs, params)
+    # a backend's fusion rule added exact integer followers (max pool, reshape): the scheme
+    # recomputes the anchor's ops, then the followers' own fused_ops run on its result
+    from irgen.reference import run_layer
+
+    ops = layer["fused_ops"]
+    head = len(ops) - after
+    if head < 1:
+        raise ValueError(f"quant.fused_after {after} leaves no ops of the anchor ({len(ops)} fused_ops)")
+    y = fn({**layer, "fused_ops": ops[:head], "results": [f"op:{head - 1}"]}, inputs, params)
+    tail = [{**op, "args": [_rebase(a, head) for a in op["args"]]} for op in ops[head:]]
+    return run_layer({**layer, "fused_ops": tail, "results": [f"op:{after - 1}"]}, [y], {})[0]
+
+
+def _rebase(arg: Any, head: int) -> Any:
+    """An argument of a follower op, with the anchor's result as ``input:0``."""
+    if isinstance(arg, str) and arg.startswith("op:"):
+        j = int(arg[3:].split(".")[0])
+        if j < head - 1:
+            raise ValueError(f"a follower op reads {arg}, inside the anchor's ops")
+        return "input:0" if j == head - 1 else f"op:{j - head}"
+    if isinstance(arg, str) and arg.startswith(("input:", "param:")):
+        raise ValueError(f"a follower op reads {arg}: followers read only the anchor's result")
+    return arg
 
 
 def recompute_requantized(layer: dict[str, Any], inputs: list[np.ndarray], params: dict[str, np.ndarray]) -> np.ndarray:
