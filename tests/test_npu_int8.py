@@ -18,6 +18,7 @@ dense 12->5) has channel counts that are not multiples of 16, so padding shows.
   prints the layers and physical shapes ``ir.json`` records;
 - a model with a 9x9 kernel and a float dense layer is refused before anything is
   compiled, naming both layers and what they break;
+- ``--npu-channel-multiple`` and ``--npu-hex-width`` change the padding and the hex words;
 - ``irgen backends show npu-int8`` prints the table of ops and constraints.
 """
 
@@ -242,6 +243,27 @@ def test_hex_word_widths(runs, tmp_path, bits):
                                                         for v in (-6, 5, -128, 127)]
     if bits == 16:
         assert (tmp_path / "s.hex").read_text() == "fffa\n0005\nff80\n007f\n"
+
+
+def test_run_options_set_the_channel_multiple_and_word_width(runs, tmp_path, capsys):
+    """--npu-channel-multiple 4 --npu-hex-width 16: ten channels padded to twelve, int8 in
+    16-bit words, int32 in 32-bit ones; verify still passes (the conftest wrapper runs it).
+    An invalid width is refused before the model is read."""
+    out = tmp_path / "out"
+    assert _run(runs["model"], out, "--backend", "npu-int8", "--npu-channel-multiple", "4", "--npu-hex-width", "16") == 0
+    ir = _ir(out)
+    conv1 = next(layer for layer in ir["layers"] if layer["name"] == "conv1")
+    assert conv1["outputs"][0]["storage"]["shape"] == [1, 8, 8, 12]
+    assert conv1["outputs"][0]["storage"]["padding"] == {"C": [0, 2]}
+    assert conv1["params"]["weight"]["storage"]["shape"] == [12, 3, 3, 3]
+    for _, rec in _records(ir):
+        bits = {"int8": 16, "int32": 32, "float32": 32}[rec["dtype"]]
+        assert rec["storage"]["word_bits"] == bits and rec["storage"]["channel_multiple"] == 4
+        _check_files(_files(out, rec), bits)
+    capsys.readouterr()
+    assert _run(runs["model"], tmp_path / "bad", "--backend", "npu-int8", "--npu-hex-width", "12") == 2
+    assert "npu-int8: hex word width 12: one of 8, 16, 32, 64 bits" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()
 
 
 def test_hex_reader_refuses_words_that_are_not_sign_extended():

@@ -12,14 +12,14 @@ It registers, through ``irgen.plugin`` alone (API 1.1: ``Backend.store_tensor``)
   descriptors (:mod:`.serializer`).
 
 Settings (:class:`.settings.Settings`): the channel multiple (default 16) and the
-hex word width (default 8 bits); ``irgen run`` takes them as ``--npu-channel-multiple``
-and ``--npu-hex-width`` where irgen has plugin options.
+hex word width (default 8 bits); ``irgen run`` takes them as ``--npu-channel-multiple N``
+and ``--npu-hex-width BITS`` (``irgen_register_options``, read in ``irgen_configure``).
 """
 
 from __future__ import annotations
 
 import irgen.plugin
-from irgen.plugin import Backend, FusionRule, Serializer, hookimpl
+from irgen.plugin import Backend, FusionRule, Option, Serializer, hookimpl
 
 from . import constraints, serializer, settings, store
 
@@ -59,3 +59,21 @@ def irgen_register_serializers(register):
     register(Serializer(name="npu-int8-header", write=serializer.write,
                         description=f"{serializer.FILE}: a C header of npu-int8 layer descriptors (physical shapes, "
                                     "padding, data files)"))
+
+
+@hookimpl
+def irgen_register_options(register):
+    register(Option(name="npu_channel_multiple", kind="int", default=settings.Settings.channel_multiple, metavar="N",
+                    group="npu-int8 backend",
+                    help="pad channels (activations' C, weights' and biases' O) with zeros to a multiple of N "
+                         "(1: no padding; default %(default)s)"))
+    register(Option(name="npu_hex_width", kind="int", default=settings.Settings.hex_word_bits, metavar="BITS",
+                    group="npu-int8 backend",
+                    help="width of one word of the .hex files: 8, 16, 32 or 64 (default %(default)s); a wider "
+                         "element gets words as wide as it, a narrower one is sign-extended"))
+
+
+@hookimpl
+def irgen_configure(options):
+    settings.current = settings.Settings(channel_multiple=options["npu_channel_multiple"],
+                                         hex_word_bits=options["npu_hex_width"])

@@ -40,7 +40,7 @@ TABLE = [
     ("quantize", f"float32 input, {ACT_DTYPE} output"),
     ("dequantize", f"{ACT_DTYPE} input, float32 output"),
     ("activations", "4-D ones NCHW or NHWC in the model, stored NHWC; channels padded with zeros "
-                    "to the channel multiple (default 16)"),
+                    "to the channel multiple (--npu-channel-multiple, default 16)"),
     ("weights", "conv2d OHWI, depthwise_conv2d OHWI with I = 1, dense OI; output channels padded with zeros "
                 "to the channel multiple; biases one value per output channel"),
 ]
