@@ -116,8 +116,9 @@ def _short_name(name: str, n: int) -> str:
 
     Exporters repeat a module's path in each part (``features_features.12_block_block.1_fc2_Conv``):
     a ``_``-part that the next part extends (``features`` before ``features.12``) is dropped
-    first. What is still too long keeps a head and a tail cut at separators (``_ . / :``), the
-    head at most ``n/2``, as many characters as fit, with ``…`` between. The full name goes in a
+    first. What is still too long keeps a head and a tail cut at separators (``_ . / :``; an
+    index stays with its word), the head at most ``n/2``, as many characters as fit, with ``…``
+    between. The full name goes in a
     tooltip wherever the result differs from the name."""
     if len(name) <= n:
         return name
@@ -126,10 +127,10 @@ def _short_name(name: str, n: int) -> str:
     text = "_".join(parts)
     if len(text) <= n:
         return text
-    ends = [k for k in range(1, len(text)) if text[k] in _SEPS and text[k - 1] not in _SEPS]  # a head text[:k]
+    # a head text[:k] ends before a separator, but keeps an index with its word (``features.12``, not ``features``)
+    heads = [k for k in range(1, n // 2 + 1) if text[k] in _SEPS and text[k - 1] not in _SEPS
+             and not (text[k] == "." and text[k + 1:k + 2].isdigit())] or [max(1, n // 3)]
     starts = [k for k in range(1, len(text)) if text[k - 1] in _SEPS and text[k] not in _SEPS]  # a tail text[k:]
-    heads = ([k for k in ends if text[k] == "_" and k <= n // 2] or [k for k in ends if k <= n // 2]
-             or [max(1, n // 3)])
     best = None  # (characters kept, head length, tail start): the most kept, then the longer head
     for h in heads:
         tail = next((k for k in starts if k > h and h + 1 + len(text) - k <= n), None)
@@ -635,7 +636,7 @@ svg rect.bar,svg rect.plot{shape-rendering:crispEdges}
 table.layers{border-collapse:collapse;font-size:11.5px}
 table.layers th,table.layers td{border:1px solid #e4e7eb;padding:2px 3px;text-align:right;white-space:nowrap}
 table.layers th{background:#f5f7fa;cursor:pointer;user-select:none;vertical-align:bottom;font-weight:600}
-table.layers td.l{text-align:left}table.layers td.name{max-width:250px;overflow:hidden;text-overflow:ellipsis}
+table.layers td.l,table.layers th.l{text-align:left}table.layers td.name{max-width:240px;overflow:hidden;text-overflow:ellipsis}
 td.chk.fail{color:#c81d32;font-weight:600}td.chk.unsupported,td.chk.missing{color:#7b8794}
 .st{font-weight:600}.st.pass{color:#1b7f5f}.st.fail{color:#c81d32}.st.unsupported,.st.missing{color:#7b8794}
 tr.fail{background:#fff5f6}tr:target{outline:2px solid #4c72b0}
@@ -709,6 +710,13 @@ def _source_html(result: dict) -> tuple[str, str]:
     return "", line
 
 
+def _short_cell(text: str, n: int, cls: str) -> str:
+    """A table cell of ``text`` shortened to ``n`` characters (:func:`_short_name`), the full text on hover."""
+    short = _short_name(text, n)
+    title = f' title="{_e(text)}"' if short != text else ""
+    return f'<td class="{cls}" data-v="{_e(text)}"{title}>{_e(short)}</td>'
+
+
 def _table(ordered: list[tuple[int, dict]], modes: list[str]) -> str:
     """Layers worst first; per check its error (coloured by the check's status; the message on
     hover), exact share, 1 - cosine and SQNR. Narrow enough for a 1280-pixel window with three checks."""
@@ -723,10 +731,8 @@ def _table(ordered: list[tuple[int, dict]], modes: list[str]) -> str:
     for rank, (i, layer) in enumerate(ordered):
         status = _status(layer.get("status"))
         name = str(layer.get("name"))
-        short = _short_name(name, 34)
-        title = f' title="{_e(name)}"' if short != name else ""
-        cells = [_cell(i, i), f'<td class="l name" data-v="{_e(name)}"{title}>{_e(short)}</td>',
-                 _cell(layer.get("op"), None, "l"), _cell(layer.get("dtype"), None, "l")]
+        op = str(layer.get("op") or "")
+        cells = [_cell(i, i), _short_cell(name, 32, "l name"), _short_cell(op, 13, "l"), _cell(layer.get("dtype"), None, "l")]
         cells += [_cell(layer.get("scheme") or "", None, "l")] * schemes
         cells.append(_cell(status, _STATUS_RANK.get(status), f"st {status}"))
         for check in modes:
@@ -742,7 +748,7 @@ def _table(ordered: list[tuple[int, dict]], modes: list[str]) -> str:
                 f'{_e(text)}</td>',
                 _cell("\u2014" if share is None else f"{share * 100:.2f}%", share),
                 f'<td data-v="{_e(_fmt(cos, 17) if cos is not None else "")}" title="cosine {_e(_fmt_cos(cos))}">'
-                f'{_e(_fmt(None if cos is None else 1.0 - cos, 2))}</td>',
+                f'{_e(_fmt(None if cos is None else max(0.0, 1.0 - cos), 2))}</td>',  # as charted: cos > 1 is rounding
                 _cell(_fmt(m.get("sqnr_db"), 4), m.get("sqnr_db")),
             ]
             if check == "source" and e2e_col:
@@ -752,7 +758,9 @@ def _table(ordered: list[tuple[int, dict]], modes: list[str]) -> str:
         rows.append(f'<tr id="layer-{i}" class="{status}" data-rank="{rank}">' + "".join(cells) + "</tr>")
     tips = {"error": "max |golden \u2212 reference| (LSB for integer layers)", "exact": "share of elements equal",
             "SQNR": "signal-to-quantization-noise ratio, dB", "1\u2212cos": "1 \u2212 cosine similarity"}
-    ths = "".join(f'<th title="{_e(tips.get(b, ""))}">{_e(a)}' + (f"<br>{_e(b)}" if b else "") + "</th>" for a, b in head)
+    left = {"layer", "op", "dtype", "scheme"}
+    ths = "".join(f'<th class="{"l" if a in left and not b else ""}" title="{_e(tips.get(b, ""))}">{_e(a)}'
+                  + (f"<br>{_e(b)}" if b else "") + "</th>" for a, b in head)
     return (f'<div class="tablewrap"><table id="layer-table" class="layers"><thead><tr>{ths}</tr></thead><tbody>'
             + "".join(rows) + "</tbody></table></div>")
 
