@@ -219,7 +219,7 @@ def recompute(layer: dict[str, Any], inputs: list[np.ndarray], params: dict[str,
         raise NotImplementedError(f"scheme {qr['scheme']!r} registers no recompute of kind {kind!r}")
     after = int(qr.get("fused_after") or 0)
     if not after:
-        return fn(layer, inputs, params)
+        return _as_output(fn(layer, inputs, params), layer)
     # a backend's fusion rule added exact integer followers (max pool, reshape): the scheme
     # recomputes the anchor's ops, then the followers' own fused_ops run on its result
     from irgen.reference import run_layer
@@ -231,6 +231,17 @@ def recompute(layer: dict[str, Any], inputs: list[np.ndarray], params: dict[str,
     y = fn({**layer, "fused_ops": ops[:head], "results": [f"op:{head - 1}"]}, inputs, params)
     tail = [{**op, "args": [_rebase(a, head) for a in op["args"]]} for op in ops[head:]]
     return run_layer({**layer, "fused_ops": tail, "results": [f"op:{after - 1}"]}, [y], {})[0]
+
+
+def _as_output(y: np.ndarray, layer: dict[str, Any]) -> np.ndarray:
+    """``y`` in the shape of the layer's output record when only the shape differs: TFLite's
+    FULLY_CONNECTED flattens a [1, 1, 1, K] input and writes [1, N]."""
+    outs = layer.get("outputs") or []
+    shape = outs[0].get("shape") if outs and isinstance(outs[0], dict) else None
+    if isinstance(y, np.ndarray) and isinstance(shape, list) and list(y.shape) != shape \
+            and all(isinstance(d, int) for d in shape) and int(np.prod(shape)) == y.size:
+        return y.reshape(shape)
+    return y
 
 
 def _rebase(arg: Any, head: int) -> Any:

@@ -277,6 +277,26 @@ def convert_batch_matmul(conv, op):
     return conv.quantize(relax.op.matmul(exprs[0], exprs[1]), out)
 
 
+def convert_fully_connected(conv, op):
+    """FULLY_CONNECTED as TFLite computes it: without ``keep_num_dims`` the input is
+    read as ``[prod(dims[:-1]), K]`` and the result is 2-D (``[1, 1, 1, K]`` -> ``[1, N]``,
+    what the converter writes after a ``keepdims`` mean). TVM's converter keeps the
+    input's leading dimensions; the result is reshaped to TFLite's shape."""
+    from tflite.FullyConnectedOptions import FullyConnectedOptions
+    from tvm import relax
+
+    out = _tvm(conv).convert_fully_connected(conv, op)
+    options = FullyConnectedOptions()
+    table = op.BuiltinOptions()
+    options.Init(table.Bytes, table.Pos)
+    x = _ins(conv, op)[0]
+    dims = [int(d) for d in x.tensor.ShapeAsNumpy()]
+    if options.KeepNumDims() or len(dims) <= 2:
+        return out
+    units = int(_ins(conv, op)[1].tensor.ShapeAsNumpy()[0])
+    return relax.op.reshape(conv.bb.normalize(out), [int(np.prod(dims[:-1])), units])
+
+
 #: TFLite operator -> converter(converter, op), installed over TVM's
 CONVERTERS: dict[str, Callable[[Any, Any], Any]] = {
     "PAD": convert_pad,
@@ -288,6 +308,7 @@ CONVERTERS: dict[str, Callable[[Any, Any], Any]] = {
     "RESHAPE": convert_reshape,
     "RESIZE_NEAREST_NEIGHBOR": convert_resize_nearest,
     "BATCH_MATMUL": convert_batch_matmul,
+    "FULLY_CONNECTED": convert_fully_connected,
 }
 
 #: operators accepted on quantized tensors besides TVM's own list

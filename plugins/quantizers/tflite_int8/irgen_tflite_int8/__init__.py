@@ -461,7 +461,8 @@ class _Helpers:
 def _take_identity_reshape(qg, names: list[str]) -> list[str]:
     """``names`` and the reshape to the same shape that reads the span's result, if
     one does: TVM's FULLY_CONNECTED with keep_num_dims (a Dense on [1, T, C]) ends
-    in one, and it holds the source tensor's name. The realized layer takes that
+    in one, and so does irgen's FULLY_CONNECTED of a 4-D input without it (to
+    TFLite's 2-D result); it holds the source tensor's name. The realized layer takes that
     binding, so the layer's record is the span's (requant and all), not a
     pass-through of an int8 reshape."""
     last = names[-1]
@@ -474,7 +475,11 @@ def _take_identity_reshape(qg, names: list[str]) -> list[str]:
     src = qg.by_name[last]
     shape_in = [int(d) for d in src.var.ty.shape.values]
     shape_out = [int(d) for d in r.var.ty.shape.values]
-    return names + [r.name] if shape_in == shape_out else names
+    # the same shape, or FULLY_CONNECTED's 2-D result of a [1, 1, 1, K] input (the frontend
+    # reshapes TVM's [1, 1, 1, N] to TFLite's [1, N]): the recompute writes the output's shape
+    flattened = (len(shape_out) == 2 and shape_in[-1:] == shape_out[-1:]
+                 and int(np.prod(shape_in)) == int(np.prod(shape_out)))
+    return names + [r.name] if shape_in == shape_out or flattened else names
 
 
 def _is_quantized(qg) -> bool:
@@ -551,7 +556,12 @@ def realize(qg) -> None:
             names, expr, rec = kinds.SPANS[comp.op](qg, b, comp, out, act, _Helpers)
         else:
             raise IrgenError(f"{SCHEME}: cannot realize {comp.op or comp.kind} at tensor {b.name!r} in integer arithmetic")
-        names = _take_identity_reshape(qg, names)
+        taken = _take_identity_reshape(qg, names)
+        if len(taken) > len(names):  # the result in the reshape's shape (FULLY_CONNECTED's 2-D result)
+            shape = [int(d) for d in qg.by_name[taken[-1]].var.ty.shape.values]
+            if [int(d) for d in qg.by_name[names[-1]].var.ty.shape.values] != shape:
+                expr = relax.op.reshape(qg.emit(expr), shape)
+        names = taken
         qparams[names[-1]] = out
         qg.replace(names, expr, rec)
         i = 0  # indices moved; realized spans no longer match
