@@ -21,7 +21,9 @@ from irgen.pipeline import run
 from irgen.plugins import PluginHost
 
 N_INPUTS = 20
-KINDS = {"conv2d", "depthwise_conv2d", "dense", "add", "max_pool2d", "avg_pool2d", "concatenate", "mean", "softmax"}
+#: layer ops (a spatial MEAN is global_avg_pool2d, as ONNX GlobalAveragePool is)
+KINDS = {"conv2d", "depthwise_conv2d", "dense", "add", "max_pool2d", "avg_pool2d", "concatenate", "global_avg_pool2d",
+         "softmax"}
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +107,8 @@ def test_small_cnn_covers_every_layer_type(int8_runs):
     path, runs = int8_runs
     ir = json.loads((runs[0][1] / "ir.json").read_text())
     ops = {l["op"] for l in ir["layers"]}
-    assert {"conv2d", "depthwise_conv2d", "dense", "add", "max_pool2d", "avg_pool2d", "concatenate", "mean"} <= ops, ops
+    assert {"conv2d", "depthwise_conv2d", "dense", "add", "max_pool2d", "avg_pool2d", "concatenate",
+            "global_avg_pool2d"} <= ops, ops
     clamps = {tuple(l["quant"]["clamp"]) for l in ir["layers"] if l["quant"].get("clamp")}
     assert any(lo > -128 or hi < 127 for lo, hi in clamps), clamps  # relu6 (and relu) narrow the clamp
 

@@ -14,7 +14,7 @@ from irgen.graph import OP_NAMES, Binding, Constant, Layer, attrs_to_dict, tenso
 
 #: the version of the IR ``ir.json`` is written in: semver (docs/ir-changelog.md); its schema is
 #: ``irgen/schemas/ir.schema.json`` (:mod:`irgen.schema`)
-IR_VERSION = "1.1.0"
+IR_VERSION = "2.0.0"
 
 _ACTIVATIONS = {"relax.nn.relu", "relax.clip", "relax.sigmoid", "relax.tanh", "relax.nn.gelu", "relax.nn.silu"}
 _WEIGHTED = {"relax.nn.conv2d", "relax.nn.conv1d", "relax.nn.conv2d_transpose", "relax.matmul"}
@@ -109,7 +109,26 @@ CANONICAL_OPS = {
     "hard_sigmoid": "hardsigmoid",
     "concat": "concatenate",
     "permute_dims": "transpose",
+    "logistic": "sigmoid",
 }
+
+
+def _quant_op(quant: dict[str, Any], members: list[Binding]) -> str:
+    """The layer op of a quantized layer: its ``quant.kind``, except for kinds that name the
+    arithmetic rather than the op: a table (``lut``) is the function it tabulates
+    (``sigmoid``, ``hardswish``, ``gelu``; ``lut`` only for a chain of several), and a
+    ``mean`` is named as a float one is (a spatial mean is ``global_avg_pool2d``)."""
+    kind = quant["kind"]
+    if kind == "lut":
+        fn = str(quant.get("function") or quant.get("op") or "")
+        return source_op_name(fn.removeprefix("nn.")) if fn and "+" not in fn else "lut"
+    if kind == "mean":  # realized as a sum: its axes are in the record
+        first = members[0].value
+        t = tensor_type(first.args[0]) if isinstance(first, relax.Call) and first.args else None
+        axes = sorted(int(a) % 4 for a in quant.get("axes") or [])
+        if t and len(t[0]) == 4 and axes in ([2, 3], [1, 2]):
+            return "global_avg_pool2d"
+    return kind
 
 
 def _depthwise(attrs: dict[str, Any], ext: list[str], by_name: dict[str, Binding], layer: Layer) -> bool:
@@ -228,17 +247,52 @@ def build_layer_record(
     names. ``fused_ops`` is a small program: each op's ``args`` name a layer
     input (``input:K``), a parameter (``param:ROLE``), an earlier op's result
     (``op:J``) or a literal; it is what the numpy reference runs.
+
+    Steps: the layer's inputs, its parameters, the ``fused_ops`` program, the
+    anchor's attributes and activation, the source nodes folded in, the layer op;
+    then the bias is made one value per channel (:func:`_uniform_bias`).
     """
     members = [by_name[m] for m in layer.members]
     anchor = by_name[layer.anchor]
-    mset = set(layer.members)
+    ext = _layer_inputs(members, set(layer.members))
+    params, arrays = _layer_params(members, anchor, quant)
+    ops, refs = _fused_ops(members, ext, params)
+    attrs = _layer_attrs(layer, members, anchor, ops, quant)
+    source = _layer_source(layer, provenance)
+    op, attrs = _layer_op(layer, members, anchor, attrs, ext, by_name, quant, source)
+    record = {
+        "name": layer_name,
+        "op": op,
+        "fused_ops": ops,
+        "attrs": attrs,
+        "inputs": [tensor_name.get(n, n) for n in ext],
+        "outputs": [tensor_name.get(o, o) for o in layer.outputs],
+        "results": _results(layer, by_name, refs),
+        "params": {},
+        "quant": quant,
+        "source": source,
+    }
+    _uniform_bias(record, arrays)
+    return LayerRecord(record, arrays)
 
+
+def _layer_inputs(members: list[Binding], mset: set[str]) -> list[str]:
+    """The variables the layer reads from outside, in order of first use."""
     ext: list[str] = []
     for b in members:
         for a in _walk_vars(b.value):
             if a not in mset and a not in ext:
                 ext.append(a)
+    return ext
 
+
+def _layer_params(members: list[Binding], anchor: Binding, quant: dict[str, Any] | None
+                  ) -> tuple[list[tuple[Constant, str]], dict[str, np.ndarray]]:
+    """The tensor constants that are parameters (``weight``, ``bias``, ``table``...), by role.
+
+    A scalar literal stays inline in its op's args; in a quantized layer only the
+    conv/dense weight and bias and a table are parameters (the integer arithmetic
+    constants stay inline: ``quant`` explains them)."""
     params: list[tuple[Constant, str]] = []
     arrays: dict[str, np.ndarray] = {}
     for b in members:
@@ -246,20 +300,25 @@ def build_layer_record(
             if isinstance(a, Constant) and isinstance(a.ty, relax.TensorType) and not any(a.same_as(c) for c, _ in params):
                 arr = a.value.numpy()
                 if arr.ndim == 0 and b.op not in _WEIGHTED:
-                    continue  # a scalar literal stays inline in the op's args
+                    continue
                 role = _role(anchor, b, j)
                 if quant is not None and role != "table" and (
                     quant.get("kind") not in ("conv2d", "depthwise_conv2d", "dense")
                     or role not in ("weight", "bias") or role in arrays
                 ):
-                    continue  # integer arithmetic constants stay inline; `quant` explains them
+                    continue
                 base, k = role, 1
                 while role in arrays:
                     role = f"{base}{k}"
                     k += 1
                 params.append((a, role))
                 arrays[role] = arr
+    return params, arrays
 
+
+def _fused_ops(members: list[Binding], ext: list[str], params: list[tuple[Constant, str]]
+               ) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """The ``fused_ops`` program (one op per member) and each variable's reference."""
     refs = {n: f"input:{i}" for i, n in enumerate(ext)}
     ops = []
     for j, b in enumerate(members):
@@ -272,13 +331,19 @@ def build_layer_record(
             }
         )
         refs[b.name] = f"op:{j}"
+    return ops, refs
 
+
+def _layer_attrs(layer: Layer, members: list[Binding], anchor: Binding, ops: list[dict[str, Any]],
+                 quant: dict[str, Any] | None) -> dict[str, Any]:
+    """The anchor's attributes, plus ``activation`` when one is the layer's last step
+    (a clip inside hardswish is not one; a quantized layer's clip precedes its cast)."""
     attrs = {**IMPLIED_ATTRS.get(anchor.op or "", {}), **ops[layer.members.index(layer.anchor)]["attrs"]}
     # a quantized layer extended with integer followers (max pool...): its activation is the anchor's
     head = set(layer.head or layer.members)
     acts = [b for b in members if b.op in _ACTIVATIONS and b is not anchor and b.name in head]
     if quant is None and acts and acts[-1] is not members[-1]:
-        acts = []  # an activation only as the last step: a clip inside hardswish is not one
+        acts = []
     if acts:
         act = acts[-1]
         a = {"op": short_op(act), **IMPLIED_ATTRS.get(act.op or "", {})}
@@ -286,7 +351,12 @@ def build_layer_record(
             a["min"] = arg_ref(act.value.args[1], {}, [])["value"]
             a["max"] = arg_ref(act.value.args[2], {}, [])["value"]
         attrs["activation"] = a
+    return attrs
 
+
+def _layer_source(layer: Layer, provenance: Provenance) -> dict[str, list[str]]:
+    """The source nodes folded into the layer (in graph order), their op types, the source
+    tensors they compute and those the layer's outputs are."""
     nodes: list[str] = []
     op_types: list[str] = []
     tensors: list[str] = []
@@ -300,8 +370,11 @@ def build_layer_record(
                 if tensor and tensor not in tensors:
                     tensors.append(tensor)
     out_src = [provenance.by_var[o][2] for o in layer.outputs if o in provenance.by_var and provenance.by_var[o][2]]
+    return {"nodes": nodes, "op_types": op_types, "tensors": tensors, "outputs": out_src}
 
-    # which op result each output is: "op:J", or "op:J.K" for item K of a tuple result
+
+def _results(layer: Layer, by_name: dict[str, Binding], refs: dict[str, str]) -> list[str]:
+    """Which op result each output is: ``op:J``, or ``op:J.K`` for item K of a tuple result."""
     results = []
     for o in layer.outputs:
         if o in refs:
@@ -309,10 +382,17 @@ def build_layer_record(
         else:
             tgi = by_name[o].value
             results.append(f"{refs[tgi.tuple_value.name]}.{int(tgi.index)}")
+    return results
 
+
+def _layer_op(layer: Layer, members: list[Binding], anchor: Binding, attrs: dict[str, Any], ext: list[str],
+              by_name: dict[str, Binding], quant: dict[str, Any] | None, source: dict[str, list[str]]
+              ) -> tuple[str, dict[str, Any]]:
+    """The layer's op in the canonical vocabulary (docs/layer-ops.md), and its attrs as that op has them."""
+    nodes, op_types = source["nodes"], source["op_types"]
     op = short_op(anchor)
     if quant is not None and quant.get("kind") not in (None, "integer") and layer.op is None:
-        op = quant["kind"]
+        op = _quant_op(quant, members)
     elif layer.op is not None:
         op = layer.op
         attrs = {**attrs, **LAYER_ATTRS.get(op, lambda _: {})(members)}
@@ -326,19 +406,36 @@ def build_layer_record(
         # add, clip): the layer is that op, whatever step the fusion rule anchored on
         op = source_op_name(op_types[0])
         attrs = {k: v for k, v in attrs.items() if k != "activation"}
-    record = {
-        "name": layer_name,
-        "op": op,
-        "fused_ops": ops,
-        "attrs": attrs,
-        "inputs": [tensor_name.get(n, n) for n in ext],
-        "outputs": [tensor_name.get(o, o) for o in layer.outputs],
-        "results": results,
-        "params": {},
-        "quant": quant,
-        "source": {"nodes": nodes, "op_types": op_types, "tensors": tensors, "outputs": out_src},
-    }
-    return LayerRecord(record, arrays)
+    return op, attrs
+
+
+def _shift_refs(ref: Any, by: int) -> Any:
+    """``ref`` with every ``op:J`` (``op:J.K``) reference moved ``by`` ops on."""
+    if isinstance(ref, list):
+        return [_shift_refs(r, by) for r in ref]
+    if isinstance(ref, str) and ref.startswith("op:"):
+        j, dot, k = ref[3:].partition(".")
+        return f"op:{int(j) + by}{dot}{k}"
+    return ref
+
+
+def _uniform_bias(record: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
+    """A bias parameter is stored as ``[C]`` whatever shape the graph broadcasts it in
+    (``[1,C,1,1]`` after an NCHW conv, ``[1,1,1,C]`` after TFLite's, ``[1,N]`` after a
+    dense): ``fused_ops`` gains a first step reshaping ``param:bias`` to that shape, and
+    the ops that read it read that step."""
+    bias = arrays.get("bias")
+    if bias is None or bias.ndim <= 1 or sum(d != 1 for d in bias.shape) > 1:
+        return
+    arrays["bias"] = bias.reshape(-1)
+    step = {"op": "reshape", "relax_op": "relax.reshape", "attrs": {},
+            "args": ["param:bias", {"shape": [int(d) for d in bias.shape]}]}
+
+    def arg(a: Any) -> Any:
+        return "op:0" if a == "param:bias" else [arg(x) for x in a] if isinstance(a, list) else _shift_refs(a, 1)
+
+    record["fused_ops"] = [step, *({**op, "args": [arg(a) for a in op["args"]]} for op in record["fused_ops"])]
+    record["results"] = [_shift_refs(r, 1) for r in record["results"]]
 
 
 def _flat_args(v: relax.Expr) -> list[relax.Expr]:

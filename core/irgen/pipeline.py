@@ -707,6 +707,8 @@ def _param_layout(rec: dict, role: str, arr: np.ndarray) -> str | None:
         return str(rec["attrs"].get("kernel_layout", "OIHW"))
     if role == "weight" and rec["op"] == "dense":
         return "IO"  # the graph computes x @ W
+    if role == "bias" and arr.ndim == 1:
+        return "C"  # one value per output channel (ir._uniform_bias)
     return None
 
 

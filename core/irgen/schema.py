@@ -60,6 +60,12 @@ def ir_version(ir: dict[str, Any]) -> str | None:
     return ".".join(map(str, v)) if v else None
 
 
+#: older major versions this irgen still reads (major -> newest minor): an IR 1.x file
+#: differs from 2.0 only in a layer's ``bias`` shape (the broadcast one), and its
+#: ``fused_ops`` read it as it is, so verify and inspect take it as it is
+OLDER_READABLE = {1: 1}
+
+
 def _current() -> tuple[int, int, int]:
     from irgen.ir import IR_VERSION
 
@@ -87,9 +93,10 @@ def validate_ir(ir: Any) -> list[str]:
 
     current = _current()
     version = _version_of(ir.get("ir_version")) if isinstance(ir, dict) else None
-    if version is not None and (version[0] != current[0] or version[1] > current[1]):
+    readable = {**OLDER_READABLE, current[0]: current[1]}
+    if version is not None and (version[0] not in readable or version[1] > readable[version[0]]):
         return [f"ir_version: {ir['ir_version']!r:.40} is not readable by this irgen, which reads IR "
-                f"{current[0]}.0.0 to {'.'.join(map(str, current))} (a newer irgen may read it)"]
+                f"{', '.join(f'{m}.0.0 to {m}.{n}.x' for m, n in sorted(readable.items()))} (a newer irgen may read it)"]
     found = []
     for err in Draft202012Validator(_schema()).iter_errors(ir):
         if err.context:  # anyOf: an alternative of the instance's type says what is wrong
