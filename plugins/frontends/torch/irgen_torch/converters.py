@@ -1,0 +1,331 @@
+"""irgen's own converters for ATen ops that TVM's ExportedProgram importer
+refuses or imports wrongly.
+
+:data:`CONVERTERS` holds one function per op, keyed by the importer's op name
+(``batch_norm.default``, ...), ``fn(importer, node) -> relax.Expr``: the
+importer (:mod:`irgen_torch.translate`) installs them over TVM's own
+converters. ``importer.env`` maps FX nodes to Relax expressions,
+``importer.block_builder`` emits bindings, and ``importer.ctx`` (a
+:class:`Context`) holds what the translation knows beyond TVM: the tensors
+bound to placeholders (weights, quantization parameters), the binding namer
+and the provenance.
+
+- ``aten.batch_norm``: TVM 0.27 reads its (training, momentum) as (momentum,
+  eps) and always sets training=True;
+- ``aten.scaled_dot_product_attention``: TVM 0.27 refuses a bool attn_mask and
+  ignores ``scale=``;
+- ``aten.pixel_shuffle``: relax.nn.pixel_shuffle has no legalization in TVM
+  0.27 (no topi.nn.pixel_shuffle): torch's own definition, reshape / permute /
+  reshape; ``aten.diff`` has no converter: slices and a subtract;
+- torch quantization: ``quantized_decomposed`` Q/DQ ops (FX reference flow)
+  and fake quant (QAT) become ``relax.quantize`` / ``relax.dequantize``;
+  quantized weights are computed by torch at import time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from irgen.plugin import IrgenError, Provenance
+
+
+@dataclass
+class Context:
+    """What the converters and the naming importer share during one translation."""
+
+    where: str  # "torch frontend (model.pt2)", the prefix of every error
+    bound: dict[str, Any]  # placeholder name -> the buffer/parameter/constant tensor it is bound to
+    namer: Callable[[str], str]  # tensor name -> a fresh Relax binding name
+    computed: dict[str, Any]  # input-independent nodes torch computed (None: unused)
+    provenance: Provenance = field(default_factory=Provenance)
+    renames: dict[str, str] = field(default_factory=dict)  # importer's var name -> irgen name
+    current: Any = None  # the FX node being converted (named in import errors)
+
+
+def _arg(node, i: int, key: str, default):
+    """Argument ``i`` of ``node``, given positionally or as keyword ``key``."""
+    return node.args[i] if len(node.args) > i else node.kwargs.get(key, default)
+
+
+# ---------------------------------------------------------------- float ops
+
+
+def convert_batch_norm(imp, node):
+    # aten::batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps, cudnn_enabled)
+    import numpy as np
+    from tvm import relax
+
+    where = imp.ctx.where
+    if _arg(node, 5, "training", False):
+        raise IrgenError(f"{where}: node {node.name!r} (aten.batch_norm) runs in training mode; "
+                         f"export the model after model.eval()")
+    x = imp.env[node.args[0]]
+    channel = int(imp.shape_of(x)[1])
+    dtype = x.ty.dtype.dtype
+
+    def tensor(i, fill):
+        n = node.args[i] if len(node.args) > i else None
+        return imp.env[n] if n is not None else relax.const(np.full(channel, fill), dtype=dtype)
+
+    if node.args[3] is None or node.args[4] is None:
+        raise IrgenError(f"{where}: node {node.name!r} (aten.batch_norm) has no running statistics")
+    bn = imp.block_builder.emit(
+        relax.op.nn.batch_norm(
+            data=x, gamma=tensor(1, 1.0), beta=tensor(2, 0.0),
+            moving_mean=imp.env[node.args[3]], moving_var=imp.env[node.args[4]],
+            axis=1, epsilon=float(_arg(node, 7, "eps", 1e-5)),
+            scale=node.args[1] is not None, center=node.args[2] is not None,
+            momentum=float(_arg(node, 6, "momentum", 0.1)), training=False,
+        )
+    )
+    return imp.block_builder.emit(bn[0])
+
+
+def _attention_bias(bb, m, dtype: str):
+    """An attention mask as relax.nn.attention's additive bias of rank 4: a bool mask
+    (True = attend) becomes 0 or the most negative float."""
+    import numpy as np
+    import tvm
+    from tvm import relax
+
+    if str(m.ty.dtype) == "bool":
+        lowest = float(np.finfo(dtype).min)
+        if isinstance(m, tvm.ir.Constant):
+            m = relax.const(np.where(m.value.numpy(), 0.0, lowest).astype(dtype))
+        else:
+            m = bb.emit(relax.op.where(m, relax.const(0.0, dtype), relax.const(lowest, dtype)))
+    while len(m.ty.shape) < 4:
+        m = relax.const(np.expand_dims(m.value.numpy(), 0)) if isinstance(m, tvm.ir.Constant) \
+            else bb.emit(relax.op.expand_dims(m, 0))
+    return m
+
+
+def convert_sdpa(imp, node):
+    # aten::scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *,
+    #                                    scale=None, enable_gqa=False); q (..., L, E), k (..., S, E)
+    from tvm import relax
+
+    where = imp.ctx.where
+    q, k, v = (imp.env[a] for a in node.args[:3])
+    if float(_arg(node, 4, "dropout_p", 0.0)) != 0.0:
+        raise IrgenError(f"{where}: node {node.name!r} (scaled_dot_product_attention) has dropout; export in eval mode")
+    ndim = len(q.ty.shape)
+    if ndim not in (3, 4) or len(k.ty.shape) != ndim or len(v.ty.shape) != ndim:
+        raise IrgenError(f"{where}: node {node.name!r} (scaled_dot_product_attention): inputs of rank "
+                         f"{ndim}; 3 or 4 supported")
+    if [int(d) for d in list(q.ty.shape)[:-2]] != [int(d) for d in list(k.ty.shape)[:-2]]:
+        raise IrgenError(f"{where}: node {node.name!r} (scaled_dot_product_attention): query and key heads "
+                         f"differ (grouped-query attention); not supported")
+    bb = imp.block_builder
+    if ndim == 3:
+        q, k, v = (bb.emit(relax.op.expand_dims(t, 0)) for t in (q, k, v))
+    bsnh = [0, 2, 1, 3]  # torch (B, H, L, E) <-> relax.nn.attention (B, L, H, E)
+    q, k, v = (bb.emit(relax.op.permute_dims(t, bsnh)) for t in (q, k, v))
+    mask = _arg(node, 3, "attn_mask", None)
+    bias = _attention_bias(bb, imp.env[mask], str(q.ty.dtype)) if mask is not None else None
+    scale = node.kwargs.get("scale", None)
+    causal = "TopLeft" if _arg(node, 5, "is_causal", False) else None
+    out = bb.emit(relax.op.nn.attention(q, k, v, bias=bias, scale=None if scale is None else float(scale),
+                                        causal_mask=causal))
+    out = relax.op.permute_dims(out, bsnh)
+    return relax.op.squeeze(bb.emit(out), [0]) if ndim == 3 else out
+
+
+def convert_pixel_shuffle(imp, node):
+    from tvm import relax
+
+    x = imp.env[node.args[0]]
+    r = int(node.args[1])
+    *lead, c, h, w = (int(d) for d in x.ty.shape)
+    bb = imp.block_builder
+    k = len(lead)
+    y = bb.emit(relax.op.reshape(x, [*lead, c // (r * r), r, r, h, w]))
+    y = bb.emit(relax.op.permute_dims(y, [*range(k), k, k + 3, k + 1, k + 4, k + 2]))
+    return relax.op.reshape(y, [*lead, c // (r * r), h * r, w * r])
+
+
+def convert_diff(imp, node):
+    # aten::diff(x, n=1, dim=-1, prepend=None, append=None)
+    from tvm import relax
+
+    bb = imp.block_builder
+    x = imp.env[node.args[0]]
+    n, dim = int(_arg(node, 1, "n", 1)), int(_arg(node, 2, "dim", -1))
+    rank = len(x.ty.shape)
+    dim %= rank
+    pre, app = _arg(node, 3, "prepend", None), _arg(node, 4, "append", None)
+    parts = ([imp.env[pre]] if pre is not None else []) + [x] + ([imp.env[app]] if app is not None else [])
+    if len(parts) > 1:
+        x = bb.emit(relax.op.concat(parts, axis=dim))
+    for step in range(n):
+        size = int(x.ty.shape[dim])
+        hi = bb.emit(relax.op.strided_slice(x, [dim], [1], [size]))
+        lo = bb.emit(relax.op.strided_slice(x, [dim], [0], [size - 1]))
+        d = relax.op.subtract(hi, lo) if str(x.ty.dtype) != "bool" else relax.op.not_equal(hi, lo)
+        x = d if step == n - 1 else bb.emit(d)
+    return x
+
+
+# ---------------------------------------------------------------- quantization: relax.quantize / relax.dequantize
+
+
+def _q_arr(imp, node, a):
+    """A quantization parameter's value: a number, a bound tensor or a constant expression."""
+    import numpy as np
+    import tvm
+
+    bound = imp.ctx.bound
+    if isinstance(a, (int, float)):
+        return np.asarray(a)
+    if hasattr(a, "op") and a.name in bound:
+        return bound[a.name].detach().cpu().numpy()
+    e = imp.env.get(a) if hasattr(a, "op") else None
+    if isinstance(e, tvm.ir.Constant):
+        return e.value.numpy()
+    raise IrgenError(f"{imp.ctx.where}: node {node.name!r} ({node.target}) has quantization parameters that are not constants")
+
+
+def _q_dtype(imp, node, qmin, qmax, dtype=None):
+    """The integer dtype (int8/uint8) and whether [qmin, qmax] is its full range."""
+    import numpy as np
+
+    name = str(dtype).replace("torch.", "") if dtype is not None else None
+    if name is None:
+        name = "uint8" if int(qmin) >= 0 else "int8"
+    if name not in ("int8", "uint8"):
+        raise IrgenError(f"{imp.ctx.where}: node {node.name!r} ({node.target}) quantizes to {name}; int8/uint8 only")
+    info = np.iinfo(name)
+    return name, (int(qmin), int(qmax)) == (int(info.min), int(info.max))
+
+
+def _q_params(imp, node, scale, zp, dtype, per_channel):
+    """Scale and zero point as Relax constants (scalars unless per channel)."""
+    import numpy as np
+    from tvm import relax
+
+    s = np.asarray(_q_arr(imp, node, scale), np.float32).reshape(-1)
+    z = np.asarray(_q_arr(imp, node, zp)).astype(np.int64).reshape(-1)
+    s_c = relax.const(s if per_channel and s.size > 1 else s.reshape(()), "float32")
+    z_c = relax.const((z if per_channel and z.size > 1 else z.reshape(())).astype(dtype), dtype)
+    return s_c, z_c
+
+
+def _q_const(imp, node, x, values):
+    """quantize of a constant (weights): torch computes the integers at import time."""
+    import torch
+    from tvm import relax
+
+    bound = imp.ctx.bound
+    args = [bound[a.name] if hasattr(a, "op") else a for a in node.args]
+    with torch.no_grad():
+        out = node.target(*args, **node.kwargs)
+    return relax.const(out.numpy() if values is None else values(out))
+
+
+def convert_quantize(imp, node):
+    # quantized_decomposed.quantize_per_tensor(x, scale, zp, qmin, qmax, dtype)
+    # quantized_decomposed.quantize_per_channel(x, scales, zps, axis, qmin, qmax, dtype)
+    from tvm import relax
+
+    pc = "per_channel" in str(node.target)
+    a = node.args
+    x = imp.env[a[0]]
+    qmin, qmax, dt = (a[4], a[5], a[6]) if pc else (a[3], a[4], a[5])
+    dtype, full = _q_dtype(imp, node, qmin, qmax, dt)
+    if getattr(a[0], "name", None) in imp.ctx.bound:
+        return _q_const(imp, node, x, None)
+    if not full:
+        raise IrgenError(f"{imp.ctx.where}: node {node.name!r} quantizes to [{qmin}, {qmax}], not the full {dtype} range; "
+                         f"not supported (use observers without reduce_range)")
+    s, z = _q_params(imp, node, a[1], a[2], dtype, pc)
+    return imp.block_builder.emit(relax.op.quantize(x, s, z, axis=int(a[3]) if pc else -1, out_dtype=dtype))
+
+
+def convert_dequantize(imp, node):
+    from tvm import relax
+
+    pc = "per_channel" in str(node.target)
+    a = node.args
+    x = imp.env[a[0]]
+    dtype = str(x.ty.dtype)
+    s, z = _q_params(imp, node, a[1], a[2], dtype, pc)
+    return imp.block_builder.emit(relax.op.dequantize(x, s, z, axis=int(a[3]) if pc else -1, out_dtype="float32"))
+
+
+def _fake_quant_args(imp, node):
+    """(scale, zero point, axis, qmin, qmax) of a fake-quant node; None when its fake quant is off."""
+    a = node.args
+    t = str(node.target)
+    if "fused_moving_avg_obs_fake_quant" in t:
+        # (x, observer_on, fake_quant_on, running_min, running_max, scale, zp, avg, qmin, qmax, ch_axis, per_row, sym)
+        if int(_q_arr(imp, node, a[1]).reshape(-1)[0]) != 0:
+            raise IrgenError(f"{imp.ctx.where}: node {node.name!r} (fake quant) still has its observer enabled, so torch "
+                             f"updates its scale while running; call model.apply(torch.ao.quantization.disable_observer) before export")
+        if int(_q_arr(imp, node, a[2]).reshape(-1)[0]) == 0:
+            return None
+        per_row = bool(a[11]) if len(a) > 11 else False
+        return a[5], a[6], int(a[10]) if per_row else -1, a[8], a[9]
+    if "per_channel" in t:  # (x, scale, zp, axis, qmin, qmax)
+        return a[1], a[2], int(a[3]), a[4], a[5]
+    return a[1], a[2], -1, a[3], a[4]  # (x, scale, zp, qmin, qmax)
+
+
+def convert_fake_quant(imp, node):
+    """fake quant (QAT) -> quantize + dequantize; weights are quantized at import time by torch."""
+    import numpy as np
+    import torch
+    from tvm import relax
+
+    ctx = imp.ctx
+    a = node.args
+    args = _fake_quant_args(imp, node)
+    if args is None:
+        return imp.env[a[0]]
+    scale, zp, axis, qmin, qmax = args
+    x = imp.env[a[0]]
+    dtype, full = _q_dtype(imp, node, qmin, qmax)
+    s_np = np.asarray(_q_arr(imp, node, scale), np.float32).reshape(-1)
+    z_np = np.asarray(_q_arr(imp, node, zp)).astype(np.int64).reshape(-1)
+    if getattr(a[0], "name", None) in ctx.bound:
+        w = ctx.bound[a[0].name].detach()
+        ax = axis if axis >= 0 else 0
+        shp = [-1 if i == ax else 1 for i in range(w.ndim)]
+        inv = (1.0 / torch.from_numpy(s_np)).reshape(shp) if s_np.size > 1 else 1.0 / float(s_np[0])
+        zz = torch.from_numpy(z_np).reshape(shp) if z_np.size > 1 else int(z_np[0])
+        q = torch.clamp(torch.round(w * inv) + zz, int(qmin), int(qmax)).to(getattr(torch, dtype))
+        xq = relax.const(q.numpy())
+    else:
+        if s_np.size > 1:  # QAT conv+BatchNorm modules fake-quantize weight * bn_scale, computed in the graph
+            raise IrgenError(f"{ctx.where}: node {node.name!r} fake-quantizes a computed tensor per channel "
+                             f"({a[0].name!r}; a QAT conv+BatchNorm module?); fold BatchNorm into the "
+                             f"convolutions before prepare_qat_fx, or convert the model with "
+                             f"_convert_to_reference_decomposed_fx")
+        if not full:
+            raise IrgenError(f"{ctx.where}: node {node.name!r} fake-quantizes to [{qmin}, {qmax}], not the full "
+                             f"{dtype} range; not supported")
+        s, z = _q_params(imp, node, scale, zp, dtype, True)
+        # the integer tensor: source node = the fake-quant node (whose float value is dequantize(it)), tensor <node>_q
+        qname = ctx.namer(f"{node.name}_q")
+        ctx.provenance.by_var[qname] = (node.name, str(node.target), f"{node.name}_q")
+        xq = imp.block_builder.emit(relax.op.quantize(x, s, z, axis=axis, out_dtype=dtype), name_hint=qname)
+    s, z = _q_params(imp, node, scale, zp, dtype, True)
+    return imp.block_builder.emit(relax.op.dequantize(xq, s, z, axis=axis if s_np.size > 1 else -1, out_dtype="float32"))
+
+
+# ---------------------------------------------------------------- the table
+
+
+CONVERTERS: dict[str, Callable[[Any, Any], Any]] = {
+    "batch_norm.default": convert_batch_norm,
+    "scaled_dot_product_attention.default": convert_sdpa,
+    "pixel_shuffle.default": convert_pixel_shuffle,
+    "diff.default": convert_diff,
+    **dict.fromkeys(("quantize_per_tensor.default", "quantize_per_tensor.tensor", "quantize_per_channel.default"),
+                    convert_quantize),
+    **dict.fromkeys(("dequantize_per_tensor.default", "dequantize_per_tensor.tensor", "dequantize_per_channel.default"),
+                    convert_dequantize),
+    **dict.fromkeys(("fused_moving_avg_obs_fake_quant.default", "fake_quantize_per_tensor_affine.default",
+                     "fake_quantize_per_tensor_affine.tensor_qparams", "fake_quantize_per_channel_affine.default"),
+                    convert_fake_quant),
+}

@@ -1,0 +1,54 @@
+"""The torch source runner for ``irgen verify --mode source``: the exported
+program run by torch's FX interpreter, every node's tensor recorded by name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from irgen.plugin import IrgenError, regular_file
+
+from .loader import load_pt2, load_pth
+from .translate import user_inputs
+
+
+def record_nodes(ep, inputs: list) -> dict[str, Any]:
+    """Every FX node's tensor value (by node name) when ``ep``'s graph runs on ``inputs``
+    (the user inputs in order), through ``torch.fx.Interpreter``."""
+    import torch
+
+    seen: dict[str, Any] = {}
+
+    class Recorder(torch.fx.Interpreter):
+        def run_node(self, n):
+            out = super().run_node(n)
+            if isinstance(out, torch.Tensor):
+                seen[n.name] = out.detach().numpy().copy()
+            return out
+
+    state = {**ep.state_dict, **dict(ep.named_buffers()), **ep.constants}
+    user = iter(inputs)
+    args = [next(user) if s.kind == torch.export.graph_signature.InputKind.USER_INPUT else state[s.target]
+            for s in ep.graph_signature.input_specs]
+    with torch.no_grad():
+        Recorder(ep.graph_module).run(*args)
+    return seen
+
+
+def source_runner(path: Path, options: dict[str, Any]):
+    """The exported program (``.pt2`` as saved, ``.pth`` exported as ``load`` does)
+    under an FX interpreter; tensors by FX node name."""
+    try:
+        import torch
+    except ImportError as err:
+        raise IrgenError(f"torch source check needs torch ({err})") from None
+    regular_file(path, "model")
+    ep = load_pt2(path, options) if path.suffix.lower() == ".pt2" else load_pth(path, options)[0]
+    names = [s.name for s in user_inputs(ep)]
+
+    def run(inputs: dict[str, Any], tensors: list[str]) -> dict[str, Any]:
+        feeds = [torch.from_numpy(inputs[n] if n in inputs else list(inputs.values())[k]) for k, n in enumerate(names)]
+        seen = record_nodes(ep, feeds)
+        return {t: seen[t] for t in tensors if t in seen}
+
+    return run
