@@ -153,13 +153,137 @@ def _split(bindings: list[Binding], users: dict[str, list[int]], provenance: Pro
     return replace, insert, set()
 
 
+def _scalar(c: relax.Expr) -> float | None:
+    """The value of a constant with one element (a scalar operand), else None."""
+    if isinstance(c, Constant):
+        v = c.value.numpy()
+        if v.size == 1 and v.dtype.kind == "f":
+            return float(v.reshape(-1)[0])
+    return None
+
+
+def _scaled_operands(bindings: list[Binding], users: dict[str, list[int]], provenance: Provenance) -> Changes:
+    """``matmul(x * a, y * b)`` with scalar constants ``a``, ``b`` -> ``matmul(x, y) * (a*b)``:
+    torch's ONNX exporter writes attention's scale as ``sqrt(scale)`` on both q and kᵀ, where
+    ``.pt2``'s attention scales the product (as TFLite and most hardware do). The matmul
+    result stays under its source name (the same value, up to float rounding); the
+    multiplies are folded into it."""
+    by_name = {b.name: i for i, b in enumerate(bindings)}
+    replace: dict[int, relax.Expr] = {}
+    insert: dict[int, list[Binding]] = {}
+    drop: set[int] = set()
+    for i, b in enumerate(bindings):
+        if b.op != "relax.matmul" or b.name not in provenance.by_var:
+            continue
+        scaled = []
+        for arg in b.value.args[:2]:
+            k = by_name.get(arg.name) if isinstance(arg, relax.Var) else None
+            m = bindings[k] if k is not None else None
+            if m is None or k in drop or m.op != "relax.multiply" or users.get(m.name) != [i]:
+                break
+            x, c = m.value.args
+            if not isinstance(x, relax.Var) or _scalar(c) is None:
+                break
+            scaled.append((k, x, _scalar(c)))
+        if len(scaled) != 2:
+            continue
+        (k1, x, a), (k2, y, c) = scaled
+        dtype = str(b.var.ty.dtype)
+        inner = relax.Var(f"{b.name}_unscaled", b.var.ty)
+        node, op_type, _ = provenance.by_var[b.name]
+        provenance.by_var[inner.name] = (node, op_type, None)
+        insert[i] = [Binding(inner.name, inner, relax.op.matmul(x, y))]
+        import numpy as np
+
+        replace[i] = relax.op.multiply(inner, relax.const(np.float32(a) * np.float32(c), dtype))
+        drop.update((k1, k2))
+        provenance.merged.setdefault(b.name, []).extend([bindings[k1].name, bindings[k2].name])
+    return replace, insert, drop
+
+
+_BSHD = [0, 2, 1, 3]  # relax.nn.attention's (B, S, H, D) <-> torch's (B, H, S, D)
+
+
+def _permuted(b: Binding | None) -> relax.Var | None:
+    """The tensor ``b`` permutes between (B, S, H, D) and (B, H, S, D), if it does."""
+    if b is None or b.op != "relax.permute_dims" or not isinstance(b.value.args[0], relax.Var):
+        return None
+    axes = b.value.attrs.axes
+    return b.value.args[0] if axes is not None and [int(a) for a in axes] == _BSHD else None
+
+
+def _attention_steps(bindings: list[Binding], users: dict[str, list[int]], provenance: Provenance) -> Changes:
+    """``relax.nn.attention`` between the (B, H, S, D) permutes a torch converter puts around
+    it (``scaled_dot_product_attention`` from ``.pt2``) -> its steps, as ONNX writes them:
+    ``kᵀ``, ``q·kᵀ``, ``× scale``, ``+ mask``, ``softmax``, ``· v``. The last step keeps the
+    sdpa output's name; the others get the sdpa node as their source. A backend that runs
+    attention as one unit folds them back with :data:`irgen.api.ATTENTION_FUSION`.
+    Causal attention (a mask the op builds itself) stays one op."""
+    import numpy as np
+
+    by_name = {b.name: i for i, b in enumerate(bindings)}
+    replace: dict[int, relax.Expr] = {}
+    insert: dict[int, list[Binding]] = {}
+    drop: set[int] = set()
+    for i, b in enumerate(bindings):
+        if b.op not in ("relax.nn.attention", "relax.nn.attention_bias") or b.value.attrs.causal_mask is not None:
+            continue
+        q, k, v, *rest = b.value.args
+        ks = [by_name.get(a.name) if isinstance(a, relax.Var) else None for a in (q, k, v)]
+        srcs = [_permuted(bindings[j]) if j is not None and users.get(bindings[j].name) == [i] else None for j in ks]
+        out = users.get(b.name, [])
+        if None in srcs or len(set(ks)) != 3 or len(out) != 1 or _permuted(bindings[out[0]]) is None:
+            continue
+        last = bindings[out[0]]
+        if last.name not in provenance.by_var:
+            continue
+        node, op_type, _ = provenance.by_var[last.name]
+        qt, kt, vt = srcs
+        d = int(tensor_type(qt)[0][-1])
+        scale = b.value.attrs.scale
+        scale = float(scale.value) if scale is not None else 1.0 / float(np.sqrt(d))
+        dtype = str(qt.ty.dtype)
+        steps: list[Binding] = []
+
+        def step(tag: str, expr: relax.Expr) -> relax.Var:
+            var = relax.Var(f"{last.name}_{tag}", relax.BlockBuilder().normalize(expr).ty)
+            provenance.by_var[var.name] = (node, op_type, None)
+            steps.append(Binding(var.name, var, expr))
+            return var
+
+        # kᵀ: composed with a transpose that feeds only this attention (torch's k.transpose(1, 2)),
+        # as torch's ONNX exporter composes the two into one Transpose
+        swap, j = [0, 1, 3, 2], by_name.get(kt.name)
+        inner = bindings[j] if j is not None else None
+        if (inner is not None and inner.op == "relax.permute_dims" and inner.value.attrs.axes is not None
+                and users.get(kt.name) == [ks[1]] and isinstance(inner.value.args[0], relax.Var)):
+            p1 = [int(a) for a in inner.value.attrs.axes]
+            kT = step("kT", relax.op.permute_dims(inner.value.args[0], [p1[a] for a in swap]))
+            drop.add(j)
+            provenance.merged.setdefault(kT.name, []).extend([*provenance.merged.get(inner.name, []), inner.name])
+        else:
+            kT = step("kT", relax.op.permute_dims(kt, swap))
+        x = step("scores", relax.op.matmul(qt, kT))
+        x = step("scaled", relax.op.multiply(x, relax.const(np.float32(scale), dtype)))
+        bias = rest[0] if rest else None
+        if bias is not None and not (isinstance(bias, Constant) and not bias.value.numpy().any()):
+            x = step("masked", relax.op.add(x, bias))  # a mask of zeros adds nothing: dropped, as ONNX folds it
+        x = step("weights", relax.op.nn.softmax(x, axis=-1))
+        insert[out[0]] = steps
+        replace[out[0]] = relax.op.matmul(x, vt)
+        drop.update([i, *ks])
+    return replace, insert, drop
+
+
 #: the rewrites, in the order they run
 REWRITES: list[Callable[[list[Binding], dict[str, list[int]], Provenance], Changes]] = [
-    _constant_second, _silu, _split, _transposes]
+    _constant_second, _silu, _split, _transposes, _scaled_operands, _attention_steps]
 
 
 def canonicalize(mod: tvm.IRModule, provenance: Provenance) -> tvm.IRModule:
-    """``mod`` with every rewrite of :data:`REWRITES` applied to ``main``."""
+    """``mod`` with every rewrite of :data:`REWRITES` applied to ``main``, after constants are
+    folded (a scale the exporter computes, ``sqrt(1 / sqrt(d))``, is then one constant)."""
+    mod = relax.transform.FoldConstant()(mod)
     for rewrite in REWRITES:
         _, bindings = main_bindings(mod)
         replace, insert, drop = rewrite(bindings, users_of(bindings), provenance)
