@@ -724,149 +724,133 @@ def verify_output(out_dir: str | Path, *, modes=MODES, thresholds: Thresholds | 
     options) are used instead of the recorded ones, and ``given_options`` (plugin options
     given to ``irgen verify``) over them. The model at the recorded path
     runs only when its sha256 is the one ``ir.json`` records; see :func:`resolve_source`.
+
+    The stages, in order, are the methods of :class:`_VerifyRun`.
     """
-    t0 = time.perf_counter()
-    notes: list[str] = []
-    th = thresholds or Thresholds()
-    bad = set(modes) - set(MODES)
-    if bad:
-        raise IrgenError(f"unknown verify mode(s): {', '.join(sorted(bad))}")
-    modes = [m for m in MODES if m in modes]
-    ir = load_ir(out_dir)
-    out = Path(out_dir).resolve()
-    manifest = read_manifest(out)
-    layers = ir["layers"]
-    say = progress.stage if progress is not None else (lambda text: None)
-    step = progress.step if progress is not None else (lambda text, i, n: None)
+    run = _VerifyRun(out_dir, modes, thresholds or Thresholds(), progress, model, source_optional)
+    run.load_source(source_runner, host, plugins, strict, allow_pickle=allow_pickle, options=frontend_options,
+                    given=given_options, max_tensor_bytes=max_tensor_bytes)
+    run.check_folder(host, plugins, strict, max_tensor_bytes)
+    run.single()
+    run.entire()
+    run.source()
+    return run.summarize()
 
-    model_path = Path(model) if model is not None else None
-    model_sha_ok: bool | None = None
-    # what the source check did: run (with which runtime and kernels), or skipped and why
-    source: dict[str, Any] | None = {"ran": False, "skipped": None, "runtime": None, "seconds": None, "end_to_end": None} \
-        if "source" in modes else None
-    if "source" in modes and source_runner is None:
-        say("load the source model")
+
+class _VerifyRun:
+    """One :func:`verify_output` run: its state, and its stages as methods, called in order:
+    :meth:`load_source`, :meth:`check_folder`, :meth:`single`, :meth:`entire`,
+    :meth:`source`, :meth:`summarize`.
+
+    What the stages find goes into ``problems`` and ``notes`` (appended, in stage order),
+    ``source_info`` (what the source check did: the result's ``source``) and ``checks``
+    (layer -> mode -> metric). A metric enters ``checks`` only through :meth:`record`,
+    the one merge step (it keeps the worse of the metrics one layer gets in one mode);
+    no stage edits a recorded metric, and :meth:`summarize` builds the result from copies."""
+
+    def __init__(self, out_dir: str | Path, modes, th: Thresholds, progress, model: str | Path | None,
+                 source_optional: bool):
+        """Check the modes asked for and read OUT's ``ir.json`` (validated, :func:`load_ir`)
+        and ``manifest.json``; no check has run yet."""
+        self.t0 = time.perf_counter()
+        self.notes: list[str] = []
+        self.th = th
+        bad = set(modes) - set(MODES)
+        if bad:
+            raise IrgenError(f"unknown verify mode(s): {', '.join(sorted(bad))}")
+        #: the checks to run, in MODES order; a source check that cannot run is dropped from it
+        self.modes = [m for m in MODES if m in modes]
+        self.ir = load_ir(out_dir)
+        self.out = Path(out_dir).resolve()
+        self.manifest = read_manifest(self.out)
+        self.layers = self.ir["layers"]
+        self.say = progress.stage if progress is not None else (lambda text: None)
+        self.step = progress.step if progress is not None else (lambda text, i, n: None)
+        self.source_optional = source_optional
+        self.model_path = Path(model) if model is not None else None
+        self.model_sha_ok: bool | None = None
+        self.source_runner: Callable | None = None
+        # what the source check did: run (with which runtime and kernels), or skipped and why
+        self.source_info: dict[str, Any] | None = {"ran": False, "skipped": None, "runtime": None, "seconds": None,
+                                                   "end_to_end": None} if "source" in self.modes else None
+        self.model_info = dict(self.ir.get("model") or {})
+        self.problems: list[dict[str, Any]] = []
+        self.checks: dict[str, dict[str, dict | None]] = {l["name"]: {m: None for m in MODES} for l in self.layers}
+        self.worst: list = []  # heap of (badness, n, layer, check, golden, reference) for histograms
+        self.counter = 0
+
+    # ---------------------------------------------------------- stages
+
+    def load_source(self, source_runner: Callable | None, host, plugins, strict: bool, **kwargs) -> None:
+        """Stage 1: the source runtime, when the source check is asked for and no
+        ``source_runner`` is given: resolved and checked (:func:`resolve_source`), to
+        run in a child process (:func:`isolated_source_runner`). A model that is
+        missing or refused raises, or with ``source_optional`` skips the source check
+        with a note. ``kwargs``: see :func:`resolve_source`."""
+        self.source_runner = source_runner
+        if "source" not in self.modes or source_runner is not None:
+            return
+        self.say("load the source model")
         try:
-            source_runner, src = isolated_source_runner(
-                out, ir, model_path, host, plugins, strict, manifest=manifest, allow_pickle=allow_pickle,
-                options=frontend_options, given=given_options, max_tensor_bytes=max_tensor_bytes)
+            self.source_runner, src = isolated_source_runner(self.out, self.ir, self.model_path, host, plugins, strict,
+                                                             manifest=self.manifest, **kwargs)
         except IrgenError as err:
-            if not source_optional:
+            if not self.source_optional:
                 raise
-            modes = _skip_source(source, notes, modes, err)
+            self.modes = _skip_source(self.source_info, self.notes, self.modes, err)
         else:
-            model_path, model_sha_ok = src.path, src.sha256_matches
-            notes += src.notes
+            self.model_path, self.model_sha_ok = src.path, src.sha256_matches
+            self.notes += src.notes
 
-    files = _Files(out, ir, max_tensor_bytes, lambda: _backend_of(ir, host, plugins, strict))
-    problems: list[dict[str, Any]] = [{"layer": owner, "check": "files", "message": why}
-                                      for owner, why in files.refused.values()]
-    say("check manifest.json checksums")
-    problems += check_manifest(out, ir, manifest)
-    graph_inputs = ir.get("inputs") or []
-    inputs_refused = files.why_refused(*graph_inputs)
+    def check_folder(self, host, plugins, strict: bool, max_tensor_bytes: int | None) -> None:
+        """Stage 2: the folder itself. Tensor files ``ir.json`` names outside OUT are
+        problems (never opened, :class:`_Files`), and so is a file whose sha256 is not
+        the one ``manifest.json`` records (:func:`check_manifest`). Sets up the file
+        reader and the layer runner the checks use."""
+        ir = self.ir
+        self.files = _Files(self.out, ir, max_tensor_bytes, lambda: _backend_of(ir, host, plugins, strict))
+        self.problems += [{"layer": owner, "check": "files", "message": why}
+                          for owner, why in self.files.refused.values()]
+        self.say("check manifest.json checksums")
+        self.problems += check_manifest(self.out, ir, self.manifest)
+        self.graph_inputs = ir.get("inputs") or []
+        #: why the model inputs cannot be read (entire and source need them), or None
+        self.inputs_refused = self.files.why_refused(*self.graph_inputs)
+        self.runner = _Layers(self.files)
 
-    runner = _Layers(files)
-    checks: dict[str, dict[str, dict | None]] = {l["name"]: {m: None for m in MODES} for l in layers}
-    worst: list = []  # heap of (badness, n, layer, check, golden, reference) for histograms
-    counter = [0]
-
-    def record(layer: dict, mode: str, m: dict, golden: np.ndarray | None = None, ref: np.ndarray | None = None):
-        name = layer["name"]
-        checks[name][mode] = _worse(checks[name][mode], m)
-        if golden is not None and ref is not None and golden.size and m["status"] in ("pass", "fail"):
-            bad = (m["status"] == "fail", 1.0 - m["exact_share"], m["max_rel"] if math.isfinite(m["max_rel"]) else 1e300)
-            counter[0] += 1
-            item = (bad, counter[0], name, mode, golden, ref)
-            if len(worst) < HIST_LAYERS * 3:
-                heapq.heappush(worst, item)
-            elif item[:2] > worst[0][:2]:
-                heapq.heapreplace(worst, item)
-
-    def refused(layer: dict, mode: str) -> bool:
-        """Record a failure when one of the layer's files points outside OUT (it is not read)."""
-        why = files.layer_refused(layer)
-        if why is not None:
-            record(layer, mode, _status_metric("fail", layer["outputs"][0]["name"], f"not checked: {why}"))
-        return why is not None
-
-    def compare_outputs(layer: dict, mode: str, outs: list[np.ndarray], note: str | None, scaled: bool) -> None:
-        for k, rec in enumerate(layer["outputs"]):
-            golden = files.load(rec)
-            if k >= len(outs):
-                record(layer, mode, _status_metric("unsupported", rec["name"], f"the reference computes no output {k}"))
-                continue
-            try:
-                m = compare(outs[k], golden, integer=_is_int(golden.dtype), th=th, scaled=scaled, tensor=rec["name"])
-            except Exception as err:  # noqa: BLE001  values computed from an edited record
-                record(layer, mode, _status_metric("fail", rec["name"], f"cannot compare: {type(err).__name__}: {err}"))
-                continue
-            if k == 0 and note:
-                m.update(status="fail", message=f"{m['message']}; {note}" if m["message"] else note)
-            record(layer, mode, m, golden, outs[k])
-
-    from irgen.reference import UnsupportedLayer
-
-    def attempt(layer: dict, mode: str, inputs: Callable[[], list[np.ndarray]]):
-        """(outputs, note) of the layer, or None with the reason recorded."""
-        first = layer["outputs"][0]["name"]
-        try:
-            return runner.run(layer, inputs())
-        except UnsupportedLayer as err:
-            record(layer, mode, _status_metric("unsupported", first, str(err)))
-        except IrgenError:
-            raise
-        except Exception as err:  # noqa: BLE001  anything an edited ir.json makes the reference do
-            record(layer, mode, _status_metric("fail", first, f"cannot run: {type(err).__name__}: {err}"))
-        return None
-
-    def _local(layer: dict, values: dict, src_of: dict, value: np.ndarray, k: int, integer: bool) -> dict | None:
-        """Output ``k`` of the layer recomputed from the source runtime's own input tensors
-        against the runtime's output ``value``: the kernel arithmetic alone, without
-        differences carried from earlier layers. A metric (integer: LSB, at most
-        ``max_lsb``; float: the scaled tolerance), or None when an input is not
-        available there with the layer's dtype or the layer cannot run."""
-        ins = []
-        for r in layer.get("inputs") or []:
-            v = values.get(src_of.get(r["name"], ""))
-            if v is None or str(np.asarray(v).dtype) != r.get("dtype"):
-                return None
-            ins.append(np.asarray(v))
-        try:
-            got = runner.run(layer, ins)[0][k]
-            if integer and _is_int(value.dtype) and not _is_int(got.dtype):  # a dequantize: in LSB, as ``value`` is
-                got = _to_float_source(got, got, layer, k)[0]
-            if not integer:
-                got = np.asarray(got).astype(np.float64)
-            return compare(got, value.astype(np.float64) if not integer else value, integer=integer, th=th,
-                           scaled=True, lsb_limit=th.max_lsb, tensor=layer["outputs"][k]["name"])
-        except IrgenError:
-            raise
-        except Exception:  # noqa: BLE001  UnsupportedLayer, or an edited record
-            return None
-
-    if "single" in modes:
-        say(f"single: {len(layers)} layers on their golden inputs")
+    def single(self) -> None:
+        """Stage 3, ``single``: every layer run on its golden input files against its golden outputs."""
+        if "single" not in self.modes:
+            return
+        layers = self.layers
+        self.say(f"single: {len(layers)} layers on their golden inputs")
         for i, layer in enumerate(layers, 1):
-            if not refused(layer, "single"):
-                got = attempt(layer, "single", lambda: [files.load(r) for r in layer.get("inputs") or []])
+            if not self.refused(layer, "single"):
+                got = self.attempt(layer, "single", lambda: [self.files.load(r) for r in layer.get("inputs") or []])
                 if got is not None:
-                    compare_outputs(layer, "single", *got, scaled=False)
-            step("layers", i, len(layers))
+                    self.compare_outputs(layer, "single", *got, scaled=False)
+            self.step("layers", i, len(layers))
 
-    if "entire" in modes and inputs_refused:
-        notes.append(f"entire check skipped: {inputs_refused}")
-    elif "entire" in modes:
-        say(f"entire: {len(layers)} layers chained from the model input")
-        values: dict[str, np.ndarray] = {t["name"]: files.load(t) for t in graph_inputs}
-        graph_outputs = {t["name"] for t in ir.get("outputs") or []}
+    def entire(self) -> None:
+        """Stage 4, ``entire``: the layers chained from the model input file(s), each fed
+        its producers' reference outputs (a golden file, said in the message, where a
+        producer could not run); every output against its golden file."""
+        if "entire" not in self.modes:
+            return
+        if self.inputs_refused:
+            self.notes.append(f"entire check skipped: {self.inputs_refused}")
+            return
+        layers, files = self.layers, self.files
+        self.say(f"entire: {len(layers)} layers chained from the model input")
+        values: dict[str, np.ndarray] = {t["name"]: files.load(t) for t in self.graph_inputs}
+        graph_outputs = {t["name"] for t in self.ir.get("outputs") or []}
         uses: dict[str, int] = {}
         for layer in layers:
             for r in layer.get("inputs") or []:
                 uses[r["name"]] = uses.get(r["name"], 0) + 1
         for i, layer in enumerate(layers, 1):
-            if refused(layer, "entire"):
-                step("layers", i, len(layers))
+            if self.refused(layer, "entire"):
+                self.step("layers", i, len(layers))
                 continue
             inputs, from_golden = [], []
             for r in layer.get("inputs") or []:
@@ -878,117 +862,98 @@ def verify_output(out_dir: str | Path, *, modes=MODES, thresholds: Thresholds | 
                 uses[r["name"]] -= 1
                 if uses[r["name"]] == 0 and r["name"] not in graph_outputs:
                     values.pop(r["name"], None)
-            got = attempt(layer, "entire", lambda: inputs)
+            got = self.attempt(layer, "entire", lambda: inputs)
             if got is not None:
                 outs = got[0]
-                compare_outputs(layer, "entire", outs, None, scaled=True)
+                extra = f"inputs {', '.join(from_golden)} from golden files (producer did not run)" \
+                    if from_golden else None
+                self.compare_outputs(layer, "entire", outs, None, scaled=True, extra=extra)
                 for rec, v in zip(layer["outputs"], outs):
                     if uses.get(rec["name"], 0) > 0:
                         values[rec["name"]] = v
-                if from_golden:
-                    m = checks[layer["name"]]["entire"]
-                    extra = f"inputs {', '.join(from_golden)} from golden files (producer did not run)"
-                    m["message"] = f"{m['message']}; {extra}" if m["message"] else extra
-            step("layers", i, len(layers))
+            self.step("layers", i, len(layers))
 
-    model_info = dict(ir.get("model") or {})
-    if "source" in modes and inputs_refused:
-        source["skipped"] = inputs_refused
-        notes.append(f"source check skipped: {inputs_refused}")
-    elif "source" in modes:
-        say("source: run the model in its own runtime")
-        if model_path is not None:
-            model_info["path"] = str(model_path)
-            if model_sha_ok is None and model_info.get("sha256") and os.path.exists(model_path):
-                model_sha_ok = model_sha256(model_path) == model_info["sha256"]
-            if model_sha_ok is False:
-                problems.append({"layer": None, "check": "source",
-                                 "message": f"model {model_path} is not the file OUT was generated from (sha256 differs)"})
-        feeds = {t["name"]: files.load(t) for t in graph_inputs}
-        wanted = sorted({s for l in layers for s in (l.get("source") or {}).get("outputs") or [] if s is not None})
+    def source(self) -> None:
+        """Stage 5, ``source``: the model run in its own runtime (``source_runner``) on the
+        model input file(s), and every layer output that names a tensor there compared
+        to it (:meth:`compare_to_source`). A runtime that fails raises, or with
+        ``source_optional`` skips the check with a note."""
+        if "source" not in self.modes:
+            return
+        if self.inputs_refused:
+            self.source_info["skipped"] = self.inputs_refused
+            self.notes.append(f"source check skipped: {self.inputs_refused}")
+            return
+        self.say("source: run the model in its own runtime")
+        self.check_model_file()
+        feeds = {t["name"]: self.files.load(t) for t in self.graph_inputs}
+        wanted = sorted({s for l in self.layers for s in (l.get("source") or {}).get("outputs") or [] if s is not None})
         try:
-            values = source_runner(feeds, wanted)
+            values = self.source_runner(feeds, wanted)
         except IrgenError as err:
-            if not source_optional:
+            if not self.source_optional:
                 raise
-            modes = _skip_source(source, notes, modes, err)
-            values = None
-        if values is not None:
-            source["ran"] = True
-            source["runtime"] = getattr(source_runner, "runtime", None)
-            source["seconds"] = getattr(source_runner, "seconds", None)
-            src_of = {t["name"]: t["name"] for t in graph_inputs}
-            lookup = {**values, **feeds}  # the model inputs too: a first layer recomputes from them
-            quantized = any(l.get("quant") is not None or _is_int_name((l.get("outputs") or [{}])[0].get("dtype"))
-                            for l in layers)
-            for layer in layers:
-                src_of.update(zip((r["name"] for r in layer["outputs"]), (layer.get("source") or {}).get("outputs") or []))
-            for i, layer in enumerate(layers, 1):
-                if refused(layer, "source"):
-                    step("layers", i, len(layers))
-                    continue
-                srcs = (layer.get("source") or {}).get("outputs") or []
-                for k, rec in enumerate(layer["outputs"]):
-                    src = srcs[k] if k < len(srcs) else None
-                    if src is None or src not in values:
-                        record(layer, "source", _status_metric("missing", rec["name"],
-                                                               f"source tensor {src!r} is not available in the source runtime" if src else "no source tensor"))
-                        continue
-                    golden = files.load(rec)
-                    try:
-                        value, integer = _to_float_source(np.asarray(values[src]), golden, layer, k)
-                        if integer and not _is_int(golden.dtype):
-                            golden, _ = _to_float_source(golden, golden, layer, k)
-                        if not integer and _is_int(value.dtype) != _is_int(golden.dtype):
-                            value = value.astype(np.float64)
-                        m = compare(value, golden, integer=integer, th=th, scaled=True, lsb_limit=th.max_lsb,
-                                    tensor=rec["name"])
-                    except Exception as err:  # noqa: BLE001  an edited quant record
-                        record(layer, "source", _status_metric("fail", rec["name"],
-                                                               f"cannot compare: {type(err).__name__}: {err}"))
-                        continue
-                    m["source_tensor"] = src
-                    if quantized:  # the verdict is local; the chained values' difference is drift, reported beside
-                        lm = _local(layer, lookup, src_of, np.asarray(value), k, integer)
-                        if lm is not None:
-                            e2e = {key: m[key] for key in ("status", "exact", "exact_share", "max_lsb", "max_abs",
-                                                           "cosine", "sqnr_db")}
-                            if not integer:
-                                e2e["status"] = "pass" if e2e["status"] == "pass" else "drift"
-                            elif not m["exact"]:
-                                e2e["status"] = "drift"
-                            if lm["status"] == "fail":
-                                lm["message"] = f"recomputed from the runtime's own inputs: {lm['message']}"
-                            m = {**lm, "source_tensor": src, "verdict": "local", "end_to_end": e2e,
-                                 "local": {"exact_share": lm["exact_share"], "max_lsb": lm["max_lsb"]}}
-                        else:
-                            m["verdict"] = "end_to_end"
-                    record(layer, "source", m, golden, value)
-                step("layers", i, len(layers))
-            # a float model's source verdict is end to end already: drift is a quantized model's notion
-            source["end_to_end"] = _drift(layers, checks, th) if quantized else None
+            self.modes = _skip_source(self.source_info, self.notes, self.modes, err)
+            return
+        if values is None:
+            return
+        self.source_info["ran"] = True
+        self.source_info["runtime"] = getattr(self.source_runner, "runtime", None)
+        self.source_info["seconds"] = getattr(self.source_runner, "seconds", None)
+        quantized = self.compare_to_source(values, feeds)
+        # a float model's source verdict is end to end already: drift is a quantized model's notion
+        self.source_info["end_to_end"] = _drift(self.layers, self.checks, self.th) if quantized else None
 
-    # ---------------------------------------------------------- assemble
-    rows = []
-    n_pass = n_fail = n_unsup = 0
-    for layer in layers:
-        c = checks[layer["name"]]
+    def summarize(self) -> dict[str, Any]:
+        """Stage 6: the result dict, built from the stages' records: a row per layer
+        (:meth:`layer_row`), a problem per failed (or, without ``allow_unsupported``,
+        unsupported) check after the folder's problems, histograms of the worst layers,
+        and the verdict."""
+        th = self.th
+        rows, problems = [], list(self.problems)
+        for layer in self.layers:
+            row, failed = self.layer_row(layer)
+            rows.append(row)
+            problems += failed
+        n_pass, n_fail, n_unsup = (sum(r["status"] == s for r in rows) for s in ("pass", "fail", "unsupported"))
+        passed = n_fail == 0 and (n_unsup == 0 or th.allow_unsupported) and not any(
+            p["check"] in _FOLDER_CHECKS or p["layer"] is None for p in problems)
+        notes = list(self.notes)
+        fused_only = self.runner.fused_only
+        if fused_only:
+            names = list(fused_only)
+            notes.append(f"{len(names)} integer layer(s) checked with their fused_ops alone, their scheme recomputing "
+                         f"nothing for them ({fused_only[names[0]]}): {', '.join(names[:5])}"
+                         f"{' ...' if len(names) > 5 else ''}")
+        return {
+            "irgen_verify": 1,
+            "out": str(self.out),
+            "model": self.model_info,
+            "producer": self.ir.get("producer"),
+            "modes": self.modes,
+            "thresholds": {k: v for k, v in asdict(th).items() if k != "allow_unsupported"},
+            "allow_unsupported": th.allow_unsupported,
+            "passed": bool(passed),
+            "summary": {"layers": len(self.layers), "passed": n_pass, "failed": n_fail, "unsupported": n_unsup,
+                        "seconds": round(time.perf_counter() - self.t0, 3)},
+            "problems": problems,
+            "notes": notes,
+            "source": self.source_info,
+            "layers": rows,
+            "histograms": _histograms(self.worst),
+        }
+
+    def layer_row(self, layer: dict) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """The result's row of one layer (its checks JSON-safe: infinite and NaN numbers are
+        None, :func:`_json_metric`), and a problem per check that fails it."""
+        c = {mode: None if m is None else _json_metric(m) for mode, m in self.checks[layer["name"]].items()}
         statuses = [m["status"] for m in c.values() if m is not None]
         status = "fail" if "fail" in statuses else ("unsupported" if "unsupported" in statuses else "pass")
-        n_pass += status == "pass"
-        n_fail += status == "fail"
-        n_unsup += status == "unsupported"
-        for mode, m in c.items():
-            if m is None:
-                continue
-            for key in ("max_abs", "max_rel", "sqnr_db", "cosine"):
-                m[key] = _json_num(m[key])
-                if m.get("end_to_end") and key in m["end_to_end"]:
-                    m["end_to_end"][key] = _json_num(m["end_to_end"][key])
-            if m["status"] == "fail" or (m["status"] == "unsupported" and not th.allow_unsupported):
-                problems.append({"layer": layer["name"], "check": mode, "message": f"{m['tensor']}: {m['message']}"})
+        failed = [{"layer": layer["name"], "check": mode, "message": f"{m['tensor']}: {m['message']}"}
+                  for mode, m in c.items() if m is not None and (
+                      m["status"] == "fail" or (m["status"] == "unsupported" and not self.th.allow_unsupported))]
         dtype = (layer.get("outputs") or [{}])[0].get("dtype") or ""
-        rows.append({
+        row = {
             "name": layer["name"],
             "op": layer["op"],
             "dtype": dtype,
@@ -997,36 +962,200 @@ def verify_output(out_dir: str | Path, *, modes=MODES, thresholds: Thresholds | 
             "inputs": [r.get("producer") or "input" for r in layer.get("inputs") or []],
             "checks": c,
             "status": status,
-        })
+        }
+        return row, failed
+
+    # ---------------------------------------------------------- the merge step
+
+    def record(self, layer: dict, mode: str, m: dict, golden: np.ndarray | None = None,
+               ref: np.ndarray | None = None) -> None:
+        """Merge metric ``m`` into ``checks`` (the layer's ``mode`` keeps the worse of the
+        metrics it gets, :func:`_worse`), and offer the compared values to the histograms."""
+        name = layer["name"]
+        self.checks[name][mode] = _worse(self.checks[name][mode], m)
+        if golden is not None and ref is not None and golden.size and m["status"] in ("pass", "fail"):
+            bad = (m["status"] == "fail", 1.0 - m["exact_share"], m["max_rel"] if math.isfinite(m["max_rel"]) else 1e300)
+            self.counter += 1
+            item = (bad, self.counter, name, mode, golden, ref)
+            if len(self.worst) < HIST_LAYERS * 3:
+                heapq.heappush(self.worst, item)
+            elif item[:2] > self.worst[0][:2]:
+                heapq.heapreplace(self.worst, item)
+
+    # ---------------------------------------------------------- helpers of the checks
+
+    def refused(self, layer: dict, mode: str) -> bool:
+        """Record a failure when one of the layer's files points outside OUT (it is not read)."""
+        why = self.files.layer_refused(layer)
+        if why is not None:
+            self.record(layer, mode, _status_metric("fail", layer["outputs"][0]["name"], f"not checked: {why}"))
+        return why is not None
+
+    def attempt(self, layer: dict, mode: str, inputs: Callable[[], list[np.ndarray]]):
+        """(outputs, note) of the layer, or None with the reason recorded."""
+        from irgen.reference import UnsupportedLayer
+
+        first = layer["outputs"][0]["name"]
+        try:
+            return self.runner.run(layer, inputs())
+        except UnsupportedLayer as err:
+            self.record(layer, mode, _status_metric("unsupported", first, str(err)))
+        except IrgenError:
+            raise
+        except Exception as err:  # noqa: BLE001  anything an edited ir.json makes the reference do
+            self.record(layer, mode, _status_metric("fail", first, f"cannot run: {type(err).__name__}: {err}"))
+        return None
+
+    def compare_outputs(self, layer: dict, mode: str, outs: list[np.ndarray], note: str | None, scaled: bool,
+                        extra: str | None = None) -> None:
+        """Record each of the layer's outputs ``outs`` against its golden file. ``note`` (the
+        reference's disagreement with itself) fails the first output; ``extra`` is said in
+        every output's message."""
+        for k, rec in enumerate(layer["outputs"]):
+            golden = self.files.load(rec)
+            compared = None  # the values compared, for the histograms
+            if k >= len(outs):
+                m = _status_metric("unsupported", rec["name"], f"the reference computes no output {k}")
+            else:
+                try:
+                    m = compare(outs[k], golden, integer=_is_int(golden.dtype), th=self.th, scaled=scaled,
+                                tensor=rec["name"])
+                except Exception as err:  # noqa: BLE001  values computed from an edited record
+                    m = _status_metric("fail", rec["name"], f"cannot compare: {type(err).__name__}: {err}")
+                else:
+                    compared = outs[k]
+                    if k == 0 and note:
+                        m.update(status="fail", message=f"{m['message']}; {note}" if m["message"] else note)
+            if extra:
+                m["message"] = f"{m['message']}; {extra}" if m["message"] else extra
+            self.record(layer, mode, m, golden, compared)
+
+    def check_model_file(self) -> None:
+        """The model the source check runs: its path goes into the result's ``model``, and
+        a model that is not the file OUT was generated from (sha256) is a problem."""
+        model_path = self.model_path
+        if model_path is None:
+            return
+        self.model_info["path"] = str(model_path)
+        if self.model_sha_ok is None and self.model_info.get("sha256") and os.path.exists(model_path):
+            self.model_sha_ok = model_sha256(model_path) == self.model_info["sha256"]
+        if self.model_sha_ok is False:
+            self.problems.append({"layer": None, "check": "source", "message": f"model {model_path} is not the file "
+                                  "OUT was generated from (sha256 differs)"})
+
+    def compare_to_source(self, values: dict[str, Any], feeds: dict[str, np.ndarray]) -> bool:
+        """Record every layer output against the source runtime's tensor it names
+        (:meth:`source_metric`); whether the model is quantized."""
+        layers = self.layers
+        src_of = {t["name"]: t["name"] for t in self.graph_inputs}
+        lookup = {**values, **feeds}  # the model inputs too: a first layer recomputes from them
+        quantized = any(l.get("quant") is not None or _is_int_name((l.get("outputs") or [{}])[0].get("dtype"))
+                        for l in layers)
+        for layer in layers:
+            src_of.update(zip((r["name"] for r in layer["outputs"]), (layer.get("source") or {}).get("outputs") or []))
+        for i, layer in enumerate(layers, 1):
+            if self.refused(layer, "source"):
+                self.step("layers", i, len(layers))
+                continue
+            srcs = (layer.get("source") or {}).get("outputs") or []
+            for k, rec in enumerate(layer["outputs"]):
+                src = srcs[k] if k < len(srcs) else None
+                if src is None or src not in values:
+                    self.record(layer, "source", _status_metric(
+                        "missing", rec["name"],
+                        f"source tensor {src!r} is not available in the source runtime" if src else "no source tensor"))
+                    continue
+                self.source_metric(layer, k, rec, src, values, lookup, src_of, quantized)
+            self.step("layers", i, len(layers))
+        return quantized
+
+    def source_metric(self, layer: dict, k: int, rec: dict, src: str, values: dict, lookup: dict, src_of: dict,
+                      quantized: bool) -> None:
+        """Record output ``k`` of the layer (golden file ``rec``) against the runtime's tensor
+        ``src``. In a quantized model the verdict is local (:meth:`local`) with the chained
+        values' difference beside it as end-to-end drift; else it is end to end."""
+        th = self.th
+        golden = self.files.load(rec)
+        try:
+            value, integer = _to_float_source(np.asarray(values[src]), golden, layer, k)
+            if integer and not _is_int(golden.dtype):
+                golden, _ = _to_float_source(golden, golden, layer, k)
+            if not integer and _is_int(value.dtype) != _is_int(golden.dtype):
+                value = value.astype(np.float64)
+            m = compare(value, golden, integer=integer, th=th, scaled=True, lsb_limit=th.max_lsb, tensor=rec["name"])
+        except Exception as err:  # noqa: BLE001  an edited quant record
+            self.record(layer, "source", _status_metric("fail", rec["name"],
+                                                        f"cannot compare: {type(err).__name__}: {err}"))
+            return
+        m["source_tensor"] = src
+        if quantized:  # the verdict is local; the chained values' difference is drift, reported beside
+            lm = self.local(layer, lookup, src_of, np.asarray(value), k, integer)
+            if lm is not None:
+                m = _local_verdict(m, lm, src, integer)
+            else:
+                m["verdict"] = "end_to_end"
+        self.record(layer, "source", m, golden, value)
+
+    def local(self, layer: dict, values: dict, src_of: dict, value: np.ndarray, k: int, integer: bool) -> dict | None:
+        """Output ``k`` of the layer recomputed from the source runtime's own input tensors
+        against the runtime's output ``value``: the kernel arithmetic alone, without
+        differences carried from earlier layers. A metric (integer: LSB, at most
+        ``max_lsb``; float: the scaled tolerance), or None when an input is not
+        available there with the layer's dtype or the layer cannot run."""
+        th = self.th
+        ins = []
+        for r in layer.get("inputs") or []:
+            v = values.get(src_of.get(r["name"], ""))
+            if v is None or str(np.asarray(v).dtype) != r.get("dtype"):
+                return None
+            ins.append(np.asarray(v))
+        try:
+            got = self.runner.run(layer, ins)[0][k]
+            if integer and _is_int(value.dtype) and not _is_int(got.dtype):  # a dequantize: in LSB, as ``value`` is
+                got = _to_float_source(got, got, layer, k)[0]
+            if not integer:
+                got = np.asarray(got).astype(np.float64)
+            return compare(got, value.astype(np.float64) if not integer else value, integer=integer, th=th,
+                           scaled=True, lsb_limit=th.max_lsb, tensor=layer["outputs"][k]["name"])
+        except IrgenError:
+            raise
+        except Exception:  # noqa: BLE001  UnsupportedLayer, or an edited record
+            return None
+
+
+def _local_verdict(m: dict, lm: dict, src: str, integer: bool) -> dict:
+    """A quantized layer's source metric: the local one ``lm`` as the verdict, with the
+    chained values' comparison ``m`` beside it as ``end_to_end`` (``drift`` where it differs)."""
+    e2e = {key: m[key] for key in ("status", "exact", "exact_share", "max_lsb", "max_abs", "cosine", "sqnr_db")}
+    if not integer:
+        e2e["status"] = "pass" if e2e["status"] == "pass" else "drift"
+    elif not m["exact"]:
+        e2e["status"] = "drift"
+    message = f"recomputed from the runtime's own inputs: {lm['message']}" if lm["status"] == "fail" else lm["message"]
+    return {**lm, "message": message, "source_tensor": src, "verdict": "local", "end_to_end": e2e,
+            "local": {"exact_share": lm["exact_share"], "max_lsb": lm["max_lsb"]}}
+
+
+def _histograms(worst: list) -> dict[str, Any]:
+    """Histograms of the worst compared values (the heap :meth:`_VerifyRun.record` keeps),
+    at most one per layer and ``HIST_LAYERS`` in all."""
     histograms = {}
     for bad, _, name, mode, golden, ref in sorted(worst, reverse=True):
         if name in histograms or len(histograms) >= HIST_LAYERS:
             continue
         histograms[name] = _histogram(golden, ref, mode)
-    passed = n_fail == 0 and (n_unsup == 0 or th.allow_unsupported) and not any(
-        p["check"] in _FOLDER_CHECKS or p["layer"] is None for p in problems)
-    if runner.fused_only:
-        names = list(runner.fused_only)
-        notes.append(f"{len(names)} integer layer(s) checked with their fused_ops alone, their scheme recomputing "
-                     f"nothing for them ({runner.fused_only[names[0]]}): {', '.join(names[:5])}"
-                     f"{' ...' if len(names) > 5 else ''}")
-    return {
-        "irgen_verify": 1,
-        "out": str(out),
-        "model": model_info,
-        "producer": ir.get("producer"),
-        "modes": modes,
-        "thresholds": {k: v for k, v in asdict(th).items() if k != "allow_unsupported"},
-        "allow_unsupported": th.allow_unsupported,
-        "passed": bool(passed),
-        "summary": {"layers": len(layers), "passed": n_pass, "failed": n_fail, "unsupported": n_unsup,
-                    "seconds": round(time.perf_counter() - t0, 3)},
-        "problems": problems,
-        "notes": notes,
-        "source": source,
-        "layers": rows,
-        "histograms": histograms,
-    }
+    return histograms
+
+
+def _json_metric(m: dict) -> dict:
+    """A copy of metric ``m`` for the result: its (and its ``end_to_end``'s) infinite or NaN
+    numbers as None."""
+    keys = ("max_abs", "max_rel", "sqnr_db", "cosine")
+    out = {**m, **{key: _json_num(m[key]) for key in keys}}
+    if m.get("end_to_end"):
+        out["end_to_end"] = {**m["end_to_end"], **{key: _json_num(m["end_to_end"][key]) for key in keys
+                                                   if key in m["end_to_end"]}}
+    return out
 
 
 def _drift(layers: list[dict], checks: dict, th: Thresholds) -> dict[str, Any]:
