@@ -79,18 +79,9 @@ def _float_model(path: Path, k3: int = 3) -> Path:
 
 
 def _quantize(src: Path, dst: Path, op_types: list[str] | None = None) -> Path:
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+    from irgen.testing.models import quantize_qdq
 
-    class Reader(CalibrationDataReader):
-        def __init__(self):
-            self.it = iter([{"x": np.random.default_rng(k).standard_normal(SHAPE).astype(np.float32)} for k in range(4)])
-
-        def get_next(self):
-            return next(self.it, None)
-
-    quantize_static(str(src), str(dst), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
-                    activation_type=QuantType.QInt8, weight_type=QuantType.QInt8, op_types_to_quantize=op_types)
-    return dst
+    return quantize_qdq(src, dst, op_types_to_quantize=op_types)
 
 
 def _run(model: Path, out: Path, *args: str) -> int:

@@ -63,10 +63,18 @@ def qdq_onnx(path: str | Path, symmetric: bool = False, seed: int = 0, weight_sy
     activations and per-channel int8 weights, calibrated on four seeded random inputs);
     ``symmetric``: activation zero points 0 too; ``weight_symmetric``: weight zero points 0."""
     _need("onnxruntime")
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
-
     path = Path(path)
     src = float_onnx(path.with_name(path.stem + ".float.onnx"), seed)
+    quantize_qdq(src, path, extra_options={"ActivationSymmetric": symmetric, "WeightSymmetric": weight_symmetric})
+    return path
+
+
+def quantize_qdq(src: str | Path, dst: str | Path, **options) -> Path:
+    """``src`` (one input ``x`` of shape ``SHAPE``) quantized by ONNX Runtime's ``quantize_static``
+    into ``dst``: QDQ format, int8 activations, per-channel int8 weights, calibrated on four
+    seeded random inputs; ``options`` are more ``quantize_static`` arguments."""
+    _need("onnxruntime")
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
     class Reader(CalibrationDataReader):
         def __init__(self):
@@ -75,10 +83,9 @@ def qdq_onnx(path: str | Path, symmetric: bool = False, seed: int = 0, weight_sy
         def get_next(self):
             return next(self.it, None)
 
-    quantize_static(str(src), str(path), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
-                    activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
-                    extra_options={"ActivationSymmetric": symmetric, "WeightSymmetric": weight_symmetric})
-    return path
+    quantize_static(str(src), str(dst), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                    activation_type=QuantType.QInt8, weight_type=QuantType.QInt8, **options)
+    return Path(dst)
 
 
 def input_npy(path: str | Path, shape=SHAPE, seed: int = 7) -> Path:
