@@ -65,7 +65,8 @@ def run(request, tmp_path_factory):
     model_path, x = models.export(name, d)
     np.save(d / "x.npy", x)
     out = d / "out"
-    rc = irgen_main(["run", str(model_path), "-o", str(out), "--input", str(d / "x.npy"), "--opt-level", str(opt), "--no-progress"])
+    rc = irgen_main(["run", str(model_path), "-o", str(out), "--input", str(d / "x.npy"), "--opt-level", str(opt), "--no-progress",
+                     "--debug", "all"])
     assert rc == 0, f"irgen run failed for {name} -O{opt}"
     ir = json.loads((out / "ir.json").read_text())
     extra = sorted({t for layer in ir["layers"] for t in layer["source"].get("outputs", [])})

@@ -74,6 +74,20 @@ def build_parser(host: PluginHost | None = None) -> argparse.ArgumentParser:
     _add_limit_option(run)
     run.add_argument("--seed", type=int, default=0, help="seed for generated inputs (default: 0)")
     run.add_argument("--no-progress", action="store_true", help="no progress output")
+    run.add_argument("--debug", choices=("none", "layers", "all"), default="layers",
+                     help="what debug/ holds: none; layers (default): the executed kernel graph; all: also every "
+                          "kernel's output (the graph executor's dump)")
+    run.add_argument("--layers", action="append", default=[], metavar="PATTERN",
+                     help="write the outputs of the layers whose name matches this glob only (repeatable; the "
+                          "model's outputs are always written)")
+    run.add_argument("--inputs", type=Path, default=None, metavar="DIR",
+                     help="many samples: a folder of .npy files (one per sample, sorted) or .npz files (one per "
+                          "sample, an array per model input), or one .npz (an array per sample); writes OUT/<sample>/ "
+                          "for each with one import and compile")
+    run.add_argument("-j", "--jobs", type=int, default=1, metavar="N",
+                     help="with --inputs: worker processes (default: 1)")
+    run.add_argument("--no-cache", action="store_true",
+                     help="neither read nor write the compile cache ($IRGEN_CACHE_DIR, default ~/.cache/irgen)")
     run.add_argument("--allow-pickle", action="store_true",
                      help="allow pickled data: a .pth holding a whole module, the pickled parts of a .pt2 "
                           "archive; unpickling RUNS ARBITRARY CODE from the file; only for files you trust")
@@ -512,6 +526,9 @@ def _traceback_wanted() -> bool:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code (2 for a user error, 130/143 when interrupted/terminated,
     3 for an internal error). ``IRGEN_TRACEBACK=1`` prints the traceback of any error."""
+    from irgen import lean_import
+
+    lean_import.install()  # TVM without torch unless a model needs it
     watch = _SignalWatch()
     try:
         with watch:

@@ -10,13 +10,15 @@ complete or not at all.
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import json
+import os
 import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -26,6 +28,7 @@ from irgen.api import (Backend, ImportedModel, InputSpec, IrgenError, Quantizer,
 from irgen.names import SafeNames
 from irgen.plugins import call_plugin
 from irgen.output import OutputFolder, ParamsStreamWriter, Progress, write_manifest
+from irgen.plan import Plan, PlanKernel
 from irgen.safeio import (DEFAULT_MAX_TENSOR_BYTES, check_tensor_size, file_or_folder, load_npy, open_regular,
                           regular_tree)
 
@@ -75,8 +78,10 @@ def quantize_input(x: np.ndarray, spec: InputSpec) -> np.ndarray:
 
 
 def load_inputs(specs: list[InputSpec], given: list[str], seed: int,
-                limit: int | None = DEFAULT_MAX_TENSOR_BYTES) -> list[np.ndarray]:
-    """The model's input arrays: from ``--input`` files, else seeded random data."""
+                limit: int | None = DEFAULT_MAX_TENSOR_BYTES,
+                arrays: dict[str, tuple[np.ndarray, str]] | None = None) -> list[np.ndarray]:
+    """The model's input arrays: from ``--input`` files (or ``arrays``: input name ->
+    (array, where it came from)), else seeded random data."""
     files: dict[str, Path] = {}
     for item in given:
         name, sep, file = item.partition("=")
@@ -89,35 +94,41 @@ def load_inputs(specs: list[InputSpec], given: list[str], seed: int,
                 raise IrgenError(f"--input {item!r}: the model has {len(specs)} inputs; give NAME=FILE for each")
             files[specs[0].name] = Path(item)
     rng = np.random.default_rng(seed)
-    arrays = []
+    out = []
     for s in specs:
         if s.name in files:
-            path = files[s.name]
-            arr = load_npy(path, "--input", limit)
-            if tuple(arr.shape) != tuple(s.shape):
-                raise IrgenError(f"--input {path}: shape {tuple(arr.shape)} does not match input {s.name!r} shape {tuple(s.shape)}")
-            if str(arr.dtype) != s.dtype and s.quantization and arr.dtype.kind == "f" \
-                    and np.dtype(s.dtype).kind in "iu" and np.isfinite(arr).all():
-                arr = quantize_input(arr, s)
-            if str(arr.dtype) != s.dtype:
-                raise IrgenError(f"--input {path}: dtype {arr.dtype} does not match input {s.name!r} dtype {s.dtype}")
-            if arr.dtype.kind in "fc" and not np.isfinite(arr).all():
-                bad = int(arr.size - np.count_nonzero(np.isfinite(arr)))
-                raise IrgenError(
-                    f"--input {path}: input {s.name!r} holds {bad} NaN/Inf values; TVM's kernels and the source "
-                    f"runtimes treat them differently (max, min, relu, pooling), so such golden data would not "
-                    f"match: give finite input")
-            arrays.append(np.array(arr, order="C"))  # keeps 0-d inputs 0-d
+            out.append(_checked_input(load_npy(files[s.name], "--input", limit), s, f"--input {files[s.name]}"))
+        elif arrays and s.name in arrays:
+            out.append(_checked_input(arrays[s.name][0], s, arrays[s.name][1]))
         elif np.issubdtype(np.dtype(s.dtype), np.floating):
-            arrays.append(rng.random(s.shape, dtype=np.float32).astype(s.dtype))
+            out.append(rng.random(s.shape, dtype=np.float32).astype(s.dtype))
         elif np.issubdtype(np.dtype(s.dtype), np.integer):
             info = np.iinfo(s.dtype)
-            arrays.append(rng.integers(max(info.min, -128), min(info.max, 127), s.shape, endpoint=True).astype(s.dtype))
+            out.append(rng.integers(max(info.min, -128), min(info.max, 127), s.shape, endpoint=True).astype(s.dtype))
         elif s.dtype == "bool":
-            arrays.append(rng.random(s.shape) < 0.5)
+            out.append(rng.random(s.shape) < 0.5)
         else:
             raise IrgenError(f"input {s.name!r}: cannot generate data of dtype {s.dtype}; give --input")
-    return arrays
+    return out
+
+
+def _checked_input(arr: np.ndarray, s: InputSpec, what: str) -> np.ndarray:
+    """``arr`` as input ``s``: its shape, its dtype (a float array quantized for an integer
+    input that has a scale), finite values; C order, 0-d kept 0-d."""
+    if tuple(arr.shape) != tuple(s.shape):
+        raise IrgenError(f"{what}: shape {tuple(arr.shape)} does not match input {s.name!r} shape {tuple(s.shape)}")
+    if str(arr.dtype) != s.dtype and s.quantization and arr.dtype.kind == "f" \
+            and np.dtype(s.dtype).kind in "iu" and np.isfinite(arr).all():
+        arr = quantize_input(arr, s)
+    if str(arr.dtype) != s.dtype:
+        raise IrgenError(f"{what}: dtype {arr.dtype} does not match input {s.name!r} dtype {s.dtype}")
+    if arr.dtype.kind in "fc" and not np.isfinite(arr).all():
+        bad = int(arr.size - np.count_nonzero(np.isfinite(arr)))
+        raise IrgenError(
+            f"{what}: input {s.name!r} holds {bad} NaN/Inf values; TVM's kernels and the source "
+            f"runtimes treat them differently (max, min, relu, pooling), so such golden data would not "
+            f"match: give finite input")
+    return np.array(arr, order="C")
 
 
 def pick_frontend(host, model: Path, name: str | None):
@@ -161,8 +172,20 @@ def sha256_path(path: Path) -> str:
 def run_cli(args, host) -> int:
     # frontends read their own options (those their plugin registers, e.g. model_class) from here
     options = {k: v for k, v in vars(args).items() if k not in ("func", "command", "host")}
+    options["cache"] = not options.pop("no_cache", False)
     options["input_shapes"] = parse_input_shapes(getattr(args, "input_shape", []) or [],
                                                  options.get("max_tensor_bytes", DEFAULT_MAX_TENSOR_BYTES))
+    if getattr(args, "inputs", None) is not None:
+        if args.input:
+            raise IrgenError("--input and --inputs: give one sample with --input or many with --inputs, not both")
+        run_many(host, model=Path(args.model), out=Path(args.output), samples_from=Path(args.inputs), jobs=args.jobs,
+                 opt_level=args.opt_level, frontend=args.frontend, backend=args.backend,
+                 serializer=args.serializer or ["json"], quantizer=getattr(args, "quantizer", None), force=args.force,
+                 progress=Progress(enabled=not args.no_progress), options=options,
+                 command=["irgen", *sys.argv[1:]])
+        return 0
+    if getattr(args, "jobs", 1) != 1:
+        raise IrgenError("-j/--jobs: only with --inputs (one sample runs in one process)")
     run(
         host,
         model=Path(args.model),
@@ -354,16 +377,16 @@ class _TensorWriter:
     ``manifest.json`` record of each file: ``storage`` (main file -> the tensor record's
     ``storage``) and ``manifest`` (file -> dtype, shape, layout, byte order, tensor)."""
 
-    def __init__(self, folder: OutputFolder, be: Backend, registry, graph: _Graph, names: _Names, records: list):
+    def __init__(self, folder: OutputFolder, be: Backend, registry, records: list[dict], static_shapes):
         self.folder, self.be, self.registry = folder, be, registry
         self.storage: dict[str, dict[str, Any]] = {}
         self.manifest: dict[str, dict[str, Any]] = {}
         # the logical layout of the activations and inputs, and the layer computing each
-        self.layouts = _layouts([rec.record for rec in records], _static_shapes(graph, names))
+        self.layouts = _layouts(records, static_shapes)
         self.computed_by: dict[str, tuple[str, str]] = {}  # activation -> (layer name, op)
-        for rec in records:
-            for o in rec.record["outputs"]:
-                self.computed_by.setdefault(o, (rec.record["name"], rec.record["op"]))
+        for r in records:
+            for o in r["outputs"]:
+                self.computed_by.setdefault(o, (r["name"], r["op"]))
 
     def _rel(self, path: Path) -> str:
         return Path(path).relative_to(self.folder.tmp).as_posix()
@@ -410,11 +433,10 @@ class _TensorWriter:
         return rel
 
 
-def _compile_and_capture(folder: OutputFolder, graph: _Graph, imported: ImportedModel, names: _Names, records: list,
-                         arrays: list[np.ndarray], opt_level: int, write, progress: Progress):
-    """Compile, run with the capture instrument, write every activation and ``debug/``.
-
-    Returns (files by tensor name, (shape, dtype) by tensor name, model output vars, kernels)."""
+def _compile(graph: _Graph, imported: ImportedModel, names: _Names, records: list, opt_level: int,
+             keep_consts: bool, progress: Progress) -> Plan:
+    """Compile the formed graph and work out, before any run, which kernel output is each
+    layer output, model output and ``debug/`` entry: the plan ``_capture`` runs."""
     from irgen import execute
     from irgen.graph import group_module
 
@@ -434,43 +456,97 @@ def _compile_and_capture(folder: OutputFolder, graph: _Graph, imported: Imported
     def source_of(var: str) -> tuple[int, int] | None:
         return where.get(aliases.get(var, var))
 
-    file_namer = SafeNames()
-    stems: dict[str, str] = {}  # tensor name -> file path without suffix
-    tensor_files: dict[str, str] = {}  # tensor name -> file written
-    shapes: dict[str, tuple[tuple[int, ...], str]] = {}
     wanted: dict[tuple[int, int], list[str]] = {}
+    producers: dict[str, str] = {}
     for layer, rec in zip(layers, records):
         for o in layer.outputs:
             loc = source_of(o)
             if loc is None:
                 raise IrgenError(f"internal: layer {rec.record['name']!r} output {o!r} is not computed by any kernel")
             wanted.setdefault(loc, []).append(names.tensor[o])
-    for spec in imported.inputs:
+            producers.setdefault(names.tensor.get(o, o), rec.record["name"])
+
+    debug = _DebugGraph(graph.func.params, imported.inputs, kernels, where, aliases, [source_of(v) for v in out_vars])
+    # the records as JSON reads them back: a plan from the cache gives the same files
+    plain = json.loads(json.dumps([rec.record for rec in records]))
+    return Plan(
+        frontend=imported.frontend,
+        scheme=graph.scheme.name if graph.scheme else None,
+        opt_level=opt_level,
+        inputs=list(imported.inputs),
+        output_names=list(imported.output_names),
+        model_script=imported.mod.script(show_meta=False),
+        records=plain,
+        params=[dict(rec.params) for rec in records],
+        static_shapes=_static_shapes(graph, names),
+        kernels=[PlanKernel(k.callee, list(k.outputs), list(k.out_types), list(k.storage)) for k in kernels],
+        wanted=wanted,
+        outputs=[names.tensor.get(v, v) for v in out_vars],
+        producers=producers,
+        debug_graph=debug.to_json(),
+        debug_names=debug.tensor_names(),
+        debug_consts=[c.value.numpy() for c in debug.consts] if keep_consts else None,
+        exe=exe,
+    )
+
+
+#: ``--debug``: what ``debug/`` holds besides the layer outputs in ``activations/``
+DEBUG_LEVELS = {
+    "none": "no debug/ folder",
+    "layers": "debug/_tvmdbg_graph_dump.json, the executed kernel graph (default)",
+    "all": "as layers, plus debug/output_tensors.params: every kernel's output, the graph executor's dump",
+}
+
+
+def _capture(folder: OutputFolder, plan: Plan, arrays: list[np.ndarray], write, progress: Progress,
+             debug: str = "layers", layers_wanted=None):
+    """Run the plan's executable on ``arrays`` with the capture instrument; write each layer
+    output as it is produced (memory does not grow with the number of layers) and ``debug/``.
+
+    ``layers_wanted(layer_name) -> bool`` picks the layers whose outputs are written (``--layers``).
+    Returns (files by tensor name, (shape, dtype) by tensor name)."""
+    from irgen import execute
+
+    file_namer = SafeNames()
+    stems: dict[str, str] = {}  # tensor name -> file path without suffix
+    tensor_files: dict[str, str] = {}  # tensor name -> file written
+    shapes: dict[str, tuple[tuple[int, ...], str]] = {}
+    kept = set(plan.outputs)  # model outputs are always written
+    wanted = {loc: [n for n in names if layers_wanted is None or n in kept or layers_wanted(plan.producers.get(n, ""))]
+              for loc, names in plan.wanted.items()}
+    for spec in plan.inputs:
         stems[spec.name] = f"activations/{file_namer(spec.name)}"
-    for tensors in wanted.values():
+    for tensors in plan.wanted.values():  # every name reserved, so a subset keeps the full run's file names
         for n in tensors:
             stems.setdefault(n, f"activations/{file_namer(n)}")
 
-    # debug graph: inputs, parameters (p*), kernels
-    debug = _DebugGraph(graph.func.params, imported.inputs, kernels, where, aliases, [source_of(v) for v in out_vars])
-    writer = ParamsStreamWriter(folder.path("debug/output_tensors.params"), debug.tensor_names())
-    for spec, arr in zip(imported.inputs, arrays):
+    writer = None
+    if debug == "all":
+        writer = ParamsStreamWriter(folder.path("debug/output_tensors.params"), plan.debug_names)
+    for spec, arr in zip(plan.inputs, arrays):
         tensor_files[spec.name] = write(stems[spec.name], arr, spec.name, "input")
         shapes[spec.name] = (tuple(arr.shape), str(arr.dtype))
-    for name, value in debug.leading_tensors(arrays):
-        writer.add(name, value)
+    if writer is not None:
+        for spec, arr in zip(plan.inputs, arrays):
+            writer.add(spec.name, _tvm_tensor(arr))
+        for ci, value in enumerate(plan.debug_consts or []):
+            writer.add(f"p{ci}", _tvm_tensor(value))
 
-    progress.stage(f"run {len(kernels)} kernels, capture {len(layers)} layers")
+    layers = {p for names in wanted.values() for n in names for p in [plan.producers.get(n)]}
+    progress.stage(f"run {len(plan.kernels)} kernels, capture {len(layers)} layers")
     done = [0]
     total = sum(len(v) for v in wanted.values())
-
     failed: list[BaseException] = []
 
     def on_output(ki: int, j: int, tensor) -> None:
         try:
+            names = wanted.get((ki, j))
+            if writer is not None:
+                writer.add(plan.kernel_tensor_name(ki, j), tensor)
+            if not names:
+                return
             arr = tensor.numpy()  # a copy: the VM reuses this storage later
-            writer.add(debug.kernel_node_name(ki, j), tensor)
-            for n in wanted.get((ki, j), []):
+            for n in names:
                 tensor_files[n] = write(stems[n], arr, n, "activation")
                 shapes[n] = (tuple(arr.shape), str(arr.dtype))
                 done[0] += 1
@@ -480,44 +556,81 @@ def _compile_and_capture(folder: OutputFolder, graph: _Graph, imported: Imported
             raise
 
     try:
-        execute.run(exe, arrays, kernels, on_output)
+        execute.run(plan.exe, arrays, plan.kernels, on_output)
     except Exception:
         if failed:
             raise failed[0] from None
         raise
-    writer.close()
-    folder.path("debug/_tvmdbg_graph_dump.json").write_text(json.dumps(debug.to_json(), indent=1) + "\n")
-    return tensor_files, shapes, out_vars, kernels
+    if writer is not None:
+        writer.close()
+    if debug != "none":
+        folder.path("debug/_tvmdbg_graph_dump.json").write_text(json.dumps(plan.debug_graph, indent=1) + "\n")
+    for (ki, j), names in plan.wanted.items():  # tensors not written still have their shape in ir.json
+        for n in names:
+            shapes.setdefault(n, plan.kernels[ki].out_types[j])
+    return tensor_files, shapes
 
 
-def _complete_records(graph: _Graph, names: _Names, records: list, tensor_files, shapes, be: Backend,
-                      write) -> dict[str, dict]:
-    """Write the parameter files and fill each record's params, inputs and outputs
-    (shapes, dtypes, layouts, files, producers); returns the parameter records by file."""
+def _write_params(plan: Plan, write) -> dict[tuple[int, str], dict[str, Any]]:
+    """Write every layer's parameter files; their records by (layer index, role)."""
     param_namer = SafeNames()
-    param_records: dict[str, dict] = {}
-    for rec in records:
-        r = rec.record
-        for role, arr in rec.params.items():
+    out: dict[tuple[int, str], dict[str, Any]] = {}
+    for i, (r, params) in enumerate(zip(plan.records, plan.params)):
+        for role, arr in params.items():
             stem = param_namer(f"{r['name']}.{role}")
             layout = _param_layout(r, role, arr)
             fname = write(f"parameters/{stem}", arr, f"{r['name']}.{role}", "parameter", role=role, layout=layout,
                           op=r["op"], layer=r["name"])
-            r["params"][role] = {
-                "name": f"{r['name']}.{role}",
-                "shape": list(arr.shape),
-                "dtype": str(arr.dtype),
-                "layout": layout,
-                "file": fname,
-            }
+            rec = {"name": f"{r['name']}.{role}", "shape": list(arr.shape), "dtype": str(arr.dtype), "layout": layout,
+                   "file": fname}
             if fname in write.storage:
-                r["params"][role]["storage"] = write.storage[fname]
-            param_records[fname] = r["params"][role]
-    layouts = _layouts([rec.record for rec in records], shapes)
-    for rec in records:
-        r = rec.record
-        r["inputs"] = [_tensor_record(n, shapes, tensor_files, layouts,
-                                      _producer(n, graph.layers, records, names.tensor), write.storage)
+                rec["storage"] = write.storage[fname]
+            out[(i, role)] = rec
+    return out
+
+
+class SharedParams:
+    """The parameter files of one plan, written once (into the first sample's folder of
+    ``irgen run --inputs``) and hard-linked into every other sample's folder: the same
+    bytes and records as if each sample had written them, without the copies."""
+
+    def __init__(self, plan: Plan, write) -> None:
+        self.folder = write.folder.tmp
+        self.records = _write_params(plan, write)
+        self.manifest = {rel: dict(v) for rel, v in write.manifest.items() if rel.startswith("parameters/")}
+        self.storage = {rel: v for rel, v in write.storage.items() if rel.startswith("parameters/")}
+
+    def link_into(self, write) -> dict[tuple[int, str], dict[str, Any]]:
+        """Put the parameter files into ``write``'s folder (linked; copied where the file
+        system cannot link) and record them in its manifest and storage."""
+        import shutil
+
+        target = write.folder.tmp
+        if target.resolve() != self.folder.resolve():
+            for rel in self.manifest:
+                dst = write.folder.path(rel)
+                try:
+                    os.link(self.folder / rel, dst)
+                except OSError:
+                    shutil.copyfile(self.folder / rel, dst)
+        write.manifest.update({rel: dict(v) for rel, v in self.manifest.items()})
+        write.storage.update(self.storage)
+        return {k: json.loads(json.dumps(v)) for k, v in self.records.items()}
+
+
+def _complete_records(plan: Plan, records: list[dict], tensor_files, shapes, write,
+                      shared: SharedParams | None = None) -> dict[str, dict]:
+    """Write the parameter files (or link the shared ones) and fill each record's params,
+    inputs and outputs (shapes, dtypes, layouts, files, producers); returns the layouts and
+    the parameter records by file."""
+    params = shared.link_into(write) if shared is not None else _write_params(plan, write)
+    param_records: dict[str, dict] = {}
+    for (i, role), rec in params.items():
+        records[i]["params"][role] = rec
+        param_records[rec["file"]] = rec
+    layouts = _layouts(records, shapes)
+    for r in records:
+        r["inputs"] = [_tensor_record(n, shapes, tensor_files, layouts, plan.producers.get(n, "input"), write.storage)
                        for n in r["inputs"]]
         r["outputs"] = [_tensor_record(n, shapes, tensor_files, layouts, r["name"], write.storage)
                         for n in r["outputs"]]
@@ -543,13 +656,21 @@ def run(
     """Generate the IR and golden data for ``model`` into ``out``; returns the IR dict.
 
     Stages: import (frontend) -> form layers (scheme, fusion rules) -> name ->
-    layer records -> compile and capture every activation -> parameters and
-    tensor records -> ``ir.json``, ``graph/``, ``manifest.json``. Everything is
-    written into a hidden sibling folder that becomes ``out`` only when complete.
+    layer records -> compile (the plan; from the compile cache when it has it) ->
+    capture every activation -> parameters and tensor records -> ``ir.json``,
+    ``graph/``, ``manifest.json``. Everything is written into a hidden sibling
+    folder that becomes ``out`` only when complete.
+
+    ``options``: besides the plugins' own, ``debug`` (``DEBUG_LEVELS``), ``layers``
+    (glob patterns of the layers whose outputs are written), ``cache`` (False: neither
+    read nor write the compile cache).
     """
     progress = progress or Progress(enabled=False)
     options = dict(options or {})
     limit = options.setdefault("max_tensor_bytes", DEFAULT_MAX_TENSOR_BYTES)
+    debug = options.get("debug") or "layers"
+    if debug not in DEBUG_LEVELS:
+        raise IrgenError(f"--debug {debug}: must be one of {', '.join(DEBUG_LEVELS)}")
     if file_or_folder(model, "model").is_dir():
         regular_tree(model)  # every file of a folder model, checked before a frontend reads any
     if opt_level not in range(5):
@@ -564,84 +685,277 @@ def run(
             protect.append((f"the {opt.flag} path", Path(options[name])))
     host.configure(options)
     folder = OutputFolder(out, force, protect)
+    model_sha = sha256_path(model)
+
+    plan, arrays = prepare(host, model, model_sha, fe, be, list(inputs), opt_level, quantizer, seed, options, progress)
+    with folder:
+        ir, files = write_output(host, plan, arrays, folder, model, model_sha, be, sers, options, command, progress)
+    progress.done(f"wrote {out} ({len(plan.records)} layers, {len(plan.kernels)} kernels"
+                  f"{', compiled model from the cache' if plan.from_cache else ''})")
+    return ir
+
+
+def prepare(host, model: Path, model_sha: str, fe, be: Backend, inputs: list[str], opt_level: int,
+            quantizer: str | None, seed: int, options: dict[str, Any], progress: Progress
+            ) -> tuple[Plan, list[np.ndarray]]:
+    """The model's compiled plan (from the compile cache, else import, form layers and
+    compile, then store it there) and the input arrays, checked before compiling."""
+    from irgen import cache
+
+    limit = options.get("max_tensor_bytes", DEFAULT_MAX_TENSOR_BYTES)
+    keep_consts = options.get("debug") == "all"
+    key = cache.plan_key(host, model_sha, fe.name, be.name, quantizer, opt_level, options) \
+        if options.get("cache", True) else None
+    plan = cache.load(key, need_consts=keep_consts) if key else None
+    if plan is not None:
+        progress.stage(f"compiled model from the cache ({cache.folder()})")
+        check_inputs(plan.inputs, options.get("input_shapes") or {}, limit)
+        return plan, load_inputs(plan.inputs, inputs, seed, limit)
 
     progress.stage(f"import {model.name} ({fe.name} frontend)")
     imported: ImportedModel = call_plugin(host.frontends, fe.name, "import", fe.load, model, options)
     if imported.dialect is None:
         imported.dialect = fe.quant_dialect
     check_inputs(imported.inputs, options.get("input_shapes") or {}, limit)
-    arrays = load_inputs(imported.inputs, list(inputs), seed, limit)
+    arrays = load_inputs(imported.inputs, inputs, seed, limit)
+    plan = build_plan(host, imported, be, quantizer, opt_level, keep_consts, limit, progress)
+    if key:
+        cache.store(key, plan)
+    return plan, arrays
 
-    import tvm  # heavy: after the cheap checks
 
-    from irgen.ir import IR_VERSION
-
+def build_plan(host, imported: ImportedModel, be: Backend, quantizer: str | None, opt_level: int,
+               keep_consts: bool, limit: int | None, progress: Progress) -> Plan:
+    """Form layers (scheme, fusion rules), name them, check the backend's constraints,
+    compile: the plan that captures golden data for any input."""
     from irgen.graph import check_tensor_sizes, module_bindings
 
     # before constant folding allocates anything
     check_tensor_sizes(module_bindings(imported.mod), limit, imported.provenance)
+    graph = _form_layers(host, imported, be, quantizer, progress)
+    check_tensor_sizes(graph.bindings, limit, imported.provenance)
+    names = _name(graph, imported)
+    records = _layer_records(graph, imported, names, be)
+    _check_backend(graph, names, records, be)
+    return _compile(graph, imported, names, records, opt_level, keep_consts, progress)
+
+
+def write_output(host, plan: Plan, arrays: list[np.ndarray], folder: OutputFolder, model: Path, model_sha: str,
+                 be: Backend, sers: list, options: dict[str, Any], command: list[str] | None,
+                 progress: Progress, shared: SharedParams | None = None) -> tuple[dict[str, Any], dict]:
+    """Capture ``plan`` on ``arrays`` into ``folder`` (entered): activations, parameters,
+    ``graph/``, ``debug/``, ``ir.json`` and the other serializers' files, ``manifest.json``.
+    Returns the IR dict and the manifest's file records."""
+    import tvm
+
+    from irgen.ir import IR_VERSION
+
+    records = json.loads(json.dumps(plan.records))  # this output's copy: completing fills in files
+    folder.path("graph/model.relax.txt").write_text(plan.model_script)
+    write = _TensorWriter(folder, be, host.backends, records, plan.static_shapes)
+    patterns = options.get("layers") or []
+    chosen = (lambda layer: any(fnmatch.fnmatchcase(layer, p) for p in patterns)) if patterns else None
+    tensor_files, shapes = _capture(folder, plan, arrays, write, progress, options.get("debug") or "layers", chosen)
+
+    progress.stage("write IR and parameters")
+    done = _complete_records(plan, records, tensor_files, shapes, write, shared)
+    layouts = done["layouts"]
+    ir = {
+        "ir_version": IR_VERSION,
+        "producer": {
+            "irgen": __version__,
+            "tvm": tvm.__version__,
+            "frontend": plan.frontend,
+            "quantizer": plan.scheme,
+            "backend": be.name,
+            "serializer": "json",
+            "serializers": [ser.name for ser in sers],
+            "opt_level": plan.opt_level,
+        },
+        "model": {"path": str(model), "sha256": model_sha},
+        "inputs": [_tensor_record(s.name, shapes, tensor_files, layouts, "input", write.storage)
+                   for s in plan.inputs],
+        "outputs": [_tensor_record(t, shapes, tensor_files, layouts, plan.producers.get(t, "input"), write.storage)
+                    for t in plan.outputs],
+        "layers": records,
+    }
+    for o, name in zip(ir["outputs"], plan.output_names):
+        o["source"] = name
+    shape_dtype = {
+        "inputs": {s.name: {"shape": list(s.shape), "dtype": s.dtype} for s in plan.inputs},
+        "params": {p["name"]: {"shape": p["shape"], "dtype": p["dtype"], "file": p["file"]}
+                   for p in done["params"].values()},
+    }
+    folder.path("graph/shape_dtype.json").write_text(json.dumps(shape_dtype, indent=1) + "\n")
+    _serialize(host, sers, ir, folder)
+    write_manifest(
+        folder,
+        {
+            "irgen": __version__,
+            "tvm": tvm.__version__,
+            "python": sys.version.split()[0],
+            "plugins": {kind: {n: reg.owner(n) for n in reg.names()} for kind, reg in host.registries.items()},
+            "command": shlex.join(command) if command else None,
+            "cwd": str(Path.cwd()),
+            "model": ir["model"],
+            "frontend_options": frontend_options(options, host),
+        },
+        write.manifest,
+    )
+    return ir, write.manifest
+
+
+class _SampleFolder:
+    """One sample's folder inside the output folder of ``irgen run --inputs``."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        tmp.mkdir(parents=True, exist_ok=True)
+
+    def path(self, rel: str) -> Path:
+        p = self.tmp / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        return p
+
+
+def read_samples(source: Path, specs: list[InputSpec], limit: int | None
+                 ) -> list[tuple[str, dict[str, tuple[np.ndarray, str]]]]:
+    """``--inputs``: (sample name, input name -> (array, where it came from)) per sample,
+    sorted by name; no array is read before its header is checked (``load_npy``).
+
+    A folder holds one sample per ``.npy`` file (a one-input model) or per ``.npz`` file
+    (its arrays named after the model's inputs); a ``.npz`` file holds one sample per
+    array (a one-input model)."""
+    from irgen.safeio import load_npz
+
+    names = [s.name for s in specs]
+    if source.is_dir():
+        files = sorted(p for p in source.iterdir() if p.suffix in (".npy", ".npz") and not p.name.startswith("."))
+        if not files:
+            raise IrgenError(f"--inputs {source}: no .npy or .npz files")
+        samples = []
+        for p in files:
+            if p.suffix == ".npy":
+                if len(specs) != 1:
+                    raise IrgenError(f"--inputs {p}: the model has {len(specs)} inputs ({', '.join(names)}); give "
+                                     "one .npz per sample with an array named after each")
+                samples.append((p.stem, {names[0]: (load_npy(p, "--inputs", limit), f"--inputs {p}")}))
+                continue
+            arrays = load_npz(p, "--inputs", limit)
+            lacking = [n for n in names if n not in arrays]
+            if lacking:
+                raise IrgenError(f"--inputs {p}: no array named {lacking[0]!r} (the model's inputs: {', '.join(names)})")
+            samples.append((p.stem, {n: (arrays[n], f"--inputs {p} array {n!r}") for n in names}))
+        return samples
+    if source.suffix != ".npz":
+        raise IrgenError(f"--inputs {source}: expected a folder of .npy/.npz samples or one .npz file")
+    if len(specs) != 1:
+        raise IrgenError(f"--inputs {source}: one .npz of samples needs a one-input model (it has {len(specs)})")
+    arrays = load_npz(source, "--inputs", limit)
+    if not arrays:
+        raise IrgenError(f"--inputs {source}: the .npz holds no arrays")
+    return [(k, {names[0]: (arrays[k], f"--inputs {source} array {k!r}")}) for k in sorted(arrays)]
+
+
+def run_many(host, model: Path, out: Path, samples_from: Path, jobs: int = 1, opt_level: int = 3,
+             frontend: str | None = None, backend: str = "generic", serializer=("json",), quantizer: str | None = None,
+             force: bool = False, progress: Progress | None = None, options: dict[str, Any] | None = None,
+             command: list[str] | None = None) -> list[str]:
+    """``irgen run --inputs``: one complete output per sample under ``out/<sample>/``, with one
+    import and compile, in ``jobs`` worker processes; the samples share the parameter files.
+    Each sample's folder holds what ``irgen run --input SAMPLE`` writes. Returns the sample names."""
+    progress = progress or Progress(enabled=False)
+    options = dict(options or {})
+    limit = options.setdefault("max_tensor_bytes", DEFAULT_MAX_TENSOR_BYTES)
+    if jobs < 1:
+        raise IrgenError(f"-j {jobs}: must be at least 1")
+    if file_or_folder(model, "model").is_dir():
+        regular_tree(model)
+    fe = pick_frontend(host, model, frontend)
+    be: Backend = host.backends.get(backend)
+    sers = [host.serializers.get(n) for n in dict.fromkeys([serializer] if isinstance(serializer, str) else serializer)]
+    protect = [("the model", model), ("the current folder", Path.cwd()), ("the --inputs samples", samples_from)]
+    for name, opt in host.options.items():
+        if opt.kind == "path" and options.get(name):
+            protect.append((f"the {opt.flag} path", Path(options[name])))
+    host.configure(options)
+    folder = OutputFolder(out, force, protect)
+    file_or_folder(samples_from, "--inputs")
+    model_sha = sha256_path(model)
+
+    plan, _ = prepare(host, model, model_sha, fe, be, [], opt_level, quantizer, 0, options, progress)
+    samples = read_samples(samples_from, plan.inputs, limit)
+    stems = SafeNames()
+    arrays = {stems(name): load_inputs(plan.inputs, [], 0, limit, given) for name, given in samples}  # all checked first
+    named = list(arrays)
+    progress.stage(f"capture {len(named)} samples ({jobs} worker{'s' if jobs > 1 else ''})")
+
+    def one(name: str, shared: SharedParams | None, quiet: Progress) -> None:
+        write_output(host, plan, arrays[name], _SampleFolder(folder.tmp / name), model, model_sha, be, sers, options,
+                     command, quiet, shared)
+
     with folder:
-        folder.path("graph/model.relax.txt").write_text(imported.mod.script(show_meta=False))
-        graph = _form_layers(host, imported, be, quantizer, progress)
-        check_tensor_sizes(graph.bindings, limit, imported.provenance)
-        names = _name(graph, imported)
-        records = _layer_records(graph, imported, names, be)
-        _check_backend(graph, names, records, be)
-        write = _TensorWriter(folder, be, host.backends, graph, names, records)
-        tensor_files, shapes, out_vars, kernels = _compile_and_capture(
-            folder, graph, imported, names, records, arrays, opt_level, write, progress)
+        first = _SampleFolder(folder.tmp / named[0])
+        shared = SharedParams(plan, _TensorWriter(first, be, host.backends, json.loads(json.dumps(plan.records)),
+                                                  plan.static_shapes))
+        quiet = Progress(enabled=False)
+        if jobs == 1 or len(named) == 1:
+            for i, name in enumerate(named, 1):
+                one(name, shared, quiet)
+                progress.step("samples", i, len(named))
+        else:
+            _in_workers(named, jobs, lambda name: one(name, shared, quiet), progress)
+    progress.done(f"wrote {out} ({len(named)} samples, {len(plan.records)} layers each"
+                  f"{', compiled model from the cache' if plan.from_cache else ''})")
+    return named
 
-        progress.stage("write IR and parameters")
-        done = _complete_records(graph, names, records, tensor_files, shapes, be, write)
-        layouts, tensor = done["layouts"], names.tensor
 
-        def producer(n: str) -> str:
-            return _producer(n, graph.layers, records, tensor)
+def _in_workers(names: list[str], jobs: int, work: Callable[[str], None], progress: Progress) -> None:
+    """``work(name)`` for every name in ``jobs`` forked worker processes (the compiled plan
+    is inherited, not reloaded), each with its share of the cores; one progress line. The
+    first failure stops the others and is raised."""
+    import multiprocessing as mp
 
-        ir = {
-            "ir_version": IR_VERSION,
-            "producer": {
-                "irgen": __version__,
-                "tvm": tvm.__version__,
-                "frontend": fe.name,
-                "quantizer": graph.scheme.name if graph.scheme else None,
-                "backend": be.name,
-                "serializer": "json",
-                "serializers": [ser.name for ser in sers],
-                "opt_level": opt_level,
-            },
-            "model": {"path": str(model), "sha256": sha256_path(model)},
-            "inputs": [_tensor_record(s.name, shapes, tensor_files, layouts, "input", write.storage)
-                       for s in imported.inputs],
-            "outputs": [_tensor_record(tensor.get(v, v), shapes, tensor_files, layouts, producer(tensor.get(v, v)),
-                                       write.storage) for v in out_vars],
-            "layers": [rec.record for rec in records],
-        }
-        for o, name in zip(ir["outputs"], imported.output_names):
-            o["source"] = name
-        shape_dtype = {
-            "inputs": {s.name: {"shape": list(s.shape), "dtype": s.dtype} for s in imported.inputs},
-            "params": {p["name"]: {"shape": p["shape"], "dtype": p["dtype"], "file": p["file"]}
-                       for p in done["params"].values()},
-        }
-        folder.path("graph/shape_dtype.json").write_text(json.dumps(shape_dtype, indent=1) + "\n")
-        _serialize(host, sers, ir, folder)
-        write_manifest(
-            folder,
-            {
-                "irgen": __version__,
-                "tvm": tvm.__version__,
-                "python": sys.version.split()[0],
-                "plugins": {kind: {n: reg.owner(n) for n in reg.names()} for kind, reg in host.registries.items()},
-                "command": shlex.join(command) if command else None,
-                "cwd": str(Path.cwd()),
-                "model": ir["model"],
-                "frontend_options": frontend_options(options, host),
-            },
-            write.manifest,
-        )
-    progress.done(f"wrote {out} ({len(graph.layers)} layers, {len(kernels)} kernels)")
-    return ir
+    ctx = mp.get_context("fork")
+    queue = ctx.SimpleQueue()
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+
+    def worker(chunk: list[str]) -> None:
+        os.environ["TVM_NUM_THREADS"] = str(threads)
+        for name in chunk:
+            try:
+                work(name)
+            except BaseException as err:  # noqa: BLE001  reported to the parent, which raises it
+                queue.put(("error", name, f"{type(err).__name__}: {err}" if not isinstance(err, IrgenError)
+                           else str(err)))
+                os._exit(1)
+            queue.put(("done", name, None))
+        os._exit(0)
+
+    procs = [ctx.Process(target=worker, args=(names[k::jobs],), daemon=True) for k in range(jobs)]
+    for p in procs:
+        p.start()
+    done = 0
+    try:
+        while done < len(names):
+            if queue.empty():
+                if not any(p.is_alive() for p in procs) and queue.empty():
+                    raise IrgenError(f"--inputs: a worker process died ({done} of {len(names)} samples written)")
+                import time
+
+                time.sleep(0.02)
+                continue
+            status, name, message = queue.get()
+            if status == "error":
+                raise IrgenError(f"--inputs: sample {name!r}: {message}")
+            done += 1
+            progress.step("samples", done, len(names))
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+        for p in procs:
+            p.join()
 
 
 def _serialize(host, sers: list, ir: dict[str, Any], folder: OutputFolder) -> None:
@@ -751,13 +1065,6 @@ def _layouts(records: list[dict], shapes) -> dict[str, str]:
                     layouts[n] = cand
                     break
     return layouts
-
-
-def _producer(tensor: str, layers, records, tensor_name) -> str:
-    for layer, rec in zip(layers, records):
-        if any(tensor_name.get(o) == tensor for o in layer.outputs):
-            return rec.record["name"]
-    return "input"
 
 
 def _alias_map(bindings) -> dict[str, str]:

@@ -283,33 +283,57 @@ def load_npy(path: Path | str, what: str = "array", limit: int | None = DEFAULT_
 
     The header is read and checked (dtype without Python objects, size under
     ``limit``, data no longer than the file) before the data is allocated."""
-    import numpy as np
-    from numpy.lib import format as npformat
+    with open_regular(path, what) as f:
+        return _read_npy(f, os.fstat(f.fileno()).st_size, f"{what} {path}", limit)
+
+
+def load_npz(path: Path | str, what: str = "arrays", limit: int | None = DEFAULT_MAX_TENSOR_BYTES) -> dict:
+    """The arrays of a ``.npz`` file by name, each read as :func:`load_npy` reads a file
+    (no pickle, size checked from its header before its data is decompressed)."""
+    import zipfile
 
     with open_regular(path, what) as f:
-        file_size = os.fstat(f.fileno()).st_size
         try:
-            version = npformat.read_magic(f)
-            if version == (1, 0):
-                shape, fortran, dtype = npformat.read_array_header_1_0(f, max_header_size=10000)
-            elif version == (2, 0):
-                shape, fortran, dtype = npformat.read_array_header_2_0(f, max_header_size=10000)
-            else:  # 3.0 (utf-8 field names) and unknown versions: numpy's own reader decides
-                shape, fortran, dtype = _header_reader()(f, version, max_header_size=10000)
-        except Exception as err:  # noqa: BLE001  numpy's header parser raises many kinds (even tokenize.TokenError)
-            raise IrgenError(f"{what} {path}: not a plain .npy array ({' '.join(str(err).split())[:200]})") from None
-        if dtype.hasobject:
-            raise IrgenError(f"{what} {path}: holds Python objects (a pickle); only plain numeric arrays are read")
-        if dtype.fields is not None or dtype.subdtype is not None:
-            raise IrgenError(f"{what} {path}: a structured dtype ({dtype}); only plain numeric arrays are read")
-        check_tensor_size(f"{what} {path}", shape, dtype, limit)
-        need = math.prod(shape) * dtype.itemsize
-        if f.tell() + need > file_size:
-            raise IrgenError(f"{what} {path}: truncated ({file_size - f.tell()} bytes of data, the header says {need})")
-        try:
-            return _read_data(f, shape, fortran, dtype)
-        except (ValueError, OSError) as err:
-            raise IrgenError(f"{what} {path}: not a plain .npy array ({' '.join(str(err).split())[:200]})") from None
+            zf = zipfile.ZipFile(f)
+            members = [i for i in zf.infolist() if not i.is_dir()]
+        except (zipfile.BadZipFile, OSError, ValueError) as err:
+            raise IrgenError(f"{what} {path}: not a .npz file ({err})") from None
+        out = {}
+        for info in members:
+            name = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
+            try:
+                with zf.open(info) as m:
+                    out[name] = _read_npy(m, info.file_size, f"{what} {path} array {name!r}", limit)
+            except (zipfile.BadZipFile, OSError, RuntimeError, NotImplementedError) as err:
+                raise IrgenError(f"{what} {path} array {name!r}: unreadable ({err})") from None
+        return out
+
+
+def _read_npy(f, file_size: int, what: str, limit: int | None):
+    from numpy.lib import format as npformat
+
+    try:
+        version = npformat.read_magic(f)
+        if version == (1, 0):
+            shape, fortran, dtype = npformat.read_array_header_1_0(f, max_header_size=10000)
+        elif version == (2, 0):
+            shape, fortran, dtype = npformat.read_array_header_2_0(f, max_header_size=10000)
+        else:  # 3.0 (utf-8 field names) and unknown versions: numpy's own reader decides
+            shape, fortran, dtype = _header_reader()(f, version, max_header_size=10000)
+    except Exception as err:  # noqa: BLE001  numpy's header parser raises many kinds (even tokenize.TokenError)
+        raise IrgenError(f"{what}: not a plain .npy array ({' '.join(str(err).split())[:200]})") from None
+    if dtype.hasobject:
+        raise IrgenError(f"{what}: holds Python objects (a pickle); only plain numeric arrays are read")
+    if dtype.fields is not None or dtype.subdtype is not None:
+        raise IrgenError(f"{what}: a structured dtype ({dtype}); only plain numeric arrays are read")
+    check_tensor_size(what, shape, dtype, limit)
+    need = math.prod(shape) * dtype.itemsize
+    if f.tell() + need > file_size:
+        raise IrgenError(f"{what}: truncated ({file_size - f.tell()} bytes of data, the header says {need})")
+    try:
+        return _read_data(f, shape, fortran, dtype)
+    except (ValueError, OSError) as err:
+        raise IrgenError(f"{what}: not a plain .npy array ({' '.join(str(err).split())[:200]})") from None
 
 
 def _header_reader():

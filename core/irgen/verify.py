@@ -87,6 +87,14 @@ class Thresholds:
 # ------------------------------------------------------------------ metrics
 
 
+#: the message of a tensor ``irgen run --layers`` did not write
+NOT_WRITTEN = "not written (irgen run --layers wrote a subset of the layers)"
+
+
+def _unwritten(*records: dict) -> bool:
+    return any(r.get("file") is None for r in records)
+
+
 def _is_int(dtype: np.dtype) -> bool:
     return np.dtype(dtype).kind in "iub"
 
@@ -825,7 +833,9 @@ class _VerifyRun:
         layers = self.layers
         self.say(f"single: {len(layers)} layers on their golden inputs")
         for i, layer in enumerate(layers, 1):
-            if not self.refused(layer, "single"):
+            if _unwritten(*(layer.get("inputs") or []), *layer["outputs"]):
+                self.record(layer, "single", _status_metric("missing", layer["outputs"][0]["name"], NOT_WRITTEN))
+            elif not self.refused(layer, "single"):
                 got = self.attempt(layer, "single", lambda: [self.files.load(r) for r in layer.get("inputs") or []])
                 if got is not None:
                     self.compare_outputs(layer, "single", *got, scaled=False)
@@ -853,6 +863,12 @@ class _VerifyRun:
                 self.step("layers", i, len(layers))
                 continue
             inputs, from_golden = [], []
+            lacking = [r["name"] for r in layer.get("inputs") or [] if r["name"] not in values and _unwritten(r)]
+            if lacking:  # its producer could not run and there is no golden file to carry on from
+                self.record(layer, "entire", _status_metric(
+                    "missing", layer["outputs"][0]["name"], f"input {lacking[0]!r} {NOT_WRITTEN}"))
+                self.step("layers", i, len(layers))
+                continue
             for r in layer.get("inputs") or []:
                 if r["name"] in values:
                     inputs.append(values[r["name"]])
@@ -1012,6 +1028,9 @@ class _VerifyRun:
         reference's disagreement with itself) fails the first output; ``extra`` is said in
         every output's message."""
         for k, rec in enumerate(layer["outputs"]):
+            if _unwritten(rec):
+                self.record(layer, mode, _status_metric("missing", rec["name"], NOT_WRITTEN))
+                continue
             golden = self.files.load(rec)
             compared = None  # the values compared, for the histograms
             if k >= len(outs):
@@ -1060,6 +1079,9 @@ class _VerifyRun:
             srcs = (layer.get("source") or {}).get("outputs") or []
             for k, rec in enumerate(layer["outputs"]):
                 src = srcs[k] if k < len(srcs) else None
+                if _unwritten(rec):
+                    self.record(layer, "source", _status_metric("missing", rec["name"], NOT_WRITTEN))
+                    continue
                 if src is None or src not in values:
                     self.record(layer, "source", _status_metric(
                         "missing", rec["name"],

@@ -11,15 +11,24 @@ Fixtures:
 * ``irgen_host``: a loaded host of the installed plugins (and those registered by
   ``irgen_plugin`` before it is requested).
 
+The compile cache (:mod:`irgen.cache`) is off in a pytest session unless
+``IRGEN_CACHE_SIZE`` is set: a plugin registered for one test must never meet a plan
+compiled with another test's plugin of the same name.
+
 This module imports nothing heavy: it is imported by every pytest session.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Any, Callable, Iterator
 
 import pytest
+
+
+def pytest_configure(config) -> None:
+    os.environ.setdefault("IRGEN_CACHE_SIZE", "0")  # children (irgen run in a subprocess) inherit it
 
 
 @pytest.fixture

@@ -1,0 +1,62 @@
+"""TVM without torch unless a model needs it.
+
+``tvm_ffi``'s ``__init__``, ``_convert`` and Cython ``core`` import torch if it is installed (a
+workaround for a Windows symbol clash), which costs 1-1.5 s of every ``irgen run``
+although only ``.pt2`` models use torch. :func:`install` puts an import hook in
+place that refuses torch to tvm_ffi's modules only (they fall back to their
+"torch is not installed" path); when torch is imported later by anyone else (the
+torch frontend), the hook hands it to the tvm_ffi modules that refused it, as if it had been
+there from the start, so torch dtypes and tensors convert as usual.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import sys
+
+#: modules (and their submodules) that import torch eagerly but only need it for torch tensors
+_REFUSED_TO = ("tvm_ffi", "tvm.relax.base_py_module")
+
+
+def _refused(name: str) -> bool:
+    return any(name == m or name.startswith(m + ".") for m in _REFUSED_TO)
+
+
+def _importer() -> str | None:
+    """The module whose code runs the import statement being resolved."""
+    f = sys._getframe(2)
+    while f is not None:
+        name = f.f_globals.get("__name__", "")
+        if not name.startswith(("importlib", "_frozen_importlib")) and name != __name__:
+            return name
+        f = f.f_back
+    return None
+
+
+class _TorchHook(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != "torch":
+            return None
+        if _refused(_importer() or ""):
+            raise ModuleNotFoundError("torch is imported by the frontend that needs it", name="torch")
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_and_tell_tvm(module):
+            exec_module(module)
+            for name, mod in list(sys.modules.items()):
+                if _refused(name) and getattr(mod, "torch", False) is None:
+                    mod.torch = module
+
+        spec.loader.exec_module = exec_and_tell_tvm
+        return spec
+
+
+def install() -> None:
+    """Refuse torch to tvm_ffi's eager imports (once per process; a no-op if tvm is loaded)."""
+    if "tvm_ffi" in sys.modules or any(isinstance(f, _TorchHook) for f in sys.meta_path):
+        return
+    sys.meta_path.insert(0, _TorchHook())

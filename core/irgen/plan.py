@@ -1,0 +1,177 @@
+"""The compiled plan of a model: what ``irgen run`` knows once import, layer forming
+and compile are done, and all it needs to capture golden data for any input.
+
+``pipeline.build_plan`` makes one; ``pipeline.write_output`` runs it on one input
+and writes an output folder. A plan holds no Relax graph: only the executable, the
+kernel sequence the VM will call, the layer records (JSON) and their parameter
+arrays. ``save``/``load`` put it in a folder (the compile cache, ``irgen.cache``)
+as JSON, ``.npy`` files read without pickle, and the exported library.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from irgen.api import InputSpec, IrgenError
+
+#: the layout of a saved plan; a cache entry of another format is compiled anew
+PLAN_FORMAT = 1
+
+
+@dataclass
+class PlanKernel:
+    """One call the VM makes that produces tensors (``execute.Kernel`` without its arguments)."""
+
+    callee: str
+    outputs: list[str]
+    out_types: list[tuple[tuple[int, ...], str]] = field(default_factory=list)
+    storage: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Plan:
+    """A model compiled for capture."""
+
+    frontend: str
+    scheme: str | None
+    opt_level: int
+    inputs: list[InputSpec]
+    output_names: list[str]  # the source model's output names, in order
+    model_script: str  # graph/model.relax.txt
+    records: list[dict[str, Any]]  # layer records; inputs/outputs are IR tensor names, no files yet
+    params: list[dict[str, np.ndarray]]  # each layer's parameter arrays by role
+    static_shapes: dict[str, tuple[tuple[int, ...], str]]  # IR tensor name -> (shape, dtype) from the Relax types
+    kernels: list[PlanKernel]
+    wanted: dict[tuple[int, int], list[str]]  # kernel output (kernel, index) -> the IR tensors it is
+    outputs: list[str]  # the model outputs' IR tensor names
+    producers: dict[str, str]  # IR tensor name -> the layer computing it
+    debug_graph: dict[str, Any]  # _tvmdbg_graph_dump.json
+    debug_names: list[str]  # output_tensors.params entries, in order: inputs, constants, kernel outputs
+    debug_consts: list[np.ndarray] | None  # the constants' values (None: not kept; --debug all compiles anew)
+    exe: Any  # the VM executable or the library loaded from the cache
+    from_cache: bool = False
+
+    def kernel_tensor_name(self, ki: int, j: int) -> str:
+        """The ``output_tensors.params`` name of kernel ``ki``'s output ``j``."""
+        k = self.kernels[ki]
+        base = f"{k.callee.replace('vm.builtin.', '')}_{ki}"
+        return base if len(k.outputs) == 1 else f"{base}:{j}"
+
+    # -- a folder on disk ----------------------------------------------------------------
+
+    def save(self, folder: Path) -> None:
+        """Write the plan into the empty ``folder``: ``plan.json``, ``arrays/*.npy``, ``model.so``."""
+        arrays = folder / "arrays"
+        arrays.mkdir(parents=True)
+        params = []
+        for i, roles in enumerate(self.params):
+            entry = {}
+            for role, arr in roles.items():
+                name = f"p{i}_{len(entry)}.npy"
+                np.save(arrays / name, np.asarray(arr, order="C"), allow_pickle=False)  # 0-d stays 0-d
+                entry[role] = name
+            params.append(entry)
+        consts = None
+        if self.debug_consts is not None:
+            consts = []
+            for i, arr in enumerate(self.debug_consts):
+                np.save(arrays / f"c{i}.npy", np.asarray(arr, order="C"), allow_pickle=False)
+                consts.append(f"c{i}.npy")
+        with _quiet_stderr():  # TVM logs a warning line per kernel ("Scope Saving") while exporting
+            self.exe.export_library(str(folder / "model.so"))
+        doc = {
+            "format": PLAN_FORMAT,
+            "frontend": self.frontend,
+            "scheme": self.scheme,
+            "opt_level": self.opt_level,
+            "inputs": [{"name": s.name, "shape": list(s.shape), "dtype": s.dtype,
+                        "quantization": list(s.quantization) if s.quantization else None} for s in self.inputs],
+            "output_names": list(self.output_names),
+            "records": self.records,
+            "params": params,
+            "static_shapes": {n: [list(s), d] for n, (s, d) in self.static_shapes.items()},
+            "kernels": [{"callee": k.callee, "outputs": k.outputs, "out_types": [[list(s), d] for s, d in k.out_types],
+                         "storage": list(k.storage)} for k in self.kernels],
+            "wanted": [[ki, j, names] for (ki, j), names in self.wanted.items()],
+            "outputs": self.outputs,
+            "producers": self.producers,
+            "debug_graph": self.debug_graph,
+            "debug_names": self.debug_names,
+            "debug_consts": consts,
+        }
+        (folder / "model.relax.txt").write_text(self.model_script)
+        (folder / "plan.json").write_text(json.dumps(doc, default=_json_default) + "\n")
+
+    @classmethod
+    def load(cls, folder: Path) -> "Plan":
+        """The plan ``save`` wrote into ``folder``; IrgenError if it is not one."""
+        import tvm
+
+        try:
+            doc = json.loads((folder / "plan.json").read_text())
+            if doc.get("format") != PLAN_FORMAT:
+                raise IrgenError(f"{folder}: plan format {doc.get('format')!r}, expected {PLAN_FORMAT}")
+            arrays = folder / "arrays"
+
+            def array(name: str) -> np.ndarray:
+                if "/" in name or "\\" in name or name.startswith("."):
+                    raise IrgenError(f"{folder}: bad array name {name!r}")
+                return np.load(arrays / name, allow_pickle=False)
+
+            params = [{role: array(n) for role, n in entry.items()} for entry in doc["params"]]
+            consts = [array(n) for n in doc["debug_consts"]] if doc["debug_consts"] is not None else None
+            exe = tvm.runtime.load_module(str(folder / "model.so"))
+            return cls(
+                frontend=doc["frontend"],
+                scheme=doc["scheme"],
+                opt_level=doc["opt_level"],
+                inputs=[InputSpec(s["name"], tuple(s["shape"]), s["dtype"],
+                                  tuple(s["quantization"]) if s["quantization"] else None) for s in doc["inputs"]],
+                output_names=doc["output_names"],
+                model_script=(folder / "model.relax.txt").read_text(),
+                records=doc["records"],
+                params=params,
+                static_shapes={n: (tuple(s), d) for n, (s, d) in doc["static_shapes"].items()},
+                kernels=[PlanKernel(k["callee"], k["outputs"], [(tuple(s), d) for s, d in k["out_types"]], k["storage"])
+                         for k in doc["kernels"]],
+                wanted={(ki, j): names for ki, j, names in doc["wanted"]},
+                outputs=doc["outputs"],
+                producers=doc["producers"],
+                debug_graph=doc["debug_graph"],
+                debug_names=doc["debug_names"],
+                debug_consts=consts,
+                exe=exe,
+                from_cache=True,
+            )
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise IrgenError(f"{folder}: not a readable plan ({type(err).__name__}: {err})") from None
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """File descriptor 2 to /dev/null (TVM's C++ log writes there directly)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "wb") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _json_default(v: Any) -> Any:
+    if isinstance(v, np.generic):
+        return v.item()
+    if isinstance(v, (tuple, set)):
+        return list(v)
+    raise TypeError(f"not JSON: {type(v).__name__}")

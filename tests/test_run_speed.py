@@ -1,0 +1,203 @@
+"""Issue 14: the compile cache, lean output (``--debug``, ``--layers``), many inputs
+(``--inputs``, ``-j``) and TVM without torch. Every output is compared byte for byte
+with a plain ``irgen run`` of the same model and input, and checked by ``irgen verify``
+(its source check runs onnxruntime)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from irgen.cli import main
+from irgen.verify import verify_output
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL = ROOT / "examples" / "tiny_cnn.onnx"
+SHAPE = (1, 3, 32, 32)
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    """Every file's bytes by relative path; manifest.json without the fields that name the command."""
+    out = {}
+    for p in sorted(folder.rglob("*")):
+        if p.is_file():
+            data = p.read_bytes()
+            if p.name == "manifest.json":
+                doc = json.loads(data)
+                doc.pop("command"), doc.pop("cwd")
+                data = json.dumps(doc, sort_keys=True).encode()
+            out[p.relative_to(folder).as_posix()] = data
+    return out
+
+
+def _run(*argv: str) -> None:
+    assert main(["run", str(MODEL), "--no-progress", *argv]) == 0
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch) -> Path:
+    folder = tmp_path / "cache"
+    monkeypatch.setenv("IRGEN_CACHE_DIR", str(folder))
+    monkeypatch.setenv("IRGEN_CACHE_SIZE", "1G")
+    return folder
+
+
+def test_cached_run_writes_the_same_bytes(tmp_path, cache, capsys):
+    _run("-o", str(tmp_path / "fresh"), "--debug", "all")
+    entries = [p for p in cache.iterdir() if not p.name.startswith(".")]
+    assert len(entries) == 1 and (entries[0] / "model.so").is_file() and (entries[0] / "plan.json").is_file()
+    capsys.readouterr()
+    assert main(["run", str(MODEL), "-o", str(tmp_path / "warm"), "--debug", "all"]) == 0
+    assert "compiled model from the cache" in capsys.readouterr().err
+    _run("-o", str(tmp_path / "uncached"), "--debug", "all", "--no-cache")
+    fresh = _files(tmp_path / "fresh")
+    assert "debug/output_tensors.params" in fresh
+    assert _files(tmp_path / "warm") == fresh
+    assert _files(tmp_path / "uncached") == fresh
+    assert verify_output(tmp_path / "warm", modes=("single", "entire", "source"))["passed"]
+
+
+def test_cache_key_and_damaged_entries(tmp_path, cache, capsys):
+    _run("-o", str(tmp_path / "a"))
+    _run("-o", str(tmp_path / "b"), "--opt-level", "1")  # another opt level: another entry
+    entries = sorted(p for p in cache.iterdir() if not p.name.startswith("."))
+    assert len(entries) == 2
+    for e in entries:  # a damaged entry is compiled anew, not trusted
+        (e / "plan.json").write_text("{not json")
+    capsys.readouterr()
+    assert main(["run", str(MODEL), "-o", str(tmp_path / "c")]) == 0
+    assert "from the cache" not in capsys.readouterr().err
+    assert _files(tmp_path / "c") == _files(tmp_path / "a")
+    capsys.readouterr()
+    assert main(["run", str(MODEL), "-o", str(tmp_path / "d")]) == 0
+    assert "compiled model from the cache" in capsys.readouterr().err
+
+
+def test_cache_size_bound(tmp_path, cache, monkeypatch):
+    from irgen import cache as cache_mod
+
+    for level in (0, 1, 2):
+        _run("-o", str(tmp_path / f"o{level}"), "--opt-level", str(level))
+    entries = [p for p in cache.iterdir() if not p.name.startswith(".")]
+    assert len(entries) == 3
+    sizes = {p: sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) for p in entries}
+    oldest = min(entries, key=lambda p: p.stat().st_mtime)
+    cache_mod.trim(sum(sizes.values()) - 1)
+    left = [p for p in cache.iterdir() if not p.name.startswith(".")]
+    assert oldest not in left and len(left) == 2
+    monkeypatch.setenv("IRGEN_CACHE_SIZE", "0")  # off: nothing stored
+    _run("-o", str(tmp_path / "off"), "--opt-level", "3")
+    assert len([p for p in cache.iterdir() if not p.name.startswith(".")]) == 2
+
+
+def test_debug_levels(tmp_path):
+    for level in ("none", "layers", "all"):
+        _run("-o", str(tmp_path / level), "--debug", level)
+    assert not (tmp_path / "none" / "debug").exists()
+    assert sorted(p.name for p in (tmp_path / "layers" / "debug").iterdir()) == ["_tvmdbg_graph_dump.json"]
+    assert (tmp_path / "all" / "debug" / "output_tensors.params").is_file()
+    # apart from debug/ the three outputs are the same
+    strip = {lvl: {k: v for k, v in _files(tmp_path / lvl).items() if not k.startswith(("debug/", "manifest"))}
+             for lvl in ("none", "layers", "all")}
+    assert strip["none"] == strip["layers"] == strip["all"]
+
+
+def test_layers_subset(tmp_path):
+    _run("-o", str(tmp_path / "all"))
+    _run("-o", str(tmp_path / "sub"), "--layers", "conv*")
+    ir = json.loads((tmp_path / "sub" / "ir.json").read_text())
+    written = {l["name"] for l in ir["layers"] if l["outputs"][0]["file"]}
+    chosen = {l["name"] for l in ir["layers"] if l["name"].startswith("conv")}
+    model_out = {o["producer"] for o in ir["outputs"]}
+    assert chosen and written == chosen | model_out
+    full = _files(tmp_path / "all")
+    for name, data in _files(tmp_path / "sub").items():
+        if name.startswith(("activations/", "parameters/")):
+            assert full[name] == data  # the same file names and bytes as the full run
+    result = verify_output(tmp_path / "sub", modes=("single", "entire", "source"))
+    assert result["passed"]
+    statuses = {(l["name"], mode): m["status"] for l in result["layers"] for mode, m in l["checks"].items() if m}
+    for name in written:
+        assert statuses[(name, "source")] == "pass"
+    for name in {l["name"] for l in ir["layers"]} - written:
+        assert statuses[(name, "single")] == "missing"
+
+
+def _samples(folder: Path, n: int) -> list[Path]:
+    folder.mkdir()
+    rng = np.random.default_rng(7)
+    paths = []
+    for k in range(n):
+        paths.append(folder / f"s{k:02d}.npy")
+        np.save(paths[-1], rng.standard_normal(SHAPE).astype(np.float32))
+    return paths
+
+
+def test_inputs_in_workers_match_single_runs(tmp_path):
+    paths = _samples(tmp_path / "in", 5)
+    proc = subprocess.run([sys.executable, "-m", "irgen", "run", str(MODEL), "-o", str(tmp_path / "many"),
+                           "--inputs", str(tmp_path / "in"), "-j", "2"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "5/5 samples" in proc.stderr
+    assert sorted(p.name for p in (tmp_path / "many").iterdir()) == [p.stem for p in paths]
+    for p in paths[::2]:
+        _run("-o", str(tmp_path / f"one_{p.stem}"), "--input", str(p))
+        assert _files(tmp_path / "many" / p.stem) == _files(tmp_path / f"one_{p.stem}")
+    # the parameter files are shared, not copied
+    w = sorted((tmp_path / "many" / "s00" / "parameters").iterdir())[0]
+    assert os.stat(w).st_nlink == 5 and os.path.samefile(w, tmp_path / "many" / "s04" / "parameters" / w.name)
+    assert verify_output(tmp_path / "many" / "s03", modes=("single", "entire", "source"))["passed"]
+
+
+def test_inputs_from_one_npz(tmp_path):
+    rng = np.random.default_rng(3)
+    arrays = {"b": rng.standard_normal(SHAPE).astype(np.float32), "a": rng.standard_normal(SHAPE).astype(np.float32)}
+    np.savez(tmp_path / "x.npz", **arrays)
+    _run("-o", str(tmp_path / "many"), "--inputs", str(tmp_path / "x.npz"))
+    assert sorted(p.name for p in (tmp_path / "many").iterdir()) == ["a", "b"]
+    for k, arr in arrays.items():
+        ir = json.loads((tmp_path / "many" / k / "ir.json").read_text())
+        got = np.load(tmp_path / "many" / k / ir["inputs"][0]["file"])
+        assert np.array_equal(got, arr)
+
+
+def test_inputs_errors(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    np.save(bad / "a.npy", np.zeros(SHAPE, np.float32))
+    np.save(bad / "b.npy", np.zeros((1, 3, 8, 8), np.float32))
+    np.save(tmp_path / "x.npy", np.zeros(SHAPE, np.float32))
+    cases = [
+        (["--inputs", str(tmp_path / "empty")], "no .npy or .npz files"),
+        (["--inputs", str(bad)], "does not match input"),
+        (["--inputs", str(bad), "--input", str(tmp_path / "x.npy")], "not both"),
+        (["-j", "2"], "only with --inputs"),
+    ]
+    for args, message in cases:
+        capsys.readouterr()
+        assert main(["run", str(MODEL), "-o", str(tmp_path / "out"), "--no-progress", *args]) == 2
+        assert message in capsys.readouterr().err
+        assert not (tmp_path / "out").exists()  # nothing half-written
+
+
+def test_tvm_without_torch_unless_needed(tmp_path):
+    """The CLI imports TVM without torch (1-1.5 s of every run); torch imported later still
+    reaches tvm_ffi's converters."""
+    code = (
+        "import sys; from irgen.cli import main\n"
+        f"assert main(['run', {str(MODEL)!r}, '-o', {str(tmp_path / 'o')!r}, '--no-progress']) == 0\n"
+        "assert 'tvm' in sys.modules and 'torch' not in sys.modules, 'torch was imported'\n"
+        "import torch, tvm, tvm_ffi._convert\n"
+        "assert tvm_ffi._convert.torch is torch\n"
+        "t = tvm.runtime.from_dlpack(torch.arange(6, dtype=torch.float32))\n"
+        "assert t.numpy().tolist() == [0, 1, 2, 3, 4, 5]\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
