@@ -142,6 +142,23 @@ def build_parser(host: PluginHost | None = None) -> argparse.ArgumentParser:
     new_plugin.add_argument("-o", "--output", type=Path, default=None, metavar="DIR",
                             help="the project folder to create (default: ./irgen-NAME); it must not exist")
     new_plugin.set_defaults(func=cmd_new_plugin)
+    sweep = commands.add_parser(
+        "sweep", parents=[after],
+        help="run every job of a SPEC file (models x inputs x opt levels x schemes) on a process pool or a Ray cluster")
+    sweep.add_argument("spec", type=Path, metavar="SPEC",
+                       help="YAML (or .json) with models, inputs and/or seeds, opt_levels, schemes, backend")
+    sweep.add_argument("-o", "--output", type=Path, required=True, metavar="OUT",
+                       help="sweep folder: OUT/<model>/<input>/O<level>/<scheme>/ per job, OUT/sweep.json")
+    sweep.add_argument("--ray", default=None, metavar="ADDRESS",
+                       help="run the jobs on this Ray cluster ('local': start a local Ray instance; "
+                            "'auto': the one RAY_ADDRESS or 'ray start' names); default: local worker processes")
+    sweep.add_argument("-j", "--jobs", type=int, default=None, metavar="N",
+                       help="jobs at a time (default: the CPU count, or the cluster's CPUs with --ray)")
+    sweep.add_argument("--force", action="store_true",
+                       help="sweep into an OUT written by a different spec (unchanged jobs are kept)")
+    sweep.add_argument("--no-progress", action="store_true", help="no progress output")
+    sweep.add_argument("--json", action="store_true", help="print the summary as JSON instead of the table")
+    sweep.set_defaults(func=cmd_sweep)
     if host is not None:
         _add_registered_options(host, {"run": run, "verify": verify})
     return parser
@@ -391,6 +408,23 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     info = inspect_output(args.out)
     print(json.dumps(info, indent=1) if args.json else format_inspect(info))
     return 0
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    """``irgen sweep``: every job of the spec (:mod:`irgen.sweep`); exit 1 when a job failed."""
+    import contextlib
+
+    from irgen.output import Progress
+    from irgen.sweep import format_summary, sweep
+
+    if args.jobs is not None and args.jobs < 1:
+        raise IrgenError(f"-j {args.jobs}: must be 1 or more")
+    with contextlib.redirect_stdout(sys.stderr):  # Ray prints its workers' deaths to stdout; it holds the summary
+        summary = sweep(args.spec, args.output, ray=args.ray, workers=args.jobs, force=args.force,
+                        plugins=args.plugin, strict_plugins=args.strict_plugins, host=load_host(args),
+                        progress=Progress(enabled=not args.no_progress))
+    print(json.dumps(summary, indent=1) if args.json else format_summary(summary))
+    return 1 if summary["counts"]["failed"] else 0
 
 
 def cmd_new_plugin(args: argparse.Namespace) -> int:

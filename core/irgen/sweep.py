@@ -1,0 +1,486 @@
+"""``irgen sweep SPEC -o OUT``: many ``irgen run`` jobs (models × inputs × opt levels × schemes).
+
+A spec (YAML, or JSON) names the job set::
+
+    models: [resnet18.onnx, mobilenet.onnx]   # relative to the spec file
+    inputs: samples/                          # .npy files, or folders of them (sorted)
+    seeds: [0, 1]                             # and/or generated inputs
+    opt_levels: [3]                           # default [3]
+    schemes: [null, qdq]                      # quantizer names; null: detected (default [null])
+    backend: generic                          # default generic
+
+Every combination is one job, written to ``OUT/<model>/<input or seedN>/O<level>/<scheme or auto>/``
+exactly as ``irgen run MODEL -o THAT --input X --opt-level L [--quantizer S] ...`` writes it
+(the job runs that command line, in a worker process: :func:`run_job`).
+
+One scheduler loop (:func:`_schedule`) feeds the jobs to an executor: a local process
+pool (:class:`PoolExecutor`, ``-j N`` single-worker spawn pools, so a worker that dies
+names its job) or a Ray cluster (:class:`RayExecutor`, ``--ray ADDRESS``; ``local``
+starts a local instance). A failed job (an error, or its worker died) is tried once
+more, then reported, and the others go on. ``OUT/sweep.json`` records every finished
+job (written atomically after each), so a sweep run again with the same spec skips the
+jobs already done; a different spec for the same OUT is refused unless ``force``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import hashlib
+import json
+import os
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from irgen.api import IrgenError
+from irgen.names import SafeNames
+
+#: how often a job is tried before it is reported failed
+ATTEMPTS = 2
+#: the format of ``OUT/sweep.json``
+SWEEP_FORMAT = 1
+RECORD = "sweep.json"
+_SPEC_KEYS = ("models", "inputs", "seeds", "opt_levels", "schemes", "backend")
+
+
+# --------------------------------------------------------------------------- the spec
+
+@dataclass(frozen=True)
+class Job:
+    """One ``irgen run``: ``key`` is its output folder relative to OUT."""
+
+    key: str
+    model: str
+    sample: str | None  # an input .npy file, or None for a generated input (``seed``)
+    seed: int
+    opt_level: int
+    scheme: str | None
+    backend: str
+    out: str
+    plugins: tuple[str, ...] = ()
+    strict_plugins: bool = False
+
+    def argv(self) -> list[str]:
+        """The ``irgen`` command line of the job (without ``irgen``)."""
+        argv = ["run", self.model, "-o", self.out, "--opt-level", str(self.opt_level), "--backend", self.backend]
+        argv += ["--input", self.sample] if self.sample is not None else ["--seed", str(self.seed)]
+        if self.scheme is not None:
+            argv += ["--quantizer", self.scheme]
+        argv += ["--force", "--no-progress"]
+        for p in self.plugins:
+            argv += ["--plugin", p]
+        if self.strict_plugins:
+            argv.append("--strict-plugins")
+        return argv
+
+    def payload(self) -> dict[str, Any]:
+        """What a worker gets (plain data: it crosses process and machine boundaries)."""
+        return {"key": self.key, "out": self.out, "argv": self.argv()}
+
+
+def _list(spec: dict, key: str, default: list, kind: type | tuple) -> list:
+    value = spec.get(key, default)
+    if value is None or isinstance(value, (str, int)) and not isinstance(value, bool):
+        value = [value]
+    if not isinstance(value, list) or not value:
+        raise IrgenError(f"sweep spec: '{key}' must be a non-empty list")
+    for v in value:
+        if not isinstance(v, kind) or isinstance(v, bool):
+            raise IrgenError(f"sweep spec: '{key}' holds {v!r}, not {getattr(kind, '__name__', 'a name or null')}")
+    return value
+
+
+def read_spec(path: Path) -> dict[str, Any]:
+    """The spec file as a dict (YAML; a ``.json`` file as JSON), its keys checked."""
+    from irgen.safeio import read_bytes
+
+    text = read_bytes(path, "sweep spec", limit=1 << 20).decode("utf-8", "replace")
+    try:
+        if path.suffix.lower() == ".json":
+            spec = json.loads(text)
+        else:
+            import yaml
+
+            spec = yaml.safe_load(text)
+    except Exception as err:  # noqa: BLE001  yaml.YAMLError / JSONDecodeError: one message
+        raise IrgenError(f"{path}: not a valid sweep spec ({' '.join(str(err).split())})") from None
+    if not isinstance(spec, dict):
+        raise IrgenError(f"{path}: a sweep spec is a mapping (models, inputs, seeds, opt_levels, schemes, backend)")
+    unknown = sorted(set(spec) - set(_SPEC_KEYS))
+    if unknown:
+        raise IrgenError(f"{path}: unknown key(s) {', '.join(map(str, unknown))} (known: {', '.join(_SPEC_KEYS)})")
+    if "models" not in spec:
+        raise IrgenError(f"{path}: the spec names no models")
+    return spec
+
+
+def _samples(spec: dict, base: Path) -> list[tuple[str | None, int]]:
+    """(input file, seed) per sample: the ``inputs`` files (folders: their .npy files, sorted),
+    then the ``seeds``; neither given: seed 0, as ``irgen run`` does."""
+    samples: list[tuple[str | None, int]] = []
+    for entry in _list(spec, "inputs", [], str) if "inputs" in spec else []:
+        p = (base / entry).resolve()
+        if p.is_dir():
+            files = sorted(q for q in p.iterdir() if q.suffix == ".npy" and q.is_file())
+            if not files:
+                raise IrgenError(f"sweep spec: input folder {entry} holds no .npy files")
+            samples += [(str(q), 0) for q in files]
+        elif p.is_file():
+            samples.append((str(p), 0))
+        else:
+            raise IrgenError(f"sweep spec: input {entry}: no such file or folder")
+    if "seeds" in spec or not samples:
+        samples += [(None, s) for s in _list(spec, "seeds", [0], int)]
+    return samples
+
+
+def expand(spec: dict[str, Any], base: Path, out: Path, plugins: list[str] = (),
+           strict_plugins: bool = False) -> list[Job]:
+    """The jobs of ``spec`` (paths relative to ``base``), in order: models, samples, opt levels, schemes."""
+    from irgen.plugins import _is_file_spec
+
+    models = [(base / m).resolve() for m in _list(spec, "models", [], str)]
+    for m in models:
+        if not m.exists():
+            raise IrgenError(f"sweep spec: model {m}: no such file or folder")
+    levels = _list(spec, "opt_levels", [3], int)
+    bad = [lv for lv in levels if lv not in range(5)]
+    if bad:
+        raise IrgenError(f"sweep spec: opt level {bad[0]} is not 0..4")
+    schemes = _list(spec, "schemes", [None], (str, type(None)))
+    backend = spec.get("backend", "generic")
+    if not isinstance(backend, str):
+        raise IrgenError("sweep spec: 'backend' must be a name")
+    plugins = tuple(str(Path(p).resolve()) if _is_file_spec(p) and not p.startswith("no:") else p for p in plugins)
+    model_names = SafeNames()
+    model_names(RECORD)  # never a model folder of that name
+    sample_names = SafeNames()
+    samples = [(f, s, sample_names(Path(f).stem if f else f"seed{s}")) for f, s in _samples(spec, base)]
+    jobs = []
+    for m in models:
+        mname = model_names(m.stem if m.is_file() else m.name)
+        for f, seed, sname in samples:
+            for level in levels:
+                for scheme in schemes:
+                    key = f"{mname}/{sname}/O{level}/{scheme or 'auto'}"
+                    jobs.append(Job(key, str(m), f, seed, level, scheme, backend, str(out / key), plugins,
+                                    strict_plugins))
+    if len({j.key for j in jobs}) != len(jobs):
+        raise IrgenError("sweep spec: a scheme or opt level is listed twice")
+    return jobs
+
+
+def _fingerprint(job: Job, hashes: dict[str, str]) -> str:
+    """What decides a job's output: its command line and the content of its model and input."""
+    from irgen.pipeline import sha256_path
+
+    def digest(p: str) -> str:
+        if p not in hashes:
+            hashes[p] = sha256_path(Path(p))
+        return hashes[p]
+
+    argv = [a for a in job.argv() if a != job.out]
+    data = [argv, digest(job.model), digest(job.sample) if job.sample else None]
+    return hashlib.sha256(json.dumps(data).encode()).hexdigest()
+
+
+# --------------------------------------------------------------------------- the job
+
+def run_job(payload: dict[str, Any]) -> dict[str, Any]:
+    """Run one job (:meth:`Job.payload`) in this process: ``irgen run`` with its command line.
+
+    Never raises for a job that fails: returns ``ok`` False and the error, so every
+    executor reports failures the same way (a worker that dies is the executor's to report).
+    """
+    t0 = time.perf_counter()
+    try:
+        layers = _run_irgen(payload["argv"], Path(payload["out"]))
+        return {"ok": True, "seconds": time.perf_counter() - t0, "layers": layers, "error": None}
+    except Exception as exc:  # noqa: BLE001  a job's failure is a result, reported in the summary
+        return {"ok": False, "seconds": time.perf_counter() - t0, "layers": None,
+                "error": f"{type(exc).__name__}: {' '.join(str(exc).split())[:500]}"}
+    except SystemExit as exc:  # argparse refused the command line
+        return {"ok": False, "seconds": time.perf_counter() - t0, "layers": None,
+                "error": f"irgen run refused the command line (exit {exc.code})"}
+
+
+def _run_irgen(argv: list[str], out: Path) -> int:
+    """``irgen run`` (argv) through the CLI's own parsing and :func:`irgen.pipeline.run_cli`, so a
+    job's options and files are those of the same command typed by hand; returns the layer count."""
+    from irgen import cli, pipeline
+    from irgen.safeio import read_json
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    args = cli.parse_args(argv)
+    saved = sys.argv
+    sys.argv = ["irgen", *argv]  # run_cli records sys.argv as the output's command (manifest.json)
+    try:
+        pipeline.run_cli(args, args.host)
+    finally:
+        sys.argv = saved
+    return len(read_json(out / "ir.json", "ir.json")["layers"])
+
+
+# --------------------------------------------------------------------------- executors
+
+class WorkerDied(Exception):
+    """The process running a job ended without a result (killed, crashed)."""
+
+
+class PoolExecutor:
+    """Local worker processes: ``slots`` single-worker :class:`ProcessPoolExecutor` s (spawned,
+    never forked after TVM is loaded). A worker that dies breaks only its own pool, so the job
+    it ran is the one charged; that pool is made anew and the other running jobs go on."""
+
+    def __init__(self, slots: int):
+        import multiprocessing
+
+        self.capacity = max(1, slots)
+        self.ctx = multiprocessing.get_context("spawn")
+        self.pools: list[cf.ProcessPoolExecutor | None] = [None] * self.capacity
+        self.busy: dict[cf.Future, int] = {}
+        self.describe = f"process pool ({self.capacity} worker{'s' * (self.capacity > 1)})"
+
+    def submit(self, payload: dict[str, Any]) -> cf.Future:
+        slot = next(i for i in range(self.capacity) if i not in self.busy.values())
+        if self.pools[slot] is None:
+            self.pools[slot] = cf.ProcessPoolExecutor(max_workers=1, mp_context=self.ctx)
+        fut = self.pools[slot].submit(run_job, payload)
+        self.busy[fut] = slot
+        return fut
+
+    def wait(self, handles: list, timeout: float) -> list:
+        done, _ = cf.wait(handles, timeout=timeout, return_when=cf.FIRST_COMPLETED)
+        return list(done)
+
+    def result(self, handle: cf.Future) -> dict[str, Any]:
+        slot = self.busy.pop(handle)
+        try:
+            return handle.result()
+        except cf.process.BrokenProcessPool as err:
+            self.pools[slot].shutdown(wait=False, cancel_futures=True)
+            self.pools[slot] = None
+            raise WorkerDied(f"worker process died ({' '.join(str(err).split())})") from None
+
+    def close(self, cancel: list = ()) -> None:
+        """Stop the workers; with jobs still running (``cancel``: an interruption) do not wait for them."""
+        for pool in self.pools:
+            if pool is not None:
+                pool.shutdown(wait=not cancel, cancel_futures=True)
+
+
+class RayExecutor:
+    """Jobs as Ray tasks (one CPU each, never retried by Ray: the scheduler counts attempts).
+    ``address``: a cluster (``ray.init(address=...)``), ``local`` for a new local instance;
+    an already initialized Ray (e.g. a test's) is used as it is and left running."""
+
+    def __init__(self, address: str, slots: int | None):
+        try:
+            import ray
+        except ImportError:
+            raise IrgenError("--ray needs Ray: pip install 'irgen[ray]'") from None
+        self.ray = ray
+        self.owned = not ray.is_initialized()
+        if self.owned:
+            kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
+                                      "configure_logging": False}
+            if address == "local" and slots:
+                kwargs["num_cpus"] = slots
+            ray.init(address=address, **kwargs)
+        self.task = ray.remote(num_cpus=1, max_retries=0)(run_job)
+        cpus = int(ray.cluster_resources().get("CPU", 1))
+        self.capacity = max(1, slots or cpus)
+        self.describe = f"Ray {address} ({cpus} CPUs, {self.capacity} at a time)"
+
+    def submit(self, payload: dict[str, Any]):
+        return self.task.remote(payload)
+
+    def wait(self, handles: list, timeout: float) -> list:
+        done, _ = self.ray.wait(handles, num_returns=1, timeout=timeout)
+        return done
+
+    def result(self, handle) -> dict[str, Any]:
+        from ray import exceptions
+
+        try:
+            return self.ray.get(handle)
+        except (exceptions.WorkerCrashedError, exceptions.NodeDiedError, exceptions.OutOfMemoryError) as err:
+            raise WorkerDied(f"Ray worker died ({type(err).__name__})") from None
+        except exceptions.RayError as err:
+            return {"ok": False, "seconds": 0.0, "layers": None,
+                    "error": f"{type(err).__name__}: {' '.join(str(err).split())[:500]}"}
+
+    def close(self, cancel: list = ()) -> None:
+        for ref in cancel:
+            self.ray.cancel(ref, force=True)
+        if self.owned:
+            self.ray.shutdown()
+
+
+# --------------------------------------------------------------------------- the sweep
+
+def _complete(folder: Path) -> bool:
+    """irgen's output folder appears only when complete; its manifest is written last."""
+    return (folder / "ir.json").is_file() and (folder / "manifest.json").is_file()
+
+
+def _write_record(out: Path, state: dict[str, Any]) -> None:
+    """``OUT/sweep.json`` replaced atomically (a temporary file renamed over it)."""
+    tmp = out / f".{RECORD}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(state, indent=1) + "\n")
+    os.replace(tmp, out / RECORD)
+
+
+def _load_record(out: Path, spec_hash: str, force: bool) -> dict[str, Any]:
+    """The job records of an earlier sweep into ``out`` with the same spec (empty for a new OUT)."""
+    from irgen.safeio import read_json
+
+    path = out / RECORD
+    if not path.exists():
+        if out.is_dir() and any(out.iterdir()) and not force:
+            raise IrgenError(f"{out}: folder exists, is not empty and holds no {RECORD} "
+                             "(use --force to sweep into it anyway)")
+        return {}
+    try:
+        old = read_json(path, RECORD)
+        jobs = old["jobs"]
+        same = old.get("spec_sha256") == spec_hash
+    except (IrgenError, KeyError, TypeError):
+        if not force:
+            raise IrgenError(f"{path}: not a sweep record irgen can read (use --force to start over)") from None
+        return {}
+    if not same and not force:
+        raise IrgenError(f"{out}: an earlier sweep with a different spec wrote it (use --force to sweep "
+                         "this spec into it: jobs whose command line, model and input are unchanged are kept)")
+    return jobs if isinstance(jobs, dict) else {}
+
+
+def _schedule(executor, todo: list[tuple[Job, str]], finish: Callable[[Job, str, dict, int], None],
+              tick: Callable[[int], None]) -> None:
+    """The one scheduler loop: keep ``executor.capacity`` jobs running; a failed attempt (an
+    error or a dead worker) goes back to the queue until the job has had :data:`ATTEMPTS`;
+    ``finish(job, fingerprint, result, attempts)`` is called once per job."""
+    pending = deque(todo)
+    attempts: dict[str, int] = {}
+    running: dict[Any, tuple[Job, str]] = {}
+    try:
+        while pending or running:
+            while pending and len(running) < executor.capacity:
+                job, fp = pending.popleft()
+                attempts[job.key] = attempts.get(job.key, 0) + 1
+                running[executor.submit(job.payload())] = (job, fp)
+            tick(len(running))
+            for handle in executor.wait(list(running), timeout=1.0):
+                job, fp = running.pop(handle)
+                try:
+                    result = executor.result(handle)
+                except WorkerDied as err:
+                    result = {"ok": False, "seconds": None, "layers": None, "error": str(err)}
+                if not result["ok"] and attempts[job.key] < ATTEMPTS:
+                    pending.append((job, fp))
+                else:
+                    finish(job, fp, result, attempts[job.key])
+    finally:
+        executor.close(cancel=list(running))
+
+
+def sweep(spec_path: Path, out: Path, ray: str | None = None, workers: int | None = None, force: bool = False,
+          plugins: list[str] = (), strict_plugins: bool = False, host=None, progress=None) -> dict[str, Any]:
+    """Run the sweep of ``spec_path`` into ``out``; returns the summary (also kept in ``OUT/sweep.json``)."""
+    from irgen.output import Progress
+
+    progress = progress or Progress(enabled=False)
+    spec_path = Path(spec_path)
+    spec = read_spec(spec_path)
+    out = Path(os.path.abspath(out))
+    jobs = expand(spec, spec_path.resolve().parent, out, plugins, strict_plugins)
+    if host is not None:  # names the workers would only fail on, refused up front
+        for scheme in {j.scheme for j in jobs} - {None}:
+            host.quantizers.get(scheme)
+        host.backends.get(jobs[0].backend)
+    identity = [[j.key if a == j.out else a for a in j.argv()] for j in jobs]  # OUT may move
+    spec_hash = hashlib.sha256(json.dumps(identity).encode()).hexdigest()
+    if out.exists() and not out.is_dir():
+        raise IrgenError(f"{out}: exists and is not a folder")
+    records = _load_record(out, spec_hash, force)
+    out.mkdir(parents=True, exist_ok=True)
+
+    hashes: dict[str, str] = {}
+    todo, reused = [], set()
+    for job in jobs:
+        fp = _fingerprint(job, hashes)
+        rec = records.get(job.key)
+        if rec and rec.get("status") == "ok" and rec.get("fingerprint") == fp and _complete(Path(job.out)):
+            reused.add(job.key)
+        else:
+            todo.append((job, fp))
+    keys = {j.key for j in jobs}
+    records = {k: v for k, v in records.items() if k in keys}
+    state = {"format": SWEEP_FORMAT, "spec": str(spec_path.resolve()), "spec_sha256": spec_hash, "jobs": records}
+    counts = {"ok": 0, "failed": 0}
+    t0 = time.perf_counter()
+    last = [""]
+
+    def finish(job: Job, fp: str, result: dict, n: int) -> None:
+        status = "ok" if result["ok"] else "failed"
+        counts[status] += 1
+        records[job.key] = {"status": status, "attempts": n, "seconds": _round(result["seconds"]),
+                            "layers": result["layers"], "output": job.key, "error": result["error"],
+                            "fingerprint": fp}
+        _write_record(out, state)
+        last[0] = f"{job.key} {status}"
+
+    def tick(running: int) -> None:
+        done = counts["ok"] + counts["failed"]
+        progress.step(f"jobs: {counts['ok']} ok, {counts['failed']} failed, {running} running"
+                      + (f"; last {last[0]}" if last[0] else ""), done, len(todo))
+
+    if todo:
+        executor = RayExecutor(ray, workers) if ray else PoolExecutor(workers or os.cpu_count() or 1)
+        where = executor.describe
+        progress.stage(f"sweep {len(todo)} job(s) on {where}" + (f"; {len(reused)} done earlier" if reused else ""))
+        _schedule(executor, todo, finish, tick)
+        tick(0)
+    else:
+        where = None
+    summary = _summary(jobs, records, reused, out, where, time.perf_counter() - t0)
+    state["summary"] = summary
+    _write_record(out, state)
+    progress.done(f"swept {len(jobs)} job(s) into {out}: {summary['counts']['ok']} ok, "
+                  f"{summary['counts']['failed']} failed")
+    return summary
+
+
+def _round(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds, 3)
+
+
+def _summary(jobs: list[Job], records: dict, reused: set, out: Path, where: str | None, seconds: float) -> dict:
+    rows = []
+    for job in jobs:
+        rec = records[job.key]
+        rows.append({"job": job.key, "status": rec["status"], "reused": job.key in reused,
+                     "attempts": rec["attempts"], "seconds": rec["seconds"], "layers": rec["layers"],
+                     "output": rec["output"], "error": rec["error"]})
+    counts = {s: sum(r["status"] == s for r in rows) for s in ("ok", "failed")}
+    counts["reused"] = len(reused)
+    return {"out": str(out), "executor": where, "seconds": _round(seconds), "counts": counts, "jobs": rows}
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """The summary as a table: job, status, attempts, seconds, layers; then each failure's error."""
+    table = [("job", "status", "attempts", "seconds", "layers")]
+    for r in summary["jobs"]:
+        status = r["status"] + (" (earlier)" if r["reused"] else "")
+        secs = "" if r["seconds"] is None else f"{r['seconds']:.2f}"
+        table.append((r["job"], status, str(r["attempts"]), secs, "" if r["layers"] is None else str(r["layers"])))
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in table]
+    c = summary["counts"]
+    lines.append(f"{len(summary['jobs'])} job(s): {c['ok']} ok ({c['reused']} done earlier), {c['failed']} failed"
+                 + (f"; {summary['seconds']:.1f} s on {summary['executor']}" if summary["executor"] else ""))
+    lines += [f"failed {r['job']}: {r['error']}" for r in summary["jobs"] if r["status"] == "failed"]
+    return "\n".join(lines)
