@@ -1,0 +1,63 @@
+"""The checks and graph fixes before TVM's importer (:func:`prepare`), and the op check
+(:func:`check_ops`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from irgen.plugin import UnsupportedOpsError
+
+from . import checks, loader
+from .fold import fold_shape_computations, fuse_erf_gelu
+from .inline import inline_constant_ifs
+from .loader import all_graphs
+
+
+def prepare(path: Path, options: dict[str, Any], for_tvm: bool = True):
+    """The model in ``path``, checked and ready for import, and its input specs.
+
+    Every check runs before TVM's importer (which folds constants, so a size
+    bomb would be allocated while importing): the file and its external data
+    (:mod:`.loader`), the graph's structure and tensors, ``onnx.checker``, the
+    ops TVM knows, ``--input-shape``, and the size of every tensor whose shape
+    is known statically (:mod:`.checks`). ``If`` nodes with a constant
+    condition are replaced by their branch (:mod:`.inline`). ``for_tvm=False``
+    (ONNX Runtime, which runs any op and any If) skips the op check and keeps
+    an If with a condition computed at run time. For TVM, values computed from the
+    fixed input shapes are folded to constants and the erf form of GELU becomes one
+    ``Gelu`` node (:mod:`.fold`)."""
+    path = Path(path)
+    limit = checks.default_limit(options)
+    model = loader.load_model(path, limit)
+    checks.check_structure(model, path)
+    checks.check_tensors(model, path, limit)
+    if for_tvm:
+        from .qoperator import to_qdq
+
+        to_qdq(model)  # QOperator-format nodes -> their QDQ node units (ONNX Runtime runs the original)
+        check_ops(model, path)
+    checks.run_checker(checks.skeleton(model), path)
+    inline_constant_ifs(model, path, refuse_dynamic=for_tvm)
+    specs = checks.input_specs(model, options.get("input_shapes") or {}, limit, path)
+    checks.check_sizes(model, checks.skeleton(model), specs, limit, path)
+    if for_tvm:
+        fold_shape_computations(model, specs)
+        fuse_erf_gelu(model)
+    return model, specs
+
+
+def checked_model(path: Path, options: dict[str, Any] | None = None, for_tvm: bool = True):
+    """The checked model (see :func:`prepare`)."""
+    return prepare(path, options or {}, for_tvm)[0]
+
+
+def check_ops(model, path: Path) -> None:
+    """Refuse a model with ops TVM's importer has no converter for (``If`` and
+    ``Constant`` are handled by the importer itself), naming up to 50 of them."""
+    from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
+
+    known = set(_get_convert_map()) | {"If", "Constant"}
+    missing = sorted({n.op_type for g in all_graphs(model.graph) for n in g.node if n.op_type not in known})
+    if missing:
+        raise UnsupportedOpsError(f"onnx frontend ({path.name})", [loader.q(m)[1:-1] for m in missing[:50]])
