@@ -430,6 +430,7 @@ def sweep(spec_path: Path, out: Path, ray: str | None = None, workers: int | Non
         records[job.key] = {"status": status, "attempts": n, "seconds": _round(result["seconds"]),
                             "layers": result["layers"], "output": job.key, "error": result["error"],
                             "fingerprint": fp}
+        state["jobs"] = {j.key: records[j.key] for j in jobs if j.key in records}  # in the spec's order
         _write_record(out, state)
         last[0] = f"{job.key} {status}"
 
