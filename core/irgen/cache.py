@@ -61,7 +61,7 @@ def size_limit() -> int:
 
 def _code_digest(host) -> str:
     """sha256 over the source files of irgen and of every plugin module the host loaded."""
-    import tvm
+    from irgen.pipeline import _tvm_version
 
     mods = {"irgen": sys.modules["irgen"]}
     for plugin in host.pm.get_plugins():
@@ -72,7 +72,7 @@ def _code_digest(host) -> str:
         if isinstance(name, str):
             top = name.split(".")[0]
             mods.setdefault(top, sys.modules.get(top, plugin))
-    h = hashlib.sha256(f"{tvm.__version__} {sys.version} {PLAN_FORMAT}".encode())
+    h = hashlib.sha256(f"{_tvm_version()} {sys.version} {PLAN_FORMAT}".encode())
     for top, mod in sorted(mods.items()):
         files = [Path(mod.__file__)] if getattr(mod, "__file__", None) else []
         if files and files[0].name == "__init__.py":
@@ -123,9 +123,10 @@ def load(key: str, need_consts: bool = False) -> Plan | None:
     return plan
 
 
-def store(key: str, plan: Plan) -> None:
-    """Keep ``plan`` under ``key``, then trim the cache to its size. A cache that cannot be
-    written (read-only, full disk) costs the speed-up, never the run: a warning."""
+def store(key: str, plan: Plan) -> bool:
+    """Keep ``plan`` under ``key``, then trim the cache to its size; whether it was stored.
+    A cache that cannot be written (read-only, full disk) costs the speed-up, never the
+    run: a warning."""
     root = folder()
     try:
         root.mkdir(parents=True, exist_ok=True)
@@ -139,8 +140,10 @@ def store(key: str, plan: Plan) -> None:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         trim(size_limit())
+        return (root / key / "plan.json").is_file()
     except OSError as err:
         print(f"irgen: warning: compile cache {root}: not stored ({err})", file=sys.stderr)
+        return False
 
 
 def _size(path: Path) -> int:

@@ -12,9 +12,7 @@ from tvm import relax
 from irgen.api import Provenance
 from irgen.graph import OP_NAMES, Binding, Constant, Layer, attrs_to_dict, tensor_type, to_json
 
-#: the version of the IR ``ir.json`` is written in: semver (docs/ir-changelog.md); its schema is
-#: ``irgen/schemas/ir.schema.json`` (:mod:`irgen.schema`)
-IR_VERSION = "2.0.0"
+from irgen.schema import IR_VERSION  # noqa: E402,F401  (defined beside the schema, re-exported)
 
 _ACTIVATIONS = {"relax.nn.relu", "relax.clip", "relax.sigmoid", "relax.tanh", "relax.nn.gelu", "relax.nn.silu"}
 _WEIGHTED = {"relax.nn.conv2d", "relax.nn.conv1d", "relax.nn.conv2d_transpose", "relax.matmul"}

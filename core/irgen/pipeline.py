@@ -505,7 +505,7 @@ def _capture(folder: OutputFolder, plan: Plan, arrays: list[np.ndarray], write, 
 
     ``layers_wanted(layer_name) -> bool`` picks the layers whose outputs are written (``--layers``).
     Returns (files by tensor name, (shape, dtype) by tensor name)."""
-    from irgen import execute
+    from irgen import vm
 
     file_namer = SafeNames()
     stems: dict[str, str] = {}  # tensor name -> file path without suffix
@@ -541,11 +541,13 @@ def _capture(folder: OutputFolder, plan: Plan, arrays: list[np.ndarray], write, 
     def on_output(ki: int, j: int, tensor) -> None:
         try:
             names = wanted.get((ki, j))
+            if not names and writer is None:
+                return
+            arr = vm.to_numpy(tensor)  # a copy: the VM reuses this storage later
             if writer is not None:
-                writer.add(plan.kernel_tensor_name(ki, j), tensor)
+                writer.add(plan.kernel_tensor_name(ki, j), _tvm_tensor(arr))
             if not names:
                 return
-            arr = tensor.numpy()  # a copy: the VM reuses this storage later
             for n in names:
                 tensor_files[n] = write(stems[n], arr, n, "activation")
                 shapes[n] = (tuple(arr.shape), str(arr.dtype))
@@ -556,7 +558,7 @@ def _capture(folder: OutputFolder, plan: Plan, arrays: list[np.ndarray], write, 
             raise
 
     try:
-        execute.run(plan.exe, arrays, plan.kernels, on_output)
+        vm.run(plan.exe, arrays, plan.kernels, on_output)
     except Exception:
         if failed:
             raise failed[0] from None
@@ -719,8 +721,11 @@ def prepare(host, model: Path, model_sha: str, fe, be: Backend, inputs: list[str
     check_inputs(imported.inputs, options.get("input_shapes") or {}, limit)
     arrays = load_inputs(imported.inputs, inputs, seed, limit)
     plan = build_plan(host, imported, be, quantizer, opt_level, keep_consts, limit, progress)
-    if key:
-        cache.store(key, plan)
+    stored = cache.load(key, need_consts=keep_consts) if key and cache.store(key, plan) else None
+    if stored is not None:
+        # run the stored library, as the next run will: its machine code is generated once (for
+        # the file), not a second time by the JIT
+        plan.exe = stored.exe
     return plan, arrays
 
 
@@ -746,10 +751,9 @@ def write_output(host, plan: Plan, arrays: list[np.ndarray], folder: OutputFolde
     """Capture ``plan`` on ``arrays`` into ``folder`` (entered): activations, parameters,
     ``graph/``, ``debug/``, ``ir.json`` and the other serializers' files, ``manifest.json``.
     Returns the IR dict and the manifest's file records."""
-    import tvm
+    from irgen.schema import IR_VERSION
 
-    from irgen.ir import IR_VERSION
-
+    tvm_version = _tvm_version()
     records = json.loads(json.dumps(plan.records))  # this output's copy: completing fills in files
     folder.path("graph/model.relax.txt").write_text(plan.model_script)
     write = _TensorWriter(folder, be, host.backends, records, plan.static_shapes)
@@ -764,7 +768,7 @@ def write_output(host, plan: Plan, arrays: list[np.ndarray], folder: OutputFolde
         "ir_version": IR_VERSION,
         "producer": {
             "irgen": __version__,
-            "tvm": tvm.__version__,
+            "tvm": tvm_version,
             "frontend": plan.frontend,
             "quantizer": plan.scheme,
             "backend": be.name,
@@ -792,7 +796,7 @@ def write_output(host, plan: Plan, arrays: list[np.ndarray], folder: OutputFolde
         folder,
         {
             "irgen": __version__,
-            "tvm": tvm.__version__,
+            "tvm": tvm_version,
             "python": sys.version.split()[0],
             "plugins": {kind: {n: reg.owner(n) for n in reg.names()} for kind, reg in host.registries.items()},
             "command": shlex.join(command) if command else None,
@@ -1190,6 +1194,20 @@ class _DebugGraph:
                 "storage_id": ["list_int", self.entry_storage],
             },
         }
+
+
+def _tvm_version() -> str:
+    """TVM's version, without importing it when it is not loaded (a run from the compile cache)."""
+    if "tvm" in sys.modules:
+        return sys.modules["tvm"].__version__
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("apache-tvm")
+    except importlib.metadata.PackageNotFoundError:  # a source build
+        import tvm
+
+        return tvm.__version__
 
 
 def _tvm_tensor(arr):

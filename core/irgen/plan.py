@@ -113,7 +113,7 @@ class Plan:
     @classmethod
     def load(cls, folder: Path) -> "Plan":
         """The plan ``save`` wrote into ``folder``; IrgenError if it is not one."""
-        import tvm
+        from irgen import vm
 
         try:
             doc = json.loads((folder / "plan.json").read_text())
@@ -128,7 +128,7 @@ class Plan:
 
             params = [{role: array(n) for role, n in entry.items()} for entry in doc["params"]]
             consts = [array(n) for n in doc["debug_consts"]] if doc["debug_consts"] is not None else None
-            exe = tvm.runtime.load_module(str(folder / "model.so"))
+            exe = vm.load_library(folder / "model.so")
             return cls(
                 frontend=doc["frontend"],
                 scheme=doc["scheme"],

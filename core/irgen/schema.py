@@ -60,6 +60,10 @@ def ir_version(ir: dict[str, Any]) -> str | None:
     return ".".join(map(str, v)) if v else None
 
 
+#: the version of the IR ``ir.json`` is written in: semver (docs/ir-changelog.md); its schema is
+#: ``irgen/schemas/ir.schema.json``
+IR_VERSION = "2.0.0"
+
 #: older major versions this irgen still reads (major -> newest minor): an IR 1.x file
 #: differs from 2.0 only in a layer's ``bias`` shape (the broadcast one), and its
 #: ``fused_ops`` read it as it is, so verify and inspect take it as it is
@@ -67,8 +71,6 @@ OLDER_READABLE = {1: 1}
 
 
 def _current() -> tuple[int, int, int]:
-    from irgen.ir import IR_VERSION
-
     return _version_of(IR_VERSION)
 
 

@@ -1,0 +1,91 @@
+"""Run a compiled plan with TVM's Relax VM through ``tvm_ffi`` alone.
+
+Importing the whole ``tvm`` package (compiler, Relax, TIR: 1.3-1.5 s) is needed to
+compile, not to run: the VM lives in ``libtvm_runtime``, and ``tvm_ffi`` loads the
+exported kernel library and calls the VM's functions (what ``relax.VirtualMachine``
+does in Python). A run whose plan comes from the compile cache therefore never
+imports ``tvm``. The capture is the same either way: :class:`irgen.plan.PlanKernel`
+calls in order, each output handed to ``on_output`` before the VM reuses its storage.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from irgen.api import IrgenError
+
+_CPU = 1  # DLPack kDLCPU
+_POOLED_ALLOCATOR = 2  # relax.VirtualMachine.POOLED_ALLOCATOR
+_runtime_loaded = False
+
+
+def _load_runtime() -> None:
+    """``libtvm_runtime`` (the VM, the thread pool) into the process, without ``import tvm``."""
+    global _runtime_loaded
+    if _runtime_loaded:
+        return
+    spec = importlib.util.find_spec("tvm")
+    folders = list(spec.submodule_search_locations or []) if spec else []
+    for folder in folders:
+        for lib in (Path(folder) / "lib" / "libtvm_runtime.so", Path(folder) / "libtvm_runtime.so"):
+            if lib.is_file():
+                ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
+                _runtime_loaded = True
+                return
+    raise IrgenError("TVM's runtime library libtvm_runtime.so was not found beside the tvm package")
+
+
+def load_library(path: Path) -> Any:
+    """The kernel library ``Plan.save`` exported, loaded as a runtime module."""
+    import tvm_ffi
+
+    _load_runtime()
+    return tvm_ffi.load_module(str(path))
+
+
+def to_numpy(tensor: Any) -> np.ndarray:
+    """A copy of a VM tensor (its storage is reused after the instrument returns)."""
+    return np.array(np.from_dlpack(tensor), copy=True)
+
+
+class _Capture:
+    """VM instrument: matches calls to the kernel sequence and hands over outputs."""
+
+    def __init__(self, kernels: list, on_output: Callable[[int, int, Any], None]):
+        self.kernels = kernels
+        self.on_output = on_output
+        self.pos = 0
+
+    def __call__(self, func, name, before_run, ret_value, *args):
+        if before_run or self.pos >= len(self.kernels):
+            return 0
+        k = self.kernels[self.pos]
+        if name != k.callee:
+            return 0
+        outs = [ret_value] if k.callee == "vm.builtin.reshape" else list(args[len(args) - len(k.outputs):])
+        for j, t in enumerate(outs):
+            self.on_output(self.pos, j, t)
+        self.pos += 1
+        return 0
+
+
+def run(lib: Any, inputs: list[np.ndarray], kernels: list, on_output: Callable[[int, int, Any], None]) -> None:
+    """Run ``main`` of ``lib`` (a runtime module, or a freshly built executable) on
+    ``inputs``, calling ``on_output(kernel index, output index, tensor)`` after each kernel."""
+    import tvm_ffi
+
+    if hasattr(lib, "jit"):  # a tvm Executable straight from the compiler
+        lib = lib.jit()
+    _load_runtime()
+    vm = lib["vm_load_executable"]()
+    vm["vm_initialization"](_CPU, 0, _POOLED_ALLOCATOR)
+    cap = _Capture(kernels, on_output)
+    vm["set_instrument"](tvm_ffi.convert(cap))
+    vm["main"](*[tvm_ffi.from_dlpack(x) for x in inputs])  # C-ordered arrays (pipeline.load_inputs)
+    if cap.pos != len(kernels):
+        raise IrgenError(f"internal: saw {cap.pos} of {len(kernels)} kernel calls")
