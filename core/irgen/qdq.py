@@ -48,6 +48,8 @@ Gather of a quantized embedding table by token ids, and QLinearMatMul.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -711,11 +713,6 @@ def _realize_quantize(qg, qb, out):
     return [qb.name], expr, rec
 
 
-#: ops whose quantized span needs a dequantized input; on a float tensor (ONNX QOperator models leave
-#: GlobalAveragePool after a float HardSwish, a Gather after LayerNorm) they stay float ops, then a quantize
-_FLOAT_FED = ("relax.mean", "relax.nn.adaptive_avg_pool2d", "relax.nn.avg_pool2d", "relax.nn.softmax", *_MOVE)
-
-
 def _float_operand(qg, expr) -> bool:
     """``expr`` is a float tensor computed by float ops (not a dequantize, nor from constants)."""
     relax, _, _, _ = _ops()
@@ -747,7 +744,8 @@ def realize(qg, scheme: str = SCHEME, conv_requant=None) -> None:
 
 
 def _realize(qg, conv_requant) -> None:
-    relax, op, q, Constant = _ops()
+    """Each quantize's span realized (:func:`_realize_one`), from the first again after every
+    replacement, then the dequantizes left (:func:`_dequantize_rest`)."""
     if not _is_torch(qg):
         _spans().drop_dead_items(qg)
         _spans().static_shape_of(qg)
@@ -755,90 +753,234 @@ def _realize(qg, conv_requant) -> None:
     while i < len(qg.bindings):
         b = qg.bindings[i]
         i += 1
-        if b.op != "relax.quantize":
-            continue
-        f = qg.producer(b.value.args[0])
-        chans = None
-        out = _qparams(qg, b.value, b.name, chans)
-        if out.scale.size != 1:
-            raise IrgenError(f"{SCHEME}: activation {b.name!r} is quantized per channel; not supported")
-        if not _is_torch(qg) and _spans().constant_value(qg, b.value.args[0]) is not None:
-            continue  # a constant quantized at run time: its consumers take the integers (spans.quantized_constant)
-        if f is None:
-            names, expr, rec = _realize_quantize(qg, b, out)
-            qg.replace(names, expr, rec)
+        if b.op == "relax.quantize" and _realize_one(qg, b, conv_requant):
             i = 0
-            continue
-        acts, comp = [], f
-        while comp is not None and comp.op in ("relax.nn.relu", "relax.clip") and qg.n_users(comp.name) == 1:
-            p = qg.producer(comp.value.args[0])
-            if p is None or p.op not in ("relax.add", "relax.nn.conv2d", "relax.matmul", "relax.nn.relu", "relax.clip"):
-                break
-            acts.insert(0, comp)
-            comp = p
-        bias_b = None
-        if comp.op == "relax.add":
-            p0, p1 = (qg.producer(a) for a in comp.value.args)
-            for cand, other in ((p0, p1), (p1, p0)):
-                other_ok = (other is not None and other.op in ("relax.dequantize", "relax.reshape")) or (
-                    other is None and _is_torch(qg) and isinstance(comp.value.args[1 if cand is p0 else 0], Constant))
-                if cand is not None and cand.op in ("relax.nn.conv2d", "relax.matmul") and other_ok \
-                        and qg.n_users(cand.name) == 1:
-                    comp, bias_b = cand, comp
-                    break
-        chain = None if bias_b is not None or comp.op in ("relax.nn.conv2d", "relax.matmul") \
-            else _spans().elementwise_dag(qg, f)
-        if chain is not None and not (len(chain[1]) == 1 and (f.op in _UNARY or f.op == "relax.clip")):
-            names, expr, rec = _realize_table_chain(qg, b, chain, out)
-        elif not _is_torch(qg) and _spans().split_item(qg, f) is not None:
-            names, expr, rec = _spans().realize_split_item(qg, b, f, out)
-        elif comp.op == "relax.matmul" and bias_b is None and not acts and _dequantized(qg, comp.value.args[1]) is not None \
-                and _spans().quantized_constant(qg, comp.value.args[1]) is None:
-            names, expr, rec = _spans().realize_matmul(qg, b, comp, out)
-        elif comp.op == "relax.take" and not _is_torch(qg) and _spans().gathered_table(qg, comp) is not None:
-            names, expr, rec = _spans().realize_gather_table(qg, b, comp, out)
-        elif comp.op in ("relax.nn.conv2d", "relax.matmul"):
-            names, expr, rec = _or_float(
-                qg, b, f, out, lambda qg_, b_, out_: _realize_conv(qg_, b_, comp, bias_b, acts, out_, conv_requant))
-        elif comp.op == "relax.add":  # with the relu/clip after it (torch: add, relu, quantize)
-            names, expr, rec = _or_float(qg, b, f, out, _realize_add, comp, acts)
-        elif acts:
-            comp = acts[0]
-            names, expr, rec = _realize_unary(qg, b, comp, out)
-            if len(acts) > 1:
-                raise IrgenError(f"{SCHEME}: chained activations at {b.name!r}; not supported")
-        elif comp.op == "relax.mean" and not bool(comp.value.attrs.keepdims) and not _is_torch(qg):
-            names, expr, rec = _spans().realize_float(qg, b, f, out)  # ReduceMean without keepdims: float in ORT
-        elif comp.op in _FLOAT_FED and not _is_torch(qg) and _float_operand(qg, comp.value.args[0]):
-            names, expr, rec = _realize_quantize(qg, b, out)  # ORT: the float op, then QuantizeLinear
-        elif comp.op in ("relax.mean", "relax.nn.adaptive_avg_pool2d"):
-            names, expr, rec = _realize_global_avg(qg, b, comp, out)
-        elif comp.op == "relax.nn.avg_pool2d":
-            names, expr, rec = _realize_avg_pool(qg, b, comp, out)
-        elif comp.op == "relax.concat":
-            names, expr, rec = _realize_concat(qg, b, comp, out)
-        elif comp.op == "relax.dynamic_strided_slice" and not _is_torch(qg):
-            names, expr, rec = _spans().realize_slice(qg, b, comp, out)
-        elif comp.op in _MOVE:
-            names, expr, rec = _realize_move(qg, b, comp, out)
-        elif comp.op in _UNARY or comp.op == "relax.clip":
-            names, expr, rec = _realize_unary(qg, b, comp, out)
-        elif comp.op == "relax.nn.softmax" and not acts:
-            names, expr, rec = _realize_softmax(qg, b, comp, out)
-        elif comp.op == "relax.multiply" and not acts:
-            names, expr, rec = _or_float(qg, b, f, out, _realize_mul, comp)
-        elif _is_torch(qg):
-            raise IrgenError(f"{SCHEME}: cannot realize {comp.op or comp.kind} at tensor {b.name!r} in integer arithmetic")
-        else:  # no integer kernel in ONNX Runtime: dequantize, the float ops, quantize
-            names, expr, rec = _spans().realize_float(qg, b, f, out)
-        keep_last = names[-1]
-        names = [n for n in dict.fromkeys(names[:-1]) if qg.n_users(n) <= 1 or qg.by_name[n].op != "relax.dequantize"]
-        names = _still_read(qg, names, keep_last)
-        qg.replace(names + [keep_last], expr, rec)
-        i = 0
-        if comp.op == "relax.dynamic_strided_slice":
-            _spans().retype(qg)
-    # what is left: dequantize of activations feeding float ops or the model output
+    _dequantize_rest(qg)
+
+
+@dataclass
+class _Span:
+    """The span a quantize ``b`` ends: ``f`` the op it quantizes, ``out`` its output parameters,
+    ``comp`` the compute op under the Relu/Clip ops ``acts`` and the bias add ``bias_b`` folded
+    into it, ``chain`` the elementwise graph on one dequantized tensor ending at ``f`` (or None)."""
+
+    qg: Any
+    b: Any
+    f: Any
+    out: Any
+    comp: Any
+    acts: list
+    bias_b: Any
+    chain: Any
+    conv_requant: Any
+    torch: bool
+
+
+def _realize_one(qg, b, conv_requant) -> bool:
+    """The span of quantize ``b`` replaced by its integer realization; False when ``b`` is left
+    (a constant quantized at run time: its consumers take the integers)."""
+    f = qg.producer(b.value.args[0])
+    out = _qparams(qg, b.value, b.name, None)
+    if out.scale.size != 1:
+        raise IrgenError(f"{SCHEME}: activation {b.name!r} is quantized per channel; not supported")
+    if not _is_torch(qg) and _spans().constant_value(qg, b.value.args[0]) is not None:
+        return False  # a constant quantized at run time: its consumers take the integers (spans.quantized_constant)
+    if f is None:
+        names, expr, rec = _realize_quantize(qg, b, out)
+        qg.replace(names, expr, rec)
+        return True
+    s = _span(qg, b, f, out, conv_requant)
+    names, expr, rec = _realize_span(s)
+    _commit(qg, names, expr, rec)
+    if s.comp.op == "relax.dynamic_strided_slice":
+        _spans().retype(qg)
+    return True
+
+
+def _activations(qg, f) -> tuple[list, Any]:
+    """The Relu/Clip ops (one user each) on an add, conv, matmul, Relu or Clip, from ``f`` down,
+    and the op under them."""
+    acts, comp = [], f
+    while comp is not None and comp.op in ("relax.nn.relu", "relax.clip") and qg.n_users(comp.name) == 1:
+        p = qg.producer(comp.value.args[0])
+        if p is None or p.op not in ("relax.add", "relax.nn.conv2d", "relax.matmul", "relax.nn.relu", "relax.clip"):
+            break
+        acts.insert(0, comp)
+        comp = p
+    return acts, comp
+
+
+def _bias_add(qg, comp) -> tuple[Any, Any]:
+    """``(conv or matmul, its bias add)`` when ``comp`` adds a bias (a dequantized or reshaped
+    operand; torch: a constant) to a conv/matmul it alone reads; else ``(comp, None)``."""
+    if comp.op != "relax.add":
+        return comp, None
+    Constant = _ops()[3]
+    p0, p1 = (qg.producer(a) for a in comp.value.args)
+    for cand, other in ((p0, p1), (p1, p0)):
+        other_ok = (other is not None and other.op in ("relax.dequantize", "relax.reshape")) or (
+            other is None and _is_torch(qg) and isinstance(comp.value.args[1 if cand is p0 else 0], Constant))
+        if cand is not None and cand.op in ("relax.nn.conv2d", "relax.matmul") and other_ok \
+                and qg.n_users(cand.name) == 1:
+            return cand, comp
+    return comp, None
+
+
+def _span(qg, b, f, out, conv_requant) -> _Span:
+    """The span quantize ``b`` of ``f``'s result ends (see :class:`_Span`)."""
+    acts, comp = _activations(qg, f)
+    comp, bias_b = _bias_add(qg, comp)
+    chain = None if bias_b is not None or comp.op in ("relax.nn.conv2d", "relax.matmul") \
+        else _spans().elementwise_dag(qg, f)
+    return _Span(qg, b, f, out, comp, acts, bias_b, chain, conv_requant, _is_torch(qg))
+
+
+# ---------------------------------------------------------------- realizers, keyed by op kind
+# each takes a _Span and returns (names, expr, rec), or None when the span is not its case
+
+
+def _table_chain(s: _Span):
+    """An elementwise graph on one dequantized tensor (more than one unary op): one lookup table."""
+    if s.chain is not None and not (len(s.chain[1]) == 1 and (s.f.op in _UNARY or s.f.op == "relax.clip")):
+        return _realize_table_chain(s.qg, s.b, s.chain, s.out)
+    return None
+
+
+def _split_item(s: _Span):
+    """One item of a Split (ONNX)."""
+    if not s.torch and _spans().split_item(s.qg, s.f) is not None:
+        return _spans().realize_split_item(s.qg, s.b, s.f, s.out)
+    return None
+
+
+def _activation_matmul(s: _Span):
+    """MatMul of two activations (QLinearMatMul)."""
+    rhs = s.comp.value.args[1]
+    if s.bias_b is None and not s.acts and _dequantized(s.qg, rhs) is not None \
+            and _spans().quantized_constant(s.qg, rhs) is None:
+        return _spans().realize_matmul(s.qg, s.b, s.comp, s.out)
+    return None
+
+
+def _gather_table(s: _Span):
+    """A Gather of a quantized embedding table by token ids (ONNX)."""
+    if not s.torch and _spans().gathered_table(s.qg, s.comp) is not None:
+        return _spans().realize_gather_table(s.qg, s.b, s.comp, s.out)
+    return None
+
+
+def _conv(s: _Span):
+    """Conv, Gemm, MatMul with a constant operand, with its bias and activations (or the float span)."""
+    return _or_float(s.qg, s.b, s.f, s.out,
+                     lambda qg_, b_, out_: _realize_conv(qg_, b_, s.comp, s.bias_b, s.acts, out_, s.conv_requant))
+
+
+def _add(s: _Span):
+    """Add, with the Relu/Clip after it (torch: add, relu, quantize), or the float span."""
+    return _or_float(s.qg, s.b, s.f, s.out, _realize_add, s.comp, s.acts)
+
+
+def _activation(s: _Span):
+    """A Relu/Clip on a Relu/Clip the chain stopped at: the first activation as a table (two: refused)."""
+    if not s.acts:
+        return None
+    found = _realize_unary(s.qg, s.b, s.acts[0], s.out)
+    if len(s.acts) > 1:
+        raise IrgenError(f"{SCHEME}: chained activations at {s.b.name!r}; not supported")
+    return found
+
+
+def _float_mean(s: _Span):
+    """ReduceMean without keepdims: float in ORT (ONNX)."""
+    if not bool(s.comp.value.attrs.keepdims) and not s.torch:
+        return _spans().realize_float(s.qg, s.b, s.f, s.out)
+    return None
+
+
+def _float_fed(s: _Span):
+    """An op whose quantized span needs a dequantized input (mean, average pools, softmax, the ops
+    of :data:`_MOVE`) on a float tensor (ONNX QOperator models leave GlobalAveragePool after a float
+    HardSwish, a Gather after LayerNorm): ORT's float op, then QuantizeLinear."""
+    if not s.torch and _float_operand(s.qg, s.comp.value.args[0]):
+        return _realize_quantize(s.qg, s.b, s.out)
+    return None
+
+
+def _kernel(realize):
+    """The realizer that is ``realize(qg, qb, comp, out)``: the integer kernel of the compute op
+    (GlobalAveragePool, AveragePool, Concat, the ops that move integers, unary tables, Softmax)."""
+
+    def realizer(s: _Span):
+        return realize(s.qg, s.b, s.comp, s.out)
+
+    return realizer
+
+
+def _slice(s: _Span):
+    """A channel split by a Slice with shape-computed bounds (ONNX)."""
+    if not s.torch:
+        return _spans().realize_slice(s.qg, s.b, s.comp, s.out)
+    return None
+
+
+def _mul(s: _Span):
+    """Mul (QLinearMul), or the float span."""
+    return _or_float(s.qg, s.b, s.f, s.out, _realize_mul, s.comp)
+
+
+#: realizers tried on every span before its op kind's
+_ANY_KIND = (_table_chain, _split_item)
+#: op kind (the compute op's Relax name) -> its realizers, tried in order; the first that
+#: answers realizes the span
+_REALIZERS = {
+    **{kind: (_float_fed, _kernel(_realize_move)) for kind in _MOVE},  # MaxPool, Reshape, Transpose...
+    **{kind: (_kernel(_realize_unary),) for kind in _UNARY},  # Sigmoid, Tanh: lookup tables
+    "relax.matmul": (_activation_matmul, _conv),
+    "relax.take": (_gather_table, _float_fed, _kernel(_realize_move)),
+    "relax.nn.conv2d": (_conv,),
+    "relax.add": (_add,),
+    "relax.nn.relu": (_activation, _kernel(_realize_unary)),
+    "relax.clip": (_activation, _kernel(_realize_unary)),
+    "relax.mean": (_float_mean, _float_fed, _kernel(_realize_global_avg)),
+    "relax.nn.adaptive_avg_pool2d": (_float_fed, _kernel(_realize_global_avg)),
+    "relax.nn.avg_pool2d": (_float_fed, _kernel(_realize_avg_pool)),
+    "relax.concat": (_kernel(_realize_concat),),
+    "relax.dynamic_strided_slice": (_slice,),
+    "relax.nn.softmax": (_float_fed, _kernel(_realize_softmax)),
+    "relax.multiply": (_mul,),
+}
+
+
+def _no_kernel(s: _Span):
+    """A span no realizer answers: refused in a torch graph; in ONNX (no integer kernel in ONNX
+    Runtime) dequantize, the float ops, quantize."""
+    if s.torch:
+        raise IrgenError(f"{SCHEME}: cannot realize {s.comp.op or s.comp.kind} at tensor {s.b.name!r} in integer arithmetic")
+    return _spans().realize_float(s.qg, s.b, s.f, s.out)
+
+
+def _realize_span(s: _Span):
+    """``(names, expr, rec)``: the bindings the span replaces, its integer expression and record."""
+    for realizer in (*_ANY_KIND, *_REALIZERS.get(s.comp.op, ())):
+        found = realizer(s)
+        if found is not None:
+            return found
+    return _no_kernel(s)
+
+
+def _commit(qg, names: list[str], expr, rec) -> None:
+    """Replace the span's bindings (less a dequantize other ops read too, and what an op outside the
+    span still reads) by ``expr``."""
+    keep_last = names[-1]
+    names = [n for n in dict.fromkeys(names[:-1]) if qg.n_users(n) <= 1 or qg.by_name[n].op != "relax.dequantize"]
+    names = _still_read(qg, names, keep_last)
+    qg.replace(names + [keep_last], expr, rec)
+
+
+def _dequantize_rest(qg) -> None:
+    """The dequantizes left (of activations feeding float ops or the model output) in integer
+    arithmetic; a quantize or a read dequantize of a constant left is an error."""
+    relax, op, q, _ = _ops()
     if not _is_torch(qg):
         _spans().drop_dead(qg)
     for b in list(qg.bindings):

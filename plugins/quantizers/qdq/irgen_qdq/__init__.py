@@ -11,42 +11,23 @@ ones) and realizes each span in ORT's integer arithmetic with irgen's QDQ
 engine, :func:`irgen.plugin.realize_qdq` (whose module docstring lists each
 kernel's arithmetic; ``pow2`` builds on the same engine), and registers
 verify's recompute of the kinds the engine records.
+
+Modules: :mod:`irgen_qdq.detect` (which graphs the scheme claims),
+:mod:`irgen_qdq.realize` (the realization, through the engine's realizers keyed
+by op kind), :mod:`irgen_qdq.recompute` (verify's recompute of each kind,
+registered on import); this module registers the scheme.
 """
 
 from __future__ import annotations
 
-from irgen.plugin import (QDQ_RECOMPUTE, Quantizer, hookimpl, realize_qdq, recompute_qdq, recompute_requantized,
-                          register_recompute)
+from irgen.plugin import Quantizer, hookimpl
+
+from .detect import DIALECTS, detect
+from .realize import SCHEME, realize
+from .recompute import RECOMPUTE
 
 __version__ = "0.1.0"
-
-SCHEME = "qdq"
-
-
-#: the quantization dialects this scheme realizes: ONNX QDQ (ORT's kernels) and torch's
-#: reference-quantized graphs (torch's rounding), as frontends declare them
-DIALECTS = ("onnx-qdq", "torch-qdq")
-
-
-def _is_quantized(qg) -> bool:
-    return any(b.op in ("relax.quantize", "relax.dequantize") for b in qg.bindings)
-
-
-def detect(qg) -> bool:
-    return getattr(qg, "dialect", None) in DIALECTS and _is_quantized(qg)
-
-
-def realize(qg) -> None:
-    """Every DQ -> op -> Q span of ``qg`` in ONNX Runtime's integer arithmetic."""
-    realize_qdq(qg, scheme=SCHEME)
-
-
-# verify's recompute of the kinds the engine records beyond irgen's built-in qdq kinds
-# (schemes built on qdq, such as pow2, find them under this scheme's name)
-register_recompute(SCHEME, "*", recompute_qdq)  # ONNX Runtime's CPU kernels
-register_recompute(SCHEME, "integer", recompute_requantized)  # plain int8 ops (max pool, reshape...)
-for _kind, _fn in QDQ_RECOMPUTE.items():
-    register_recompute(SCHEME, _kind, _fn)
+__all__ = ["DIALECTS", "RECOMPUTE", "SCHEME", "detect", "realize"]
 
 
 @hookimpl
