@@ -201,3 +201,36 @@ def test_tvm_without_torch_unless_needed(tmp_path):
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_compressed_storage(tmp_path):
+    from irgen.testing import read_tensor
+
+    _run("-o", str(tmp_path / "npy"))
+    _run("-o", str(tmp_path / "npz"), "--compress")
+    plain = json.loads((tmp_path / "npy" / "ir.json").read_text())
+    packed = json.loads((tmp_path / "npz" / "ir.json").read_text())
+    files = {p.relative_to(tmp_path / "npz").as_posix() for p in (tmp_path / "npz").rglob("*.np?")}
+    assert files and all(f.endswith(".npz") for f in files)
+    n_layers = len(packed["layers"])
+    assert len([f for f in files if f.startswith("parameters/")]) == len([l for l in packed["layers"] if l["params"]])
+    assert len([f for f in files if f.startswith("activations/")]) == n_layers + len(packed["inputs"])
+
+    def tensors(ir):
+        for t in ir["inputs"]:
+            yield t
+        for l in ir["layers"]:
+            yield from l["outputs"]
+            yield from l["params"].values()
+
+    for a, b in zip(tensors(plain), tensors(packed), strict=True):
+        x, y = read_tensor(tmp_path / "npy", a), read_tensor(tmp_path / "npz", b)
+        assert a["name"] == b["name"] and x.dtype == y.dtype and x.tobytes() == y.tobytes()
+    assert verify_output(tmp_path / "npz", modes=("single", "entire", "source"))["passed"]
+    # a changed member is caught (manifest checksum)
+    target = tmp_path / "npz" / packed["layers"][0]["outputs"][0]["file"]
+    import zipfile
+
+    with zipfile.ZipFile(target, "a") as zf:
+        zf.writestr("extra.npy", b"x")
+    assert not verify_output(tmp_path / "npz", modes=("single",))["passed"]

@@ -35,7 +35,7 @@ from irgen.plan import PLAN_FORMAT, Plan
 DEFAULT_SIZE = 2 << 30
 
 #: options that never change the plan (where and how the output is written)
-_NOT_PLAN = {"output", "force", "seed", "no_progress", "input", "verify", "cache", "debug", "layers", "inputs",
+_NOT_PLAN = {"output", "force", "seed", "no_progress", "input", "verify", "cache", "debug", "layers", "inputs", "compress",
              "jobs", "max_lsb", "atol", "rtol", "min_cosine", "allow_unsupported", "plugin", "serializer"}
 
 

@@ -80,6 +80,9 @@ def build_parser(host: PluginHost | None = None) -> argparse.ArgumentParser:
     run.add_argument("--layers", action="append", default=[], metavar="PATTERN",
                      help="write the outputs of the layers whose name matches this glob only (repeatable; the "
                           "model's outputs are always written)")
+    run.add_argument("--compress", action="store_true",
+                     help="store the tensors as one compressed .npz per layer (its outputs in activations/, its "
+                          "parameters in parameters/), each under its tensor name; irgen verify reads them")
     run.add_argument("--inputs", type=Path, default=None, metavar="DIR",
                      help="many samples: a folder of .npy files (one per sample, sorted) or .npz files (one per "
                           "sample, an array per model input), or one .npz (an array per sample); writes OUT/<sample>/ "

@@ -377,8 +377,14 @@ class _TensorWriter:
     ``manifest.json`` record of each file: ``storage`` (main file -> the tensor record's
     ``storage``) and ``manifest`` (file -> dtype, shape, layout, byte order, tensor)."""
 
-    def __init__(self, folder: OutputFolder, be: Backend, registry, records: list[dict], static_shapes):
+    def __init__(self, folder: OutputFolder, be: Backend, registry, records: list[dict], static_shapes,
+                 compress: bool = False):
         self.folder, self.be, self.registry = folder, be, registry
+        if compress and (be.store_tensor is not None or be.write_tensor is not None):
+            raise IrgenError(f"--compress: backend {be.name!r} stores tensors in its own format")
+        self.compress = compress
+        self.groups: dict[str, str] = {}  # (npz) layer or input -> file stem
+        self.group_namers = {"activations": SafeNames(), "parameters": SafeNames()}
         self.storage: dict[str, dict[str, Any]] = {}
         self.manifest: dict[str, dict[str, Any]] = {}
         # the logical layout of the activations and inputs, and the layer computing each
@@ -397,6 +403,8 @@ class _TensorWriter:
             layout = self.layouts.get(name)
             layer, op = self.computed_by.get(name, (None, None))
         logical = {"tensor": name, "dtype": str(arr.dtype), "shape": list(arr.shape), "layout": layout}
+        if self.compress:
+            return self._npz(kind, layer or name, arr, logical)
         if self.be.store_tensor is None:
             path = (self.be.write_tensor or _write_npy)(self.folder.path(stem), arr)
             rel = self._rel(path)
@@ -406,6 +414,27 @@ class _TensorWriter:
         info = TensorInfo(name=name, kind=kind, shape=tuple(arr.shape), dtype=str(arr.dtype), layout=layout,
                           role=role, op=op, layer=layer)
         return self._store(stem, arr, info)
+
+    def _npz(self, kind: str, group: str, arr: np.ndarray, logical: dict[str, Any]) -> str:
+        """``--compress``: the tensor as a member of its layer's compressed ``.npz`` (parameters
+        in ``parameters/<layer>.npz``, outputs in ``activations/<layer>.npz``, a model input in
+        ``activations/<input>.npz``), named :func:`irgen.safeio.npz_member` of its name."""
+        import zipfile
+
+        from irgen.safeio import npz_member
+
+        folder = "parameters" if kind == "parameter" else "activations"
+        key = f"{folder}/{group}"
+        if key not in self.groups:
+            self.groups[key] = f"{folder}/{self.group_namers[folder](group)}.npz"
+        rel = self.groups[key]
+        with zipfile.ZipFile(self.folder.path(rel), "a", compression=zipfile.ZIP_DEFLATED) as zf:
+            with zf.open(npz_member(logical["tensor"]), "w", force_zip64=True) as f:
+                np.lib.format.write_array(f, np.asarray(arr), allow_pickle=False)
+        entry = self.manifest.setdefault(rel, {"format": "npz", "tensors": {}})
+        entry["tensors"][logical["tensor"]] = {k: logical[k] for k in ("dtype", "shape", "layout")}
+        entry["tensors"][logical["tensor"]]["byte_order"] = _npy_byte_order(arr.dtype)
+        return rel
 
     def _store(self, stem: str, arr: np.ndarray, info: TensorInfo) -> str:
         be = self.be
@@ -721,6 +750,7 @@ def prepare(host, model: Path, model_sha: str, fe, be: Backend, inputs: list[str
     check_inputs(imported.inputs, options.get("input_shapes") or {}, limit)
     arrays = load_inputs(imported.inputs, inputs, seed, limit)
     plan = build_plan(host, imported, be, quantizer, opt_level, keep_consts, limit, progress)
+    plan.frontend = fe.name  # the plugin that read the file (ir.json's producer), whoever's importer it used
     stored = cache.load(key, need_consts=keep_consts) if key and cache.store(key, plan) else None
     if stored is not None:
         # run the stored library, as the next run will: its machine code is generated once (for
@@ -756,7 +786,7 @@ def write_output(host, plan: Plan, arrays: list[np.ndarray], folder: OutputFolde
     tvm_version = _tvm_version()
     records = json.loads(json.dumps(plan.records))  # this output's copy: completing fills in files
     folder.path("graph/model.relax.txt").write_text(plan.model_script)
-    write = _TensorWriter(folder, be, host.backends, records, plan.static_shapes)
+    write = _TensorWriter(folder, be, host.backends, records, plan.static_shapes, bool(options.get("compress")))
     patterns = options.get("layers") or []
     chosen = (lambda layer: any(fnmatch.fnmatchcase(layer, p) for p in patterns)) if patterns else None
     tensor_files, shapes = _capture(folder, plan, arrays, write, progress, options.get("debug") or "layers", chosen)
@@ -901,7 +931,7 @@ def run_many(host, model: Path, out: Path, samples_from: Path, jobs: int = 1, op
     with folder:
         first = _SampleFolder(folder.tmp / named[0])
         shared = SharedParams(plan, _TensorWriter(first, be, host.backends, json.loads(json.dumps(plan.records)),
-                                                  plan.static_shapes))
+                                                  plan.static_shapes, bool(options.get("compress"))))
         quiet = Progress(enabled=False)
         if jobs == 1 or len(named) == 1:
             for i, name in enumerate(named, 1):

@@ -309,6 +309,33 @@ def load_npz(path: Path | str, what: str = "arrays", limit: int | None = DEFAULT
         return out
 
 
+def npz_member(name: str) -> str:
+    """The member of a tensor named ``name`` in an ``.npz`` file irgen writes (``--compress``):
+    the name percent-encoded (no ``/``, no leading dot), plus ``.npy``."""
+    from urllib.parse import quote
+
+    return quote(name, safe="").replace(".", "%2E") + ".npy"
+
+
+def load_npz_member(path: Path | str, name: str, what: str = "array",
+                    limit: int | None = DEFAULT_MAX_TENSOR_BYTES):
+    """Tensor ``name`` of a ``.npz`` file irgen wrote (member :func:`npz_member`), read as
+    :func:`load_npy` reads a file."""
+    import zipfile
+
+    member = npz_member(name)
+    with open_regular(path, what) as f:
+        try:
+            zf = zipfile.ZipFile(f)
+            info = zf.getinfo(member)
+            with zf.open(info) as m:
+                return _read_npy(m, info.file_size, f"{what} {path} member {member}", limit)
+        except KeyError:
+            raise IrgenError(f"{what} {path}: holds no member {member}") from None
+        except (zipfile.BadZipFile, OSError, RuntimeError, NotImplementedError) as err:
+            raise IrgenError(f"{what} {path}: not a readable .npz file ({err})") from None
+
+
 def _read_npy(f, file_size: int, what: str, limit: int | None):
     from numpy.lib import format as npformat
 

@@ -61,7 +61,7 @@ import numpy as np
 from irgen.api import OPTION_KINDS, IrgenError
 from irgen.irfile import read_ir, read_manifest, tensor_records
 from irgen.safeio import (DEFAULT_MAX_TENSOR_BYTES, check_tensor_size, file_or_folder, human_bytes, inside, load_npy,
-                          open_regular, regular_file, regular_tree)
+                          load_npz_member, open_regular, regular_file, regular_tree)
 
 __all__ = ["Thresholds", "verify_output", "compare", "format_table", "MODES"]
 
@@ -276,6 +276,8 @@ class _Files:
         what = f"tensor {rec['name']!r:.100} ({at})"
         if path.suffix == ".npy":
             arr = load_npy(path, what, self.limit)
+        elif path.suffix == ".npz":  # irgen run --compress: the layer's tensors, each under its name
+            arr = load_npz_member(path, rec["name"], what, self.limit)
         else:
             arr = self._backend_read(path, rec, what)
         if arr.dtype.kind not in "biuf":

@@ -217,10 +217,14 @@ def tensor_records(ir: dict[str, Any]) -> Iterator[dict[str, Any]]:
 def read_tensor(out: str | Path, record: dict[str, Any], backend: Any = None) -> Any:
     """The data file of tensor ``record`` (from ``OUT/ir.json``) as a numpy array: read by
     ``backend.read_tensor`` when the backend (an :class:`irgen.plugin.Backend`) has one,
-    else as ``.npy``."""
+    a member of a ``--compress`` output's ``.npz``, else as ``.npy``."""
     import numpy as np
 
     path = Path(out) / record["file"]
+    if path.suffix == ".npz":  # irgen run --compress
+        from irgen.safeio import load_npz_member
+
+        return load_npz_member(path, record["name"], "tensor")
     if backend is not None and backend.read_tensor is not None and not path.name.endswith(".npy"):
         return np.asarray(backend.read_tensor(path, record))
     return np.load(path, allow_pickle=False)
