@@ -155,11 +155,14 @@ def test_inputs_in_workers_match_single_runs(tmp_path):
     assert verify_output(tmp_path / "many" / "s03", modes=("single", "entire", "source"))["passed"]
 
 
-def test_inputs_from_one_npz(tmp_path):
+def test_inputs_from_one_npz(tmp_path, capsys):
     rng = np.random.default_rng(3)
     arrays = {"b": rng.standard_normal(SHAPE).astype(np.float32), "a": rng.standard_normal(SHAPE).astype(np.float32)}
     np.savez(tmp_path / "x.npz", **arrays)
-    _run("-o", str(tmp_path / "many"), "--inputs", str(tmp_path / "x.npz"))
+    capsys.readouterr()
+    _run("-o", str(tmp_path / "many"), "--inputs", str(tmp_path / "x.npz"), "--verify")
+    verdicts = [line for line in capsys.readouterr().out.splitlines() if line.startswith(("PASS:", "FAIL:"))]
+    assert len(verdicts) == 2 and all(v.startswith("PASS:") for v in verdicts)  # --verify checks every sample
     assert sorted(p.name for p in (tmp_path / "many").iterdir()) == ["a", "b"]
     for k, arr in arrays.items():
         ir = json.loads((tmp_path / "many" / k / "ir.json").read_text())

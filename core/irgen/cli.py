@@ -313,10 +313,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     code = int(pipeline.run_cli(args, host))
     if code == 0 and args.verify:
-        result = run_verify(args, args.output, modes=None, model=args.model)
-        if not result["passed"]:
-            print(f"irgen: verification of {args.output} failed (the output is kept)", file=sys.stderr)
-            return 1
+        # with --inputs: every sample's folder
+        outs = sorted(p.parent for p in Path(args.output).glob("*/ir.json")) if args.inputs else [args.output]
+        failed = [out for out in outs if not run_verify(args, out, modes=None, model=args.model)["passed"]]
+        for out in failed:
+            print(f"irgen: verification of {out} failed (the output is kept)", file=sys.stderr)
+        return 1 if failed else 0
     return code
 
 
