@@ -160,7 +160,7 @@ class CompoundActivations(nn.Module):
         y = nn.functional.hardswish(self.b(y))
         y = y * nn.functional.hardsigmoid(self.gate(y))
         u, w = y.chunk(2, dim=1)
-        return torch.cat((w, u), dim=1)
+        return torch.cat((w, u, w), dim=1)  # (w, u) alone rotates y: a roll
 
 
 class TwoHeads(nn.Module):

@@ -776,6 +776,13 @@ def _execution_order(layers: list[Layer], bindings: list[Binding], assigned: dic
 _ITEM_VIEWS = {"relax.squeeze", "relax.reshape", "relax.expand_dims"}
 
 
+def _unit_axes_only(view: Binding) -> bool:
+    """``view`` only drops or adds axes of size 1 (unbind's squeeze), not a reshape of the
+    item's data (GPT-2's ``split`` then ``view`` per head: a source op of its own)."""
+    t_in, t_out = tensor_type(view.value.args[0]), tensor_type(view.var)
+    return t_in is not None and t_out is not None and [d for d in t_in[0] if d != 1] == [d for d in t_out[0] if d != 1]
+
+
 def _absorb_item_views(layers, bindings, users, provenance, assigned, idx):
     """An unnamed op with several results (the split of an ``unbind``) and the
     one-op layers that each view one of its items (a squeeze per item) are one
@@ -794,7 +801,8 @@ def _absorb_item_views(layers, bindings, users, provenance, assigned, idx):
             t = assigned.get(bindings[cu[0]].name) if len(cu) == 1 else None
             if t is None or t == layer.index or len(layers[t].members) != 1 or layers[t].rule is not None:
                 break
-            if bindings[cu[0]].op not in _ITEM_VIEWS or t in absorbed or t in take:
+            view = bindings[cu[0]]
+            if view.op not in _ITEM_VIEWS or t in absorbed or t in take or not _unit_axes_only(view):
                 break
             take.append(t)
         else:

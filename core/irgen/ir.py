@@ -10,6 +10,7 @@ import tvm
 from tvm import relax
 
 from irgen.api import Provenance
+from irgen.canonical import is_roll
 from irgen.graph import OP_NAMES, Binding, Constant, Layer, attrs_to_dict, tensor_type, to_json
 
 from irgen.schema import IR_VERSION  # noqa: E402,F401  (defined beside the schema, re-exported)
@@ -396,6 +397,8 @@ def _layer_op(layer: Layer, members: list[Binding], anchor: Binding, attrs: dict
         attrs = {**attrs, **LAYER_ATTRS.get(op, lambda _: {})(members)}
     elif layer.rule is None and len(members) > 1 and len(set(op_types)) == 1:
         op = source_op_name(op_types[0])
+    elif layer.rule is None and is_roll(members):  # a roll the exporter wrote as slices and concats
+        op = "roll"
     op = CANONICAL_OPS.get(op, op)
     if op == "conv2d" and _depthwise(attrs, ext, by_name, layer):
         op = "depthwise_conv2d"
