@@ -237,3 +237,34 @@ def test_compressed_storage(tmp_path):
     with zipfile.ZipFile(target, "a") as zf:
         zf.writestr("extra.npy", b"x")
     assert not verify_output(tmp_path / "npz", modes=("single",))["passed"]
+
+
+def test_data_movement_folded_in_numpy_as_tvm_folds_it():
+    """Reshapes and transposes of constants are folded in numpy (TVM's FoldConstant compiles a
+    kernel for each): after FoldConstant the module is the one FoldConstant alone gives."""
+    import tvm
+    from tvm import relax
+    from tvm.script import relax as R
+
+    from irgen.graph import fold_data_movement, main_bindings
+
+    w = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    b = np.arange(6, dtype=np.int8)
+
+    @tvm.script.ir_module
+    class Mod:
+        @R.function
+        def main(x: R.Tensor((4, 6), "float32"), y: R.Tensor((1, 6, 1), "int8")):
+            with R.dataflow():
+                t = R.permute_dims(R.const(w), [2, 0, 1])
+                r = R.reshape(t, R.shape([4, 6]))
+                e = R.expand_dims(R.squeeze(R.reshape(R.const(b), R.shape([1, 6, 1])), [0]), [0])
+                out = R.add(x, r)
+                out2 = R.add(y, e)
+                R.output(out, out2)
+            return (out, out2)
+
+    folded = fold_data_movement(Mod)
+    calls = [bd.op for bd in main_bindings(folded)[1] if isinstance(bd.value, relax.Call)]
+    assert calls.count("relax.add") == 2 and len(calls) == 2  # every data-movement op became a constant
+    tvm.ir.assert_structural_equal(relax.transform.FoldConstant()(folded), relax.transform.FoldConstant()(Mod))

@@ -13,7 +13,7 @@ the executed module by those names.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import tvm
@@ -256,6 +256,70 @@ def users_of(bindings: list[Binding]) -> dict[str, list[int]]:
 
 def const_np(c: Constant) -> np.ndarray:
     return c.value.numpy()
+
+
+# --------------------------------------------------------------------------
+# Constant data movement folded in numpy: TVM's FoldConstant compiles a kernel with
+# LLVM for every op it folds (about 60 ms each); an importer's reshape of each conv
+# bias and transpose of each dense weight are plain data movement, exact in numpy.
+
+
+def _static_dims(shape) -> tuple[int, ...] | None:
+    try:
+        return tuple(int(d) for d in shape.values)
+    except (AttributeError, TypeError, ValueError):
+        return None
+
+
+def _fold_reshape(call: relax.Call, x: np.ndarray) -> np.ndarray | None:
+    shape = _static_dims(call.args[1]) if len(call.args) > 1 and isinstance(call.args[1], relax.ShapeExpr) else None
+    return None if shape is None or int(np.prod(shape)) != x.size else x.reshape(shape)
+
+
+def _fold_permute(call: relax.Call, x: np.ndarray) -> np.ndarray:
+    axes = call.attrs.axes
+    return np.transpose(x, None if axes is None else [int(a) for a in axes])
+
+
+def _fold_squeeze(call: relax.Call, x: np.ndarray) -> np.ndarray:
+    axis = call.attrs.axis
+    return np.squeeze(x, None if axis is None else tuple(int(a) for a in axis))
+
+
+def _fold_expand_dims(call: relax.Call, x: np.ndarray) -> np.ndarray:
+    return np.expand_dims(x, tuple(int(a) for a in call.attrs.axis))
+
+
+#: Relax op -> numpy data movement of its constant first argument (None: not folded here)
+NUMPY_FOLDS: dict[str, Callable[[relax.Call, np.ndarray], np.ndarray | None]] = {
+    "relax.reshape": _fold_reshape,
+    "relax.permute_dims": _fold_permute,
+    "relax.squeeze": _fold_squeeze,
+    "relax.expand_dims": _fold_expand_dims,
+}
+
+
+def fold_data_movement(mod: tvm.IRModule) -> tvm.IRModule:
+    """Bind every :data:`NUMPY_FOLDS` op on a constant (or on such a result) to its value,
+    computed in numpy; ``FoldConstant`` then only propagates the constants. Values are
+    moved, never computed, so they are the bytes TVM's kernel would give."""
+    _, bindings = main_bindings(mod)
+    values: dict[str, np.ndarray] = {}
+    changed = False
+    new: list[Binding] = []
+    for b in bindings:
+        v = b.value
+        fold = NUMPY_FOLDS.get(b.op) if isinstance(v, relax.Call) and v.args else None
+        src = v.args[0] if fold else None
+        x = const_np(src) if isinstance(src, Constant) else values.get(src.name) if isinstance(src, relax.Var) else None
+        out = fold(v, x) if x is not None else None
+        if out is not None and tensor_type(b.var) == (tuple(out.shape), str(out.dtype)):
+            values[b.name] = out
+            new.append(Binding(b.name, b.var, relax.const(out, str(out.dtype))))
+            changed = True
+        else:
+            new.append(b)
+    return rebuild_main(mod, new) if changed else mod
 
 
 # --------------------------------------------------------------------------

@@ -250,8 +250,10 @@ def _form_layers(host, imported: ImportedModel, be: Backend, quantizer: str | No
             merged.extend(m for n in names for m in [*imported.provenance.merged.get(n, []), n] if m not in merged)
     else:  # a scheme reads the graph as imported (its own shape arithmetic, tuples)
         from irgen.canonical import canonicalize
+        from irgen.graph import fold_data_movement
 
-        mod = canonicalize(flatten_tuples(static_shapes(mod), imported.provenance), imported.provenance)
+        mod = flatten_tuples(static_shapes(mod), imported.provenance)
+        mod = canonicalize(fold_data_movement(mod), imported.provenance)
     func, bindings = main_bindings(relax.transform.FoldConstant()(mod))
     main_out = func.body.body
     if scheme is not None:
