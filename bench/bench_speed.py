@@ -445,6 +445,21 @@ def make_samples(folder: Path, model: Path, n: int) -> None:
     (folder / "model.txt").write_text(f"{model}\n\n{n}\n")
 
 
+def snapshot(root: Path) -> str:
+    """``git archive HEAD`` of this checkout under ``root/snapshot``; the PYTHONPATH that makes
+    irgen and its plugins import from it (before the editable installs, whose finders come
+    last), so that edits others make in the shared checkout during the bench change neither
+    the code measured nor the compile cache's key. The entry points stay the installed ones."""
+    repo = Path(__file__).resolve().parent.parent
+    dest = root / "snapshot"
+    rm(dest)
+    dest.mkdir(parents=True)
+    archive = subprocess.run(["git", "archive", "HEAD"], cwd=repo, check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    paths = [dest / "core"] + sorted(p.parent for p in (dest / "plugins").rglob("pyproject.toml"))
+    return os.pathsep.join(str(p) for p in paths)
+
+
 def main() -> int:
     parts = ["tiny", "float", "qdq", "many", "memory", "tflite"]  # the slowest last
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -456,6 +471,8 @@ def main() -> int:
     ap.add_argument("--identity", type=int, default=3, help="samples compared with single runs (default 3)")
     ap.add_argument("--json", type=Path, help="save the results here (rewritten after every part)")
     ap.add_argument("--keep", type=Path, help="work in this folder and keep the models (default: a temp folder)")
+    ap.add_argument("--snapshot", action="store_true",
+                    help="measure the committed code (git archive HEAD) instead of the working tree")
     ap.add_argument("--make", nargs=2, metavar=("KIND", "DIR"), help=argparse.SUPPRESS)
     ap.add_argument("--layers", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--model", type=Path, help=argparse.SUPPRESS)
@@ -478,6 +495,10 @@ def main() -> int:
            "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform(),
                        "loadavg_at_start": os.getloadavg()},
            "parts": {}}
+    if args.snapshot:
+        os.environ["PYTHONPATH"] = snapshot(args.keep or Path(tempfile.gettempdir()) / f"irgen-speed-{os.getpid()}")
+        doc["snapshot"] = os.environ["PYTHONPATH"]
+        print(f"measuring the code of commit {commit} (PYTHONPATH={os.environ['PYTHONPATH']})")
     print(f"bench_speed: repeat {repeat}, commit {commit}, load average {os.getloadavg()[0]:.1f} "
           f"on {os.cpu_count()} cpus", flush=True)
     with tempfile.TemporaryDirectory(prefix="irgen-speed-") as tmp:
