@@ -310,6 +310,7 @@ def part_many(root: Path, repeat: int, quick: bool, n: int, n_identity: int) -> 
     rm(work / "out_fill")
     (work / "ort_many.py").write_text(ORT_MANY_SCRIPT)
     ort = [sys.executable, str(work / "ort_many.py"), str(model), str(samples), str(work / "out_ort")]
+    picks = sorted({names[k * (len(names) - 1) // max(1, n_identity - 1)] for k in range(n_identity)}) if names else []
     runs: dict[str, list[dict]] = {"j1": [], "j2": [], "onnxruntime": []}
     digests: dict[str, dict[str, str]] = {}
     out_bytes = {}
@@ -326,6 +327,10 @@ def part_many(root: Path, repeat: int, quick: bool, n: int, n_identity: int) -> 
             if last and r["exit_code"] == 0:
                 digests[j] = tree_digest(out)
                 out_bytes[j] = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+                if j == "j2":  # keep only the samples compared with single runs (disk space)
+                    for p in out.iterdir():
+                        if p.name not in picks:
+                            rm(p) if p.is_dir() else p.unlink()
             if not (last and j == "j2"):
                 rm(out)
         rm(work / "out_ort")
@@ -350,7 +355,6 @@ def part_many(root: Path, repeat: int, quick: bool, n: int, n_identity: int) -> 
         identity["j1_vs_j2"] = diff_digests(digests["j1"], digests["j2"])
         print(f"  -j 1 vs -j 2, all {len(names)} samples: {identity['j1_vs_j2']['files']} files, "
               f"{'identical' if identity['j1_vs_j2']['identical'] else 'DIFFERENT: ' + json.dumps(identity['j1_vs_j2'])}")
-    picks = sorted({names[k * (len(names) - 1) // max(1, n_identity - 1)] for k in range(n_identity)}) if names else []
     out_j2 = work / "out_j2"
     if out_j2.is_dir():
         for name in picks:
