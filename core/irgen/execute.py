@@ -14,6 +14,7 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
+from irgen import schedule
 from irgen.api import IrgenError
 from irgen.graph import Constant, main_bindings
 
@@ -52,11 +53,13 @@ def lower(mod: tvm.IRModule, opt_level: int, group: Callable[[tvm.IRModule], tvm
     Within one process the result is reused for a structurally equal module grouped
     the same way (``grouping``: what ``group`` does, e.g. the layer of each binding;
     another backend's layers of the same model compile anew). Golden data for many
-    inputs of one model compiles once.
+    inputs of one model compiles once. Every kernel gets irgen's default CPU schedule
+    (:mod:`irgen.schedule`: parallel and vector spatial loops, the same values;
+    ``IRGEN_NO_SCHEDULE=1`` turns it off).
     """
     # var names matter too: the kernel sequence refers to them
     names = tuple(b.name for b in main_bindings(mod)[1])
-    key = (tvm_ffi.structural_hash(mod, map_free_vars=True), hash(names), hash(grouping), opt_level)
+    key = (tvm_ffi.structural_hash(mod, map_free_vars=True), hash(names), hash(grouping), opt_level, schedule.key())
     hit = _CACHE.get(key)
     if (hit is not None and hit[2] == names and hit[3] == grouping
             and tvm_ffi.structural_equal(hit[0], mod, map_free_vars=True)):
@@ -90,6 +93,7 @@ def _lower(mod: tvm.IRModule, opt_level: int, group: Callable[[tvm.IRModule], tv
             ]
         )(mod)
         kernels, where = kernel_sequence(mod)
+        mod = schedule.schedule_module(mod)  # spatial loops only: same values (IRGEN_NO_SCHEDULE=1: off)
         mod = tvm.transform.Sequential(
             [
                 relax.transform.ToNonDataflow(),

@@ -1,0 +1,352 @@
+"""A default CPU schedule for the kernels LegalizeOps/FuseTIR produce, values unchanged.
+
+TVM's legalized TIR is one naive, single-threaded loop nest per block. This
+module rewrites every PrimFunc of the lowered module (``schedule_module``, called
+by :func:`irgen.execute.lower` before ``relax.build``) with TensorIR schedule
+primitives that move and annotate **spatial** loops only:
+
+* **inline** each elementwise block into its one consumer when that reads it
+  once (the chains of casts, adds, shifts and clips that realize requantization,
+  the bias add and the activation after a convolution shrink to few loop nests;
+  blocks that feed a reduction, such as padding, stay);
+* per reduction block (convolution, pooling, dense, mean): the innermost spatial
+  loop that walks the output's last (contiguous) axis is split by the vector
+  width and its inner part moved to the innermost position, below the reduction
+  loops, and **vectorized**, when every buffer the block reads is contiguous or
+  constant along it;
+* per block, the spatial loops in front of the reduction loops (of an elementwise
+  block: all but the innermost) are fused and run in **parallel** on TVM's thread
+  pool (``TVM_NUM_THREADS``).
+
+Reduction loops are never split, fused, reordered among themselves or
+parallelized, so every output element is computed by the same operations in
+the same order as without the schedule: integer and float results are bit for
+bit the same (``tests/test_schedule.py`` compares every activation file). Kernels
+with less than ``MIN_WORK`` loop iterations are left alone (not worth the compile
+time), as is any function a primitive rejects.
+
+``IRGEN_NO_SCHEDULE=1`` (or ``ENABLED = False``) turns the schedule off.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+#: environment switch: a true value (1, true, yes, on) turns the schedule off
+ENV_OFF = "IRGEN_NO_SCHEDULE"
+#: module switch (tests and embedders); the environment variable wins when set
+ENABLED = True
+#: kernels with fewer loop iterations (summed over their blocks) are not scheduled
+MIN_WORK = 1 << 14
+#: lanes of a vectorized loop (LLVM legalizes them to the target's registers)
+VECTOR_LANES = 8
+#: at most this many lanes when a whole short innermost loop is vectorized
+MAX_WHOLE_LANES = 16
+
+
+def enabled() -> bool:
+    """Whether :func:`schedule_module` schedules (``IRGEN_NO_SCHEDULE`` unset and ``ENABLED``)."""
+    value = os.environ.get(ENV_OFF, "").strip().lower()
+    if value:
+        return value not in {"1", "true", "yes", "on"}
+    return ENABLED
+
+
+def key() -> tuple:
+    """What the schedule's result depends on (for compile caches): on/off and its parameters."""
+    return ("schedule", 1, enabled(), MIN_WORK, VECTOR_LANES, MAX_WHOLE_LANES)
+
+
+@dataclass
+class Stats:
+    """What the last :func:`schedule_module` call did."""
+
+    functions: int = 0  # PrimFuncs seen
+    scheduled: int = 0  # PrimFuncs rewritten
+    small: int = 0  # left alone: less than MIN_WORK iterations
+    failed: int = 0  # functions left alone and blocks left partly scheduled: a primitive rejected them
+    inlined: int = 0  # blocks inlined
+    parallel: int = 0  # loops parallelized
+    vectorized: int = 0  # loops vectorized
+
+
+#: statistics of the most recent :func:`schedule_module` call
+last = Stats()
+
+
+def schedule_module(mod):
+    """``mod`` with every PrimFunc scheduled (see the module docstring); ``mod`` itself is not changed."""
+    import tvm
+
+    global last
+    last = Stats()
+    if not enabled():
+        return mod
+    updates = {}
+    for gv, func in mod.functions.items():
+        if not isinstance(func, tvm.tirx.PrimFunc):
+            continue
+        last.functions += 1
+        new = schedule_func(func, last)
+        if new is not None:
+            updates[gv] = new
+    if not updates:
+        return mod
+    mod = mod.shallow_copy() if hasattr(mod, "shallow_copy") else tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
+    for gv, func in updates.items():
+        mod[gv] = func
+    return mod
+
+
+def schedule_func(func, stats: Stats | None = None):
+    """The scheduled ``func``, or None when it is left as it is."""
+    from tvm.s_tir import Schedule
+    from tvm.s_tir.schedule import ScheduleError
+
+    stats = stats if stats is not None else Stats()
+    counts = Stats()
+    try:
+        if _work(func) < MIN_WORK:
+            stats.small += 1
+            return None
+        sch = Schedule(func)
+        root = sch.get_sblock("root")
+        _inline(sch, root, counts)
+        for block in sch.get_child_blocks(root):
+            try:
+                _schedule_block(sch, block, counts)
+            except ScheduleError:  # atomic: the primitives applied so far stand, all value-neutral
+                counts.failed += 1
+    except Exception as err:  # noqa: BLE001 - any rejection: keep the function as legalized
+        if os.environ.get("IRGEN_SCHEDULE_DEBUG"):
+            print(f"irgen.schedule: {type(err).__name__}: {err}")
+        stats.failed += 1
+        return None
+    if not (counts.inlined or counts.parallel or counts.vectorized):
+        return None
+    stats.scheduled += 1
+    stats.failed += counts.failed
+    stats.inlined += counts.inlined
+    stats.parallel += counts.parallel
+    stats.vectorized += counts.vectorized
+    return sch.mod["main"]
+
+
+def _work(func) -> int:
+    """Iterations of all loops of ``func``, summed over the innermost loops (non-constant: large)."""
+    import tvm
+
+    total = [0]
+
+    def visit(node, extent=1):
+        if isinstance(node, tvm.tirx.For):
+            ext = node.extent
+            extent *= int(ext) if isinstance(ext, tvm.tirx.IntImm) else (1 << 20)
+            if not _has_loop(node.body):
+                total[0] += extent
+            visit(node.body, extent)
+        else:
+            for child in _children(node):
+                visit(child, extent)
+
+    visit(func.body)
+    return total[0]
+
+
+def _children(stmt):
+    import tvm
+    from tvm import s_tir
+
+    T = tvm.tirx
+    if isinstance(stmt, T.SeqStmt):
+        return list(stmt.seq)
+    if isinstance(stmt, s_tir.SBlockRealize):
+        return [stmt.block]
+    if isinstance(stmt, s_tir.SBlock):
+        return [stmt.body] + ([stmt.init] if stmt.init is not None else [])
+    if isinstance(stmt, T.For):
+        return [stmt.body]
+    out = []
+    for attr in ("body", "then_case", "else_case"):
+        child = getattr(stmt, attr, None)
+        if isinstance(child, T.Stmt):
+            out.append(child)
+    return out
+
+
+def _has_loop(stmt) -> bool:
+    import tvm
+
+    return isinstance(stmt, tvm.tirx.For) or any(_has_loop(c) for c in _children(stmt))
+
+
+def _walk(stmt, fn) -> None:
+    fn(stmt)
+    for child in _children(stmt):
+        _walk(child, fn)
+
+
+def _is_reduction(sch, block) -> bool:
+    import tvm
+
+    return any(iv.iter_type != tvm.tirx.IterVar.DataPar for iv in sch.get(block).iter_vars)
+
+
+def _inline(sch, root, counts: Stats) -> None:
+    """Inline every elementwise block into its consumers, unless one of them is a reduction."""
+    from tvm.s_tir.schedule import ScheduleError
+
+    for block in sch.get_child_blocks(root):
+        if _is_reduction(sch, block):
+            continue
+        consumers = sch.get_consumers(block)
+        if len(consumers) != 1 or _is_reduction(sch, consumers[0]):
+            continue
+        # inline only what is read once: an expression read twice would be copied twice
+        # (and chains of such copies grow exponentially)
+        written = sch.get(block).writes
+        if len(written) != 1 or str(sch.get(consumers[0]).body).count(written[0].source.name + "[") != 1:
+            continue
+        try:
+            sch.compute_inline(block)
+        except ScheduleError:
+            continue
+        counts.inlined += 1
+
+
+def _binding(sch, block):
+    """Per loop of ``block``: (kind 'S'/'R'/'X', the block iter var it is bound to or None)."""
+    import tvm
+
+    T = tvm.tirx
+    loops = sch.get_loops(block)
+    loop_vars = [sch.get(lp).loop_var for lp in loops]
+    iter_vars = list(sch.get(block).iter_vars)
+    bindings = _realize_of(sch, block)
+    kinds, bound = [], []
+    for lv in loop_vars:
+        users = [k for k, value in enumerate(bindings) if _uses(value, lv)]
+        iv = iter_vars[users[0]] if len(users) == 1 else None
+        if iv is not None and bindings[users[0]].same_as(lv) \
+                and iv.iter_type in (T.IterVar.DataPar, T.IterVar.CommReduce):
+            kinds.append("S" if iv.iter_type == T.IterVar.DataPar else "R")
+            bound.append(iv)
+        else:  # unused, or bound through an expression
+            kinds.append("X")
+            bound.append(None)
+    return loops, kinds, bound
+
+
+def _realize_of(sch, block):
+    import tvm
+    from tvm import s_tir
+
+    target = sch.get(block)
+    func = sch.mod["main"]
+    found = []
+
+    def f(node):
+        if isinstance(node, s_tir.SBlockRealize) and node.block.same_as(target):
+            found.append(list(node.iter_values))
+
+    _walk(func.body, f)
+    if not found:
+        raise LookupError("block realize not found")
+    return found[0]
+
+
+def _uses(expr, var) -> bool:
+    import tvm
+
+    return any(v.same_as(var) for v in tvm.tirx.analysis.undefined_vars(expr))
+
+
+def _contiguous_along(block_stmt, iv) -> bool:
+    """Whether every buffer ``block_stmt`` reads or writes is constant or unit-stride along ``iv``."""
+    import tvm
+    from tvm.sym.pattern import detect_linear_equation
+
+    var = iv.var
+    for region in list(block_stmt.reads) + list(block_stmt.writes):
+        ranges = list(region.region)
+        for k, rng in enumerate(ranges):
+            if not _uses(rng.min, var):
+                continue
+            if k != len(ranges) - 1:
+                return False
+            coef = detect_linear_equation(rng.min, [var])
+            if len(coef) != 2 or not isinstance(coef[0], tvm.tirx.IntImm) or int(coef[0]) != 1:
+                return False
+    return True
+
+
+def _extent(sch, loop) -> int | None:
+    import tvm
+
+    ext = sch.get(loop).extent
+    return int(ext) if isinstance(ext, tvm.tirx.IntImm) else None
+
+
+def _schedule_block(sch, block, counts: Stats) -> None:
+    loops, kinds, bound = _binding(sch, block)
+    if not loops:
+        return
+    if "X" in kinds:  # unusual bindings: parallelize the leading spatial loops only
+        _parallel(sch, _outer(loops, kinds), counts)
+        return
+    block_stmt = sch.get(block)
+    spatial = [i for i, k in enumerate(kinds) if k == "S"]
+    reduce = [i for i, k in enumerate(kinds) if k == "R"]
+    vec = None
+    if not reduce:  # elementwise: parallel outer loops; the inner one is LLVM's (cheaper to compile)
+        _parallel(sch, _outer(loops, kinds), counts)
+        return
+    if spatial:
+        last = spatial[-1]
+        write = block_stmt.writes[0].region if block_stmt.writes else []
+        on_last_axis = bool(write) and bound[last].var.same_as(write[-1].min)
+        ext = _extent(sch, loops[last])
+        if on_last_axis and ext is not None and ext > 1 and _contiguous_along(block_stmt, bound[last]):
+            vec = last
+    if vec is None:
+        _parallel(sch, _outer(loops, kinds), counts)
+        return
+    ext = _extent(sch, loops[vec])
+    if ext % VECTOR_LANES == 0 and ext > VECTOR_LANES:
+        outer_v, inner = sch.split(loops[vec], [None, VECTOR_LANES])
+        outer = [loops[i] for i in spatial if i != vec] + [outer_v]
+    elif ext <= MAX_WHOLE_LANES:
+        inner = loops[vec]
+        outer = [loops[i] for i in spatial if i != vec]
+    else:
+        _parallel(sch, _outer(loops, kinds), counts)
+        return
+    red = [loops[i] for i in reduce]
+    sch.reorder(*outer, *red, inner)
+    # the init statement stays in the block: it runs at the first reduction step, on the vector
+    sch.vectorize(inner)
+    counts.vectorized += 1
+    _parallel(sch, outer, counts)
+
+
+def _outer(loops, kinds):
+    """The spatial loops in front of the first other loop (the loop order stays); of a
+    purely spatial nest all but the innermost, which LLVM may vectorize itself."""
+    out = []
+    for lp, k in zip(loops, kinds):
+        if k != "S":
+            return out
+        out.append(lp)
+    return out[:-1] if len(out) > 1 else out
+
+
+def _parallel(sch, loops, counts: Stats) -> None:
+    if not loops:
+        return
+    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+    ext = _extent(sch, fused)
+    if ext is not None and ext < 2:
+        return
+    sch.parallel(fused)
+    counts.parallel += 1

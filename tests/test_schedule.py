@@ -1,0 +1,88 @@
+"""irgen's default CPU schedule (irgen.schedule) changes no value: every activation file
+of a float ONNX CNN, its QDQ int8 form and a full-integer TFLite model is byte-identical
+with the schedule on and off, the scheduled kernels really run parallel and vector
+loops, and the capture still sees every kernel's output."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from irgen import execute, schedule
+from irgen.testing import models, run_model
+
+
+def _files(out: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(out)): p.read_bytes() for p in sorted((out / "activations").rglob("*")) if p.is_file()}
+
+
+def _run(model: Path, x: Path, out: Path, monkeypatch, on: bool) -> tuple[dict[str, bytes], schedule.Stats, str]:
+    monkeypatch.setattr(execute, "_CACHE", {})  # compile anew: no executable of an earlier test
+    monkeypatch.setattr(schedule, "MIN_WORK", 0)  # the test models are small: schedule every kernel
+    monkeypatch.setattr(schedule, "ENABLED", on)
+    monkeypatch.delenv(schedule.ENV_OFF, raising=False)
+    built = []
+    real = execute.relax.build
+
+    def build(mod, *args, **kwargs):
+        exe = real(mod, *args, **kwargs)
+        built.append(exe)
+        return exe
+
+    monkeypatch.setattr(execute.relax, "build", build)
+    run_model(model, out, inputs=[x], force=True, args=["--no-cache"])
+    monkeypatch.setattr(execute.relax, "build", real)
+    (exe,) = built
+    llvm_ir = "\n".join(m.inspect_source("ll") for m in exe.mod.imports if m.kind == "llvm")
+    return _files(out), schedule.last, llvm_ir
+
+
+def _compare(model: Path, x: Path, tmp_path: Path, monkeypatch) -> schedule.Stats:
+    off, stats_off, ir_off = _run(model, x, tmp_path / "off", monkeypatch, on=False)
+    on, stats_on, ir_on = _run(model, x, tmp_path / "on", monkeypatch, on=True)
+    assert stats_off.scheduled == 0 and "TVMBackendParallelLaunch" not in ir_off
+    assert stats_on.scheduled > 0 and stats_on.parallel > 0 and stats_on.vectorized > 0, stats_on
+    assert "TVMBackendParallelLaunch" in ir_on  # parallel loops run on TVM's thread pool
+    assert sorted(on) == sorted(off) and len(on) >= 5
+    differ = [name for name in on if on[name] != off[name]]
+    assert not differ, f"activation files differ with the schedule on: {differ}"
+    return stats_on
+
+
+def test_float_onnx_cnn_is_bit_identical(tmp_path, monkeypatch):
+    model = models.float_onnx(tmp_path / "cnn.onnx")
+    x = models.input_npy(tmp_path / "x.npy")
+    _compare(model, x, tmp_path, monkeypatch)
+    # and the values are ONNX Runtime's (the capture hands over the right tensors)
+    ort = pytest.importorskip("onnxruntime")
+    ref = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(None, {"x": np.load(x)})[0]
+    got = [p for p in (tmp_path / "on" / "activations").rglob("*.npy") if p.stem.startswith("y") or "fc" in p.stem]
+    assert got, sorted(p.name for p in (tmp_path / "on" / "activations").rglob("*"))
+    np.testing.assert_allclose(np.load(got[0]).reshape(ref.shape), ref, rtol=1e-4, atol=1e-5)
+
+
+def test_qdq_int8_onnx_is_bit_identical(tmp_path, monkeypatch):
+    model = models.qdq_onnx(tmp_path / "cnn_qdq.onnx")
+    x = models.input_npy(tmp_path / "x.npy")
+    _compare(model, x, tmp_path, monkeypatch)
+
+
+def test_tflite_int8_is_bit_identical(tmp_path, monkeypatch):
+    pytest.importorskip("tensorflow")
+    import tflite_models
+
+    model, x = tflite_models.export("small_cnn", tmp_path, "int8")
+    np.save(tmp_path / "x.npy", x)
+    stats = _compare(model, tmp_path / "x.npy", tmp_path, monkeypatch)
+    assert stats.inlined > 0  # the requantization chains became one loop nest each
+
+
+def test_env_switch_turns_it_off(monkeypatch):
+    monkeypatch.setattr(schedule, "ENABLED", True)
+    monkeypatch.setenv(schedule.ENV_OFF, "1")
+    assert not schedule.enabled()
+    monkeypatch.setenv(schedule.ENV_OFF, "0")
+    assert schedule.enabled()
+    assert schedule.key() != (monkeypatch.setenv(schedule.ENV_OFF, "1") or schedule.key())
