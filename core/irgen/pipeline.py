@@ -700,25 +700,9 @@ def run(
     """
     progress = progress or Progress(enabled=False)
     options = dict(options or {})
-    limit = options.setdefault("max_tensor_bytes", DEFAULT_MAX_TENSOR_BYTES)
-    debug = options.get("debug") or "layers"
-    if debug not in DEBUG_LEVELS:
-        raise IrgenError(f"--debug {debug}: must be one of {', '.join(DEBUG_LEVELS)}")
-    if file_or_folder(model, "model").is_dir():
-        regular_tree(model)  # every file of a folder model, checked before a frontend reads any
-    if opt_level not in range(5):
-        raise IrgenError(f"--opt-level {opt_level}: must be 0..4")
-    fe = pick_frontend(host, model, frontend)
-    be: Backend = host.backends.get(backend)
-    sers = [host.serializers.get(n) for n in dict.fromkeys([serializer] if isinstance(serializer, str) else serializer)]
-    protect = [("the model", model), ("the current folder", Path.cwd())]
-    protect += [("the input file", Path(i.partition("=")[2] if "=" in i and not Path(i).exists() else i)) for i in inputs]
-    for name, opt in host.options.items():  # a plugin's file or folder option (e.g. --calibration DIR)
-        if opt.kind == "path" and options.get(name):
-            protect.append((f"the {opt.flag} path", Path(options[name])))
-    host.configure(options)
-    folder = OutputFolder(out, force, protect)
-    model_sha = sha256_path(model)
+    protect = [("the input file", Path(i.partition("=")[2] if "=" in i and not Path(i).exists() else i)) for i in inputs]
+    setup = _Setup(host, model, out, opt_level, frontend, backend, serializer, force, options, protect)
+    fe, be, sers, folder, model_sha = setup.fe, setup.be, setup.sers, setup.folder, setup.model_sha
 
     plan, arrays = prepare(host, model, model_sha, fe, be, list(inputs), opt_level, quantizer, seed, options, progress)
     with folder:
@@ -726,6 +710,35 @@ def run(
     progress.done(f"wrote {out} ({len(plan.records)} layers, {len(plan.kernels)} kernels"
                   f"{', compiled model from the cache' if plan.from_cache else ''})")
     return ir
+
+
+class _Setup:
+    """What ``run`` and ``run_many`` check and pick before any model file is read: the
+    options, the model path, the frontend, backend and serializers, and the output folder
+    (which must not hold the model, the current folder, ``protect``'s paths or a plugin's
+    path option); ``options`` gains ``max_tensor_bytes`` and the plugins are configured."""
+
+    def __init__(self, host, model: Path, out: Path, opt_level: int, frontend: str | None, backend: str,
+                 serializer, force: bool, options: dict[str, Any], protect: list[tuple[str, Path]]):
+        options.setdefault("max_tensor_bytes", DEFAULT_MAX_TENSOR_BYTES)
+        debug = options.get("debug") or "layers"
+        if debug not in DEBUG_LEVELS:
+            raise IrgenError(f"--debug {debug}: must be one of {', '.join(DEBUG_LEVELS)}")
+        if file_or_folder(model, "model").is_dir():
+            regular_tree(model)  # every file of a folder model, checked before a frontend reads any
+        if opt_level not in range(5):
+            raise IrgenError(f"--opt-level {opt_level}: must be 0..4")
+        self.fe = pick_frontend(host, model, frontend)
+        self.be: Backend = host.backends.get(backend)
+        names = [serializer] if isinstance(serializer, str) else serializer
+        self.sers = [host.serializers.get(n) for n in dict.fromkeys(names)]
+        protect = [("the model", model), ("the current folder", Path.cwd()), *protect]
+        for name, opt in host.options.items():  # a plugin's file or folder option (e.g. --calibration DIR)
+            if opt.kind == "path" and options.get(name):
+                protect.append((f"the {opt.flag} path", Path(options[name])))
+        host.configure(options)
+        self.folder = OutputFolder(out, force, protect)
+        self.model_sha = sha256_path(model)
 
 
 def prepare(host, model: Path, model_sha: str, fe, be: Backend, inputs: list[str], opt_level: int,
@@ -902,22 +915,13 @@ def run_many(host, model: Path, out: Path, samples_from: Path, jobs: int = 1, op
     Each sample's folder holds what ``irgen run --input SAMPLE`` writes. Returns the sample names."""
     progress = progress or Progress(enabled=False)
     options = dict(options or {})
-    limit = options.setdefault("max_tensor_bytes", DEFAULT_MAX_TENSOR_BYTES)
     if jobs < 1:
         raise IrgenError(f"-j {jobs}: must be at least 1")
-    if file_or_folder(model, "model").is_dir():
-        regular_tree(model)
-    fe = pick_frontend(host, model, frontend)
-    be: Backend = host.backends.get(backend)
-    sers = [host.serializers.get(n) for n in dict.fromkeys([serializer] if isinstance(serializer, str) else serializer)]
-    protect = [("the model", model), ("the current folder", Path.cwd()), ("the --inputs samples", samples_from)]
-    for name, opt in host.options.items():
-        if opt.kind == "path" and options.get(name):
-            protect.append((f"the {opt.flag} path", Path(options[name])))
-    host.configure(options)
-    folder = OutputFolder(out, force, protect)
+    setup = _Setup(host, model, out, opt_level, frontend, backend, serializer, force, options,
+                   [("the --inputs samples", samples_from)])
+    fe, be, sers, folder, model_sha = setup.fe, setup.be, setup.sers, setup.folder, setup.model_sha
     file_or_folder(samples_from, "--inputs")
-    model_sha = sha256_path(model)
+    limit = options["max_tensor_bytes"]
 
     plan, _ = prepare(host, model, model_sha, fe, be, [], opt_level, quantizer, 0, options, progress)
     samples = read_samples(samples_from, plan.inputs, limit)
@@ -1047,8 +1051,20 @@ def frontend_options(options: dict[str, Any], host=None) -> dict[str, Any]:
 
 
 def _write_npy(path_without_suffix: Path, arr: np.ndarray) -> Path:
+    """``np.save``'s bytes, written with Python's own file write: a full disk is an
+    ``OSError`` that says so (numpy's ``tofile`` reports only the byte counts)."""
     path = path_without_suffix.with_name(path_without_suffix.name + ".npy")
-    np.save(path, arr, allow_pickle=False)
+    arr = np.asanyarray(arr)
+    header = np.lib.format.header_data_from_array_1_0(arr)
+    if arr.flags.c_contiguous:
+        data = arr
+    elif arr.flags.f_contiguous:  # np.save writes a Fortran-ordered array as is
+        data = arr.T
+    else:
+        data = np.ascontiguousarray(arr)
+    with open(path, "wb") as f:
+        np.lib.format.write_array_header_1_0(f, header)
+        f.write(memoryview(data.reshape(-1)).cast("B") if data.size else b"")
     return path
 
 
