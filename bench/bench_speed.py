@@ -301,13 +301,18 @@ def part_many(root: Path, repeat: int, quick: bool, n: int, n_identity: int) -> 
     built(samples.parent, "samples", "--model", str(model), "--n", str(n))
     names = sorted(p.stem for p in samples.glob("*.npy"))
     print(f"  {len(names)} samples through {what}", flush=True)
-    free = shutil.disk_usage(work).free / 2**30
-    print(f"  disk free: {free:.1f} GiB", flush=True)
     cache = work / "cache"
     rm(cache)
     fill = cached_run(irgen_run(model, work / "out_fill"), work, "fill", cache)
     show("fill the cache", fill)
+    # one run's output is about one sample's folder times the samples: never fill the disk
+    need = len(names) * sum(p.stat().st_size for p in (work / "out_fill").rglob("*") if p.is_file())
+    free = shutil.disk_usage(work).free
     rm(work / "out_fill")
+    print(f"  disk: {free / 2**30:.1f} GiB free, about {need / 2**30:.1f} GiB needed", flush=True)
+    if free < 1.25 * need:
+        raise OSError(f"not measured: {len(names)} samples need about {need / 2**30:.1f} GiB of disk and "
+                      f"{free / 2**30:.1f} GiB are free (give fewer with --samples)")
     (work / "ort_many.py").write_text(ORT_MANY_SCRIPT)
     ort = [sys.executable, str(work / "ort_many.py"), str(model), str(samples), str(work / "out_ort")]
     picks = sorted({names[k * (len(names) - 1) // max(1, n_identity - 1)] for k in range(n_identity)}) if names else []
