@@ -504,14 +504,13 @@ def main() -> int:
            "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform(),
                        "loadavg_at_start": os.getloadavg()},
            "parts": {}}
-    if args.snapshot:
-        os.environ["PYTHONPATH"] = snapshot(args.keep or Path(tempfile.gettempdir()) / f"irgen-speed-{os.getpid()}")
-        doc["snapshot"] = os.environ["PYTHONPATH"]
-        print(f"measuring the code of commit {commit} (PYTHONPATH={os.environ['PYTHONPATH']})")
     print(f"bench_speed: repeat {repeat}, commit {commit}, load average {os.getloadavg()[0]:.1f} "
           f"on {os.cpu_count()} cpus", flush=True)
     with tempfile.TemporaryDirectory(prefix="irgen-speed-") as tmp:
         root = args.keep or Path(tmp)
+        if args.snapshot:
+            os.environ["PYTHONPATH"] = doc["snapshot"] = snapshot(root)
+            print(f"measuring the code of commit {commit} (PYTHONPATH={os.environ['PYTHONPATH']})", flush=True)
         for part in args.part or parts:
             print(f"\n[{part}]", flush=True)
             try:
