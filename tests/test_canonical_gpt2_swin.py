@@ -10,7 +10,8 @@ patterns of GPT-2 and Swin that the exporters write differently (``irgen.canonic
   a crop to the full size and causal
   attention (``is_causal=True``), ONNX from the TorchScript exporter (as the zoo's Swin):
   ``.pt2`` has slices and a concat per axis from one roll node, ONNX Slice/Slice/Concat
-  nodes; both give one ``roll`` layer per chain.
+  nodes; both give one ``roll`` layer per chain, its attrs torch.roll's ``shifts`` and
+  ``axes`` (normalized), and ``np.roll`` of its golden input is its golden output.
 
 Each model runs through ``irgen run`` from both formats; the layer ops are equal, and
 ``irgen verify`` passes single, entire and the source check (onnxruntime / torch).
@@ -150,7 +151,29 @@ def test_onnx_and_pt2_give_the_same_layer_ops(name, tmp_path, capsys):
             assert "strided_slice" not in ops_onnx and "attention" not in ops_pt2  # the crop computes nothing
             at = ops_pt2.index("softmax")
             assert ops_pt2[at - 1] == "add"  # the causal mask, as the exporter writes is_causal
+    if name == "roll_causal":
+        _check_roll_attrs(ir_onnx, ir_pt2, tmp_path)
     # ONNX's roll layers name every source node folded in: per axis Slice, Slice, Concat
     if name == "roll_causal":
         first = next(layer for layer in ir_onnx["layers"] if layer["op"] == "roll")
         assert first["source"]["op_types"] == ["Slice", "Slice", "Concat"] * 2, first["source"]
+
+
+# RollCausal's rolls as torch.roll takes them (shifts, dims) on its 4-d tensors, in the order they
+# run, and the size of each rolled axis: roll((2, -3), (1, 2)) of x; roll(roll(y, 5, -1), 1, 1);
+# chunk(2, -1) and cat swapped (a roll by half the axis); roll(o, -1, 2)
+ROLLS = [([2, -3], [1, 2], [6, 8]), ([5, 1], [-1, 1], [8, 6]), ([4], [-1], [8]), ([-1], [2], [8])]
+
+
+def _check_roll_attrs(ir_onnx: dict, ir_pt2: dict, tmp_path: Path) -> None:
+    """A roll layer's attrs are torch.roll's shifts and axes, normalized (0 <= shift < n, axis
+    >= 0), the same from ONNX and .pt2, and np.roll of its golden input is its golden output."""
+    expected = [{"shifts": [s % n for s, n in zip(shifts, sizes)], "axes": [a % 4 for a in axes]}
+                for shifts, axes, sizes in ROLLS]
+    for ir, out in ((ir_onnx, tmp_path / "out_onnx"), (ir_pt2, tmp_path / "out_pt2")):
+        rolls = [layer for layer in ir["layers"] if layer["op"] == "roll"]
+        assert [layer["attrs"] for layer in rolls] == expected, [layer["attrs"] for layer in rolls]
+        for layer in rolls:
+            (x,), (y,) = layer["inputs"], layer["outputs"]
+            got = np.roll(np.load(out / x["file"]), layer["attrs"]["shifts"], layer["attrs"]["axes"])
+            np.testing.assert_array_equal(got, np.load(out / y["file"]), err_msg=layer["name"])

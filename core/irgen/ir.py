@@ -10,7 +10,7 @@ import tvm
 from tvm import relax
 
 from irgen.api import Provenance
-from irgen.canonical import is_roll
+from irgen.canonical import is_roll, rotation
 from irgen.graph import OP_NAMES, Binding, Constant, Layer, attrs_to_dict, tensor_type, to_json
 
 from irgen.schema import IR_VERSION  # noqa: E402,F401  (defined beside the schema, re-exported)
@@ -54,6 +54,16 @@ def _attention_attrs(members: list[Binding]) -> dict[str, Any]:
                 v = float(c.value.numpy().ravel()[0])
                 scale = v if b.op == "relax.multiply" else 1.0 / v
     return {"scale": scale, "masked": any(b.op == "relax.add" for b in members), "key_transposed": True}
+
+
+def _roll_attrs(members: list[Binding]) -> dict[str, Any]:
+    """A roll layer's attributes in ``torch.roll``'s convention (``out[i] = x[(i - shift) mod n]``
+    along each axis), one entry per rotation step in the order the steps run: ``shifts``
+    (``0 < shift < n``) and ``axes`` (non-negative), read off each concat's slices, so the
+    same roll has the same attrs whatever frontend wrote it."""
+    by = {b.name: b for b in members}
+    steps = [rotation(b, by) for b in members if b.op == "relax.concat"]
+    return {"shifts": [int(s) for _, _, s in steps], "axes": [int(a) for _, a, _ in steps]}
 
 
 # attributes of a layer a fusion rule formed (beside its anchor's), by the rule's op
@@ -400,6 +410,8 @@ def _layer_op(layer: Layer, members: list[Binding], anchor: Binding, attrs: dict
     elif layer.rule is None and is_roll(members):  # a roll the exporter wrote as slices and concats
         op = "roll"
     op = CANONICAL_OPS.get(op, op)
+    if op == "roll" and quant is None and is_roll(members):  # .pt2's aten.roll steps too
+        attrs = _roll_attrs(members)
     if op == "conv2d" and _depthwise(attrs, ext, by_name, layer):
         op = "depthwise_conv2d"
     if quant is None and len(members) > 1 and len(set(nodes)) == 1 and source_op_name(op_types[0]) in COMPOUND_OPS:
