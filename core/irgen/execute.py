@@ -1,8 +1,8 @@
 """Claim step 2 on Relax: compile at an opt level, run, and see every kernel's output.
 
 The executed module is lowered here pass by pass so irgen knows, before the
-run, the sequence of kernel calls the VM will make (``Kernel``); the VM's
-instrument hook then hands over each kernel's output as it is produced.
+run, the sequence of kernel calls the VM will make (``Kernel``); :mod:`irgen.vm`
+runs the result, its instrument handing over each kernel's output as it is produced.
 """
 
 from __future__ import annotations
@@ -220,41 +220,3 @@ def _attach_storage(final: tvm.IRModule, kernels: list[Kernel]) -> None:
                 ids.append(fresh)
                 fresh += 1
         k.storage = ids
-
-
-class Capture:
-    """VM instrument: matches calls to the kernel sequence and hands over outputs.
-
-    ``on_output(kernel_index, output_index, tensor)`` is called right after a
-    kernel ran, before the VM reuses the output's storage; it must copy.
-    """
-
-    def __init__(self, kernels: list[Kernel], on_output: Callable[[int, int, Any], None]):
-        self.kernels = kernels
-        self.on_output = on_output
-        self.pos = 0
-
-    def __call__(self, func, name, before_run, ret_value, *args):
-        if before_run or self.pos >= len(self.kernels):
-            return 0
-        k = self.kernels[self.pos]
-        if name != k.callee:
-            return 0
-        if k.callee == "vm.builtin.reshape":
-            outs = [ret_value]
-        else:
-            outs = list(args[len(args) - len(k.outputs):])
-        for j, t in enumerate(outs):
-            self.on_output(self.pos, j, t)
-        self.pos += 1
-        return 0
-
-
-def run(exe, inputs: list[Any], kernels: list[Kernel], on_output) -> Any:
-    vm = relax.VirtualMachine(exe, tvm.cpu())
-    cap = Capture(kernels, on_output)
-    vm.set_instrument(cap)
-    result = vm["main"](*[tvm.runtime.tensor(x) for x in inputs])
-    if cap.pos != len(kernels):
-        raise IrgenError(f"internal: saw {cap.pos} of {len(kernels)} kernel calls")
-    return result
