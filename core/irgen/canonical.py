@@ -370,8 +370,19 @@ def _is_identity(b: Binding) -> bool:
 def _identities(bindings: list[Binding], users: dict[str, list[int]], provenance: Provenance) -> Changes:
     """An op that computes its input (an exporter's no-op reshape, a crop to the full size
     ``x[:, :H, :W]``) -> an alias of the input: it names the same tensor and forms no layer
-    (torch's ONNX exporter folds the reshape ``.pt2`` keeps; ``.pt2`` folds the slice ONNX keeps)."""
-    return {i: b.value.args[0] for i, b in enumerate(bindings) if _is_identity(b)}, {}, set()
+    (torch's ONNX exporter folds the reshape ``.pt2`` keeps; ``.pt2`` folds the slice ONNX keeps).
+
+    An input the importer made up (no source tensor of its own: TFLite's matmul before the
+    reshape back to FULLY_CONNECTED's output) takes over the identity's source node and
+    tensor, so the layer computing it is still named after, and compared with, that tensor."""
+    replace = {i: b.value.args[0] for i, b in enumerate(bindings) if _is_identity(b)}
+    for i in replace:
+        b, a = bindings[i], bindings[i].value.args[0].name
+        if a not in provenance.by_var and b.name in provenance.by_var:
+            provenance.by_var[a] = provenance.by_var[b.name]
+            merged = provenance.merged.setdefault(a, [])
+            merged.extend(m for m in [*provenance.merged.get(b.name, []), b.name] if m not in merged)
+    return replace, {}, set()
 
 
 def _folded_transposes(bindings: list[Binding], users: dict[str, list[int]], provenance: Provenance) -> Changes:
