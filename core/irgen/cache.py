@@ -124,6 +124,12 @@ def load(key: str, need_consts: bool = False) -> Plan | None:
     return plan
 
 
+def library(key: str) -> Path | None:
+    """The kernel library of the entry ``key`` (None: not stored, or trimmed away)."""
+    path = folder() / key / "model.so"
+    return path if path.is_file() else None
+
+
 def store(key: str, plan: Plan) -> bool:
     """Keep ``plan`` under ``key``, then trim the cache to its size; whether it was stored.
     A cache that cannot be written (read-only, full disk) costs the speed-up, never the

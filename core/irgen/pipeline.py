@@ -766,11 +766,13 @@ def prepare(host, model: Path, model_sha: str, fe, be: Backend, inputs: list[str
     arrays = load_inputs(imported.inputs, inputs, seed, limit)
     plan = build_plan(host, imported, be, quantizer, opt_level, keep_consts, limit, progress)
     plan.frontend = fe.name  # the plugin that read the file (ir.json's producer), whoever's importer it used
-    stored = cache.load(key, need_consts=keep_consts) if key and cache.store(key, plan) else None
-    if stored is not None:
+    library = cache.library(key) if key and cache.store(key, plan) else None
+    if library is not None:
         # run the stored library, as the next run will: its machine code is generated once (for
         # the file), not a second time by the JIT
-        plan.exe = stored.exe
+        from irgen import vm
+
+        plan.exe = vm.load_library(library)
     return plan, arrays
 
 
@@ -1213,9 +1215,10 @@ class _DebugGraph:
         self.row_ptr.append(self.row_ptr[-1] + len(entries))
 
     def kernel_node_name(self, ki: int, j: int | None) -> str:
+        from irgen.plan import kernel_node_name
+
         k = self.kernels[ki]
-        base = f"{k.callee.replace('vm.builtin.', '')}_{ki}"
-        return base if j is None or len(k.outputs) == 1 else f"{base}:{j}"
+        return kernel_node_name(k.callee, len(k.outputs), ki, j)
 
     def tensor_names(self) -> list[str]:
         names = [n["name"] for n in self.nodes if n["op"] == "null"]

@@ -26,6 +26,12 @@ from irgen.api import InputSpec, IrgenError
 PLAN_FORMAT = 1
 
 
+def kernel_node_name(callee: str, n_outputs: int, ki: int, j: int | None) -> str:
+    """The debug graph's name of kernel ``ki`` (``j`` None) or of its output ``j``."""
+    base = f"{callee.replace('vm.builtin.', '')}_{ki}"
+    return base if j is None or n_outputs == 1 else f"{base}:{j}"
+
+
 @dataclass
 class PlanKernel:
     """One call the VM makes that produces tensors (``execute.Kernel`` without its arguments)."""
@@ -62,8 +68,7 @@ class Plan:
     def kernel_tensor_name(self, ki: int, j: int) -> str:
         """The ``output_tensors.params`` name of kernel ``ki``'s output ``j``."""
         k = self.kernels[ki]
-        base = f"{k.callee.replace('vm.builtin.', '')}_{ki}"
-        return base if len(k.outputs) == 1 else f"{base}:{j}"
+        return kernel_node_name(k.callee, len(k.outputs), ki, j)
 
     # -- a folder on disk ----------------------------------------------------------------
 
