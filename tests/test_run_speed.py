@@ -155,6 +155,122 @@ def test_inputs_in_workers_match_single_runs(tmp_path):
     assert verify_output(tmp_path / "many" / "s03", modes=("single", "entire", "source"))["passed"]
 
 
+def _tvm_threads() -> int:
+    """The size of the calling thread's TVM thread pool."""
+    import tvm_ffi
+
+    return int(tvm_ffi.get_global_func("runtime.NumThreads")())
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two cores")
+def test_inputs_workers_run_kernels_on_their_share_of_the_cores(tmp_path, monkeypatch):
+    """Each worker's kernels run on a TVM thread pool of its own with the threads it was given,
+    whatever pool the parent's thread made before the fork; the split is the cores over the
+    workers unless TVM_NUM_THREADS says otherwise."""
+    from irgen import pipeline, vm
+    from irgen.output import Progress
+
+    monkeypatch.setenv("TVM_NUM_THREADS", "1")
+    assert vm.use_threads(1) == 1 == _tvm_threads()  # this thread's pool: one thread, kept for its life
+
+    def work(name: str) -> None:
+        (tmp_path / name).write_text(f"{os.getpid()} {_tvm_threads()} {os.environ['TVM_NUM_THREADS']}")
+
+    names = [f"s{k}" for k in range(6)]
+    pipeline._in_workers(names, 2, 2, work, Progress(enabled=False))
+    seen = [(tmp_path / n).read_text().split() for n in names]
+    assert {(threads, env) for _, threads, env in seen} == {("2", "2")}
+    assert os.getpid() not in {int(pid) for pid, _, _ in seen} and len({pid for pid, _, _ in seen}) <= 2
+    assert _tvm_threads() == 1  # the parent's pool is untouched
+
+    monkeypatch.delenv("TVM_NUM_THREADS")
+    cores = len(os.sched_getaffinity(0))
+    assert [pipeline._kernel_threads(j) for j in (1, 2, cores + 1)] == [cores, max(1, cores // 2), 1]
+    monkeypatch.setenv("TVM_NUM_THREADS", "3")
+    assert pipeline._kernel_threads(2) == 3
+
+
+def test_inputs_after_parallel_kernels_in_the_parent(tmp_path):
+    """A process whose thread ran parallel kernels (its TVM pool has worker threads, which a
+    forked child does not inherit) then runs many inputs in two workers of two threads: the
+    workers do not wait forever on the lost threads, and write what single runs write."""
+    paths = _samples(tmp_path / "in", 3)
+    code = (
+        "import os, sys; os.environ['TVM_NUM_THREADS'] = '2'\n"
+        "from irgen.cli import main\n"
+        f"assert main(['run', {str(MODEL)!r}, '-o', {str(tmp_path / 'one')!r}, '--input', {str(paths[1])!r}, "
+        "'--no-progress']) == 0\n"
+        "import tvm_ffi; assert tvm_ffi.get_global_func('runtime.NumThreads')() == 2\n"
+        f"assert main(['run', {str(MODEL)!r}, '-o', {str(tmp_path / 'many')!r}, '--inputs', "
+        f"{str(tmp_path / 'in')!r}, '-j', '2', '--no-progress']) == 0\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert _files(tmp_path / "many" / paths[1].stem) == _files(tmp_path / "one")
+
+
+def _multi_output_qdq(folder: Path) -> Path:
+    """irgen.testing.models' QDQ CNN with two more outputs (the residual add and the pooled
+    features), quantized by ONNX Runtime."""
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper
+
+    from irgen.testing import models
+
+    src = models.float_onnx(folder / "float.onnx")
+    m = onnx.load(str(src))
+    m.graph.output.extend([helper.make_tensor_value_info("a", TensorProto.FLOAT, [1, 8, 4, 4]),
+                           helper.make_tensor_value_info("g", TensorProto.FLOAT, [1, 8, 1, 1])])
+    onnx.save(m, str(folder / "float3.onnx"))
+    return models.quantize_qdq(folder / "float3.onnx", folder / "qdq3.onnx")
+
+
+def test_inputs_two_workers_write_what_one_writes_on_a_multi_output_qdq_model(tmp_path):
+    from irgen.testing import models
+
+    model = _multi_output_qdq(tmp_path)
+    (tmp_path / "in").mkdir()
+    for k in range(4):
+        models.input_npy(tmp_path / "in" / f"x{k}.npy", seed=k)
+    for j in ("1", "2"):
+        assert main(["run", str(model), "-o", str(tmp_path / f"j{j}"), "--inputs", str(tmp_path / "in"), "-j", j,
+                     "--no-progress"]) == 0
+    ir = json.loads((tmp_path / "j2" / "x3" / "ir.json").read_text())
+    assert len(ir["outputs"]) == 3 and ir["layers"]
+    for k in range(4):
+        assert _files(tmp_path / "j1" / f"x{k}") == _files(tmp_path / "j2" / f"x{k}")
+    assert main(["run", str(model), "-o", str(tmp_path / "one"), "--input", str(tmp_path / "in" / "x2.npy"),
+                 "--no-progress"]) == 0
+    assert _files(tmp_path / "one") == _files(tmp_path / "j2" / "x2")
+    assert verify_output(tmp_path / "j2" / "x2", modes=("single", "source"))["passed"]  # against onnxruntime
+
+
+def test_inputs_failing_worker(tmp_path, monkeypatch, capsys):
+    """A sample that fails in a worker is named, a worker that dies is reported, the other
+    worker stops, and no output (nor a hidden partial folder) is left."""
+    from irgen import pipeline
+
+    _samples(tmp_path / "in", 6)
+    real = pipeline.write_output
+
+    def failing(host, plan, arrays, folder, *args, **kwargs):
+        if folder.tmp.name == "s03" and not os.environ.get("DIE"):
+            raise OSError(28, "No space left on device")
+        if folder.tmp.name == "s04" and os.environ.get("DIE"):
+            os._exit(9)
+        return real(host, plan, arrays, folder, *args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "write_output", failing)  # the workers are forked: they have it too
+    for die, message in (("", "sample 's03': OSError: [Errno 28] No space left on device"),
+                         ("1", "a worker process died (exit code 9)")):
+        monkeypatch.setenv("DIE", die)
+        capsys.readouterr()
+        assert main(["run", str(MODEL), "-o", str(tmp_path / "out"), "--inputs", str(tmp_path / "in"), "-j", "2",
+                     "--no-progress"]) == 2
+        assert message in capsys.readouterr().err
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]
+
+
 def test_inputs_from_one_npz(tmp_path, capsys):
     rng = np.random.default_rng(3)
     arrays = {"b": rng.standard_normal(SHAPE).astype(np.float32), "a": rng.standard_normal(SHAPE).astype(np.float32)}

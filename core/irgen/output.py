@@ -191,16 +191,26 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def write_manifest(folder: OutputFolder, info: dict[str, Any], data_files: dict[str, dict[str, Any]] | None = None) -> Path:
+def file_identity(st: os.stat_result) -> tuple[int, ...]:
+    """The same file (a hard link of it too), unchanged: device, inode, size, modification time."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def write_manifest(folder: OutputFolder, info: dict[str, Any], data_files: dict[str, dict[str, Any]] | None = None,
+                   known: dict[tuple[int, ...], str] | None = None) -> Path:
     """``manifest.json``: every file with size and sha256, plus ``info``; a tensor's data
     file also with what ``data_files`` says of its content (``tensor``, ``dtype``,
-    ``shape``, ``layout``, ``byte_order``, ...), keyed by its path relative to OUT."""
+    ``shape``, ``layout``, ``byte_order``, ...), keyed by its path relative to OUT.
+    ``known``: the sha256 of files hashed before, by :func:`file_identity` (the parameter
+    files ``irgen run --inputs`` links into every sample's folder: hashed once)."""
     files = []
     for p in sorted(folder.tmp.rglob("*")):
         if p.is_file():
             rel = p.relative_to(folder.tmp).as_posix()
             extra = {k: v for k, v in (data_files or {}).get(rel, {}).items() if k not in ("path", "size", "sha256")}
-            files.append({"path": rel, "size": p.stat().st_size, "sha256": sha256_file(p), **extra})
+            st = p.stat()
+            digest = (known or {}).get(file_identity(st)) or sha256_file(p)
+            files.append({"path": rel, "size": st.st_size, "sha256": digest, **extra})
     path = folder.path("manifest.json")
     path.write_text(json.dumps({**info, "files": files}, indent=1) + "\n")
     return path

@@ -27,7 +27,7 @@ from irgen.api import (Backend, ImportedModel, InputSpec, IrgenError, Quantizer,
                        UnsupportedOpsError)
 from irgen.names import SafeNames
 from irgen.plugins import call_plugin
-from irgen.output import OutputFolder, ParamsStreamWriter, Progress, write_manifest
+from irgen.output import OutputFolder, ParamsStreamWriter, Progress, file_identity, sha256_file, write_manifest
 from irgen.plan import Plan, PlanKernel
 from irgen.safeio import (DEFAULT_MAX_TENSOR_BYTES, check_tensor_size, file_or_folder, load_npy, open_regular,
                           regular_tree)
@@ -632,6 +632,9 @@ class SharedParams:
         self.records = _write_params(plan, write)
         self.manifest = {rel: dict(v) for rel, v in write.manifest.items() if rel.startswith("parameters/")}
         self.storage = {rel: v for rel, v in write.storage.items() if rel.startswith("parameters/")}
+        # each file's sha256 for every sample's manifest.json, hashed once (a link is the same file)
+        self.digests = {file_identity((self.folder / rel).stat()): sha256_file(self.folder / rel)
+                        for rel in self.manifest}
 
     def link_into(self, write) -> dict[tuple[int, str], dict[str, Any]]:
         """Put the parameter files into ``write``'s folder (linked; copied where the file
@@ -852,6 +855,7 @@ def write_output(host, plan: Plan, arrays: list[np.ndarray], folder: OutputFolde
             "frontend_options": frontend_options(options, host),
         },
         write.manifest,
+        shared.digests if shared is not None else None,
     )
     return ir, write.manifest
 
@@ -930,66 +934,99 @@ def run_many(host, model: Path, out: Path, samples_from: Path, jobs: int = 1, op
     stems = SafeNames()
     arrays = {stems(name): load_inputs(plan.inputs, [], 0, limit, given) for name, given in samples}  # all checked first
     named = list(arrays)
-    progress.stage(f"capture {len(named)} samples ({jobs} worker{'s' if jobs > 1 else ''})")
-
-    def one(name: str, shared: SharedParams | None, quiet: Progress) -> None:
-        write_output(host, plan, arrays[name], _SampleFolder(folder.tmp / name), model, model_sha, be, sers, options,
-                     command, quiet, shared)
+    workers = min(jobs, len(named))
+    threads = _kernel_threads(workers)
+    progress.stage(f"capture {len(named)} samples ({workers} worker{'s' if workers > 1 else ''}, "
+                   f"{threads} kernel thread{'s' if threads > 1 else ''} each)")
 
     with folder:
         first = _SampleFolder(folder.tmp / named[0])
         shared = SharedParams(plan, _TensorWriter(first, be, host.backends, json.loads(json.dumps(plan.records)),
                                                   plan.static_shapes, bool(options.get("compress"))))
         quiet = Progress(enabled=False)
-        if jobs == 1 or len(named) == 1:
-            for i, name in enumerate(named, 1):
-                one(name, shared, quiet)
-                progress.step("samples", i, len(named))
-        else:
-            _in_workers(named, jobs, lambda name: one(name, shared, quiet), progress)
+
+        def one(name: str) -> None:
+            write_output(host, plan, arrays[name], _SampleFolder(folder.tmp / name), model, model_sha, be, sers,
+                         options, command, quiet, shared)
+
+        _in_workers(named, workers, threads, one, progress)
     progress.done(f"wrote {out} ({len(named)} samples, {len(plan.records)} layers each"
                   f"{', compiled model from the cache' if plan.from_cache else ''})")
     return named
 
 
-def _in_workers(names: list[str], jobs: int, work: Callable[[str], None], progress: Progress) -> None:
+def _kernel_threads(workers: int) -> int:
+    """TVM threads for each of ``workers`` worker processes: ``TVM_NUM_THREADS`` when set,
+    else the cores this process may run on, shared out (TVM's own default, half the cores on
+    x86 for hyper-threading, would leave a 2-core machine's second core idle at ``-j 1``,
+    and its spinning workers would oversubscribe the cores at ``-j 2``)."""
+    given = os.environ.get("TVM_NUM_THREADS", "").strip()
+    if given.isdigit() and int(given) > 0:
+        return int(given)
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, cores // workers)
+
+
+def _in_workers(names: list[str], jobs: int, threads: int, work: Callable[[str], None], progress: Progress) -> None:
     """``work(name)`` for every name in ``jobs`` forked worker processes (the compiled plan
-    is inherited, not reloaded), each with its share of the cores; one progress line. The
-    first failure stops the others and is raised."""
+    is inherited, not reloaded), each taking the next name when it is free, with one progress
+    line. A worker runs the kernels on a new thread whose TVM thread pool has ``threads``
+    workers (TVM keeps a pool per thread: one inherited from the parent through the fork
+    would have lost its threads). The first failure stops the others and is raised."""
     import multiprocessing as mp
+    import threading
+    import time
+
+    from irgen import vm
 
     ctx = mp.get_context("fork")
     queue = ctx.SimpleQueue()
-    threads = max(1, (os.cpu_count() or 1) // jobs)
+    taken = ctx.Value("q", 0)  # names handed out so far
 
-    def worker(chunk: list[str]) -> None:
-        os.environ["TVM_NUM_THREADS"] = str(threads)
-        for name in chunk:
-            try:
+    def next_name() -> str | None:
+        with taken.get_lock():
+            i = taken.value
+            taken.value = i + 1
+        return names[i] if i < len(names) else None
+
+    def samples() -> None:
+        name = None
+        try:
+            vm.use_threads(threads)
+            while (name := next_name()) is not None:
                 work(name)
-            except BaseException as err:  # noqa: BLE001  reported to the parent, which raises it
-                queue.put(("error", name, f"{type(err).__name__}: {err}" if not isinstance(err, IrgenError)
-                           else str(err)))
-                os._exit(1)
-            queue.put(("done", name, None))
-        os._exit(0)
+                queue.put(("done", name, None))
+        except BaseException as err:  # noqa: BLE001  reported to the parent, which raises it
+            queue.put(("error", name, f"{type(err).__name__}: {err}" if not isinstance(err, IrgenError)
+                       else str(err)))
 
-    procs = [ctx.Process(target=worker, args=(names[k::jobs],), daemon=True) for k in range(jobs)]
+    def worker() -> None:
+        t = threading.Thread(target=samples, name="irgen-samples")
+        t.start()
+        t.join()
+        os._exit(0)  # an error went to the parent, which stops the others
+
+    procs = [ctx.Process(target=worker, daemon=True) for _ in range(jobs)]
     for p in procs:
         p.start()
     done = 0
     try:
         while done < len(names):
             if queue.empty():
-                if not any(p.is_alive() for p in procs) and queue.empty():
-                    raise IrgenError(f"--inputs: a worker process died ({done} of {len(names)} samples written)")
-                import time
-
+                lost = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+                if (lost or not any(p.is_alive() for p in procs)) and queue.empty():
+                    why = f" (exit code {lost[0]})" if lost else ""
+                    raise IrgenError(f"--inputs: a worker process died{why}; {done} of {len(names)} samples "
+                                     "were written")
                 time.sleep(0.02)
                 continue
             status, name, message = queue.get()
             if status == "error":
-                raise IrgenError(f"--inputs: sample {name!r}: {message}")
+                raise IrgenError(f"--inputs: sample {name!r}: {message}" if name is not None
+                                 else f"--inputs: a worker could not start: {message}")
             done += 1
             progress.step("samples", done, len(names))
     finally:

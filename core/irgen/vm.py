@@ -89,3 +89,19 @@ def run(lib: Any, inputs: list[np.ndarray], kernels: list, on_output: Callable[[
     vm["main"](*[tvm_ffi.from_dlpack(x) for x in inputs])  # C-ordered arrays (pipeline.load_inputs)
     if cap.pos != len(kernels):
         raise IrgenError(f"internal: saw {cap.pos} of {len(kernels)} kernel calls")
+
+
+def use_threads(threads: int) -> int:
+    """Run this process's kernels on ``threads`` threads: for a worker process, from the thread
+    that runs its kernels; returns the size of that thread's TVM thread pool. TVM reads
+    ``TVM_NUM_THREADS`` at every parallel kernel (1: the kernel runs on the calling thread
+    alone; unset: half the cores on x86, for hyper-threading) and when a thread's pool is made,
+    on its first parallel kernel; the pool is the thread's for its life, so a thread that ran
+    one before keeps its size (and a pool inherited through ``fork`` has lost its threads)."""
+    import os
+
+    import tvm_ffi
+
+    _load_runtime()
+    os.environ["TVM_NUM_THREADS"] = str(threads)
+    return int(tvm_ffi.get_global_func("runtime.NumThreads")())
