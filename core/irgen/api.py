@@ -170,12 +170,21 @@ class FusionRule:
     (default: the anchor's op name). :data:`ATTENTION_FUSION` is such a rule.
 
     In a quantized model the rules apply to the scheme's layers (one per source op,
-    its integer arithmetic in place of the op): a rule anchored on a layer's compute
-    op (``relax.nn.conv2d``, ``relax.matmul``) absorbs following *integer* layers
-    (max pool, reshape: no requantization of their own) its followers name; the
-    layer's ``quant`` keeps the anchor's requantization and ``quant.fused_after``
-    counts the followers' ops. Followers with their own requantization (a
-    residual add, a softmax) stay layers of their own.
+    its integer arithmetic in place of the op), each matched by its compute op
+    (``relax.nn.conv2d``, ``relax.matmul``, ``relax.nn.max_pool2d``). Exact *integer*
+    followers (max pool, reshape: no requantization of their own) join the anchor's
+    layer, whose ``quant`` keeps the anchor's requantization, ``quant.fused_after``
+    counting the followers' ops. With ``requantized_followers`` (API 1.2; hardware
+    that runs a second requantization stage in the same layer) followers with their
+    own requantization join too (a residual add, a relu or sigmoid table), a layer
+    that requantizes being matched by the op it stands for (a quantized add is
+    ``relax.add``, a relu table ``relax.nn.relu``): the layer's ``quant`` is ``kind:
+    "fused"`` with ``steps``, one scheme record per merged layer, each with its own
+    requantization; under ``tensor_operands`` a follower's other operand (the
+    residual) becomes an input of the layer. The golden data does not change: the
+    merged layer's output file is the last follower's. A follower with weights (a
+    convolution) or a second table stays a layer of its own; without the flag,
+    followers that requantize stay layers of their own.
     """
 
     name: str
@@ -184,6 +193,7 @@ class FusionRule:
     required: frozenset[int] = frozenset()
     tensor_operands: bool = False
     op: str | None = None
+    requantized_followers: bool = False
 
 
 #: Scaled dot-product attention written as its steps (what ONNX exporters and

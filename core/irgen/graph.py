@@ -12,7 +12,7 @@ the executed module by those names.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace as _replace
 from typing import Any, Callable
 
 import numpy as np
@@ -632,6 +632,10 @@ class Layer:
     #: a quantized layer a fusion rule extended with integer followers: the members of the
     #: anchor's own layer (its scheme's recompute covers them; the followers' ops run after)
     head: list[str] | None = None
+    #: a quantized layer a fusion rule extended with followers that requantize (a residual
+    #: add, an activation table) or read other tensors: the members of each scheme layer
+    #: merged, in order (the anchor's first); ``quant.steps`` holds one record per step
+    steps: list[list[str]] | None = None
 
 
 def tuple_output_outside_dataflow(mod: tvm.IRModule) -> tvm.IRModule:
@@ -832,8 +836,7 @@ def _execution_order(layers: list[Layer], bindings: list[Binding], assigned: dic
                 heapq.heappush(heap, r)
     if len(order) != len(layers):
         raise IrgenError("internal: the formed layers read each other's results in a cycle")
-    return [Layer(i, layers[k].members, layers[k].anchor, layers[k].rule, op=layers[k].op)
-            for i, k in enumerate(order)]
+    return [_replace(layers[k], index=i) for i, k in enumerate(order)]
 
 
 #: ops that only view one item of a multi-output op differently (unbind = split + squeeze per item)
@@ -914,18 +917,78 @@ def cut_layers(bindings: list[Binding], provenance: Provenance, main_output: rel
     return layers
 
 
+def merge_quantized_rolls(layers: list[Layer], bindings: list[Binding], main_output: relax.Expr) -> list[Layer]:
+    """A roll that a quantized graph keeps as one layer per op (ONNX QDQ quantizes each Slice
+    and Concat of an exported ``torch.roll``) becomes one layer of op ``roll``, as in a float
+    graph: per axis two slices of one tensor and their concat (:func:`irgen.canonical.rotation`),
+    each layer exact data movement (its one member the slice or the concat: the scheme put
+    no requantization there), the slices read by the concat alone; a chain of such rotations
+    (a roll over several axes) is one layer."""
+    from irgen.canonical import rotation
+
+    by_name = {b.name: b for b in bindings}
+    layer_of = {m: l.index for l in layers for m in l.members}
+    users = users_of(bindings)
+    out_names = set(var_names(main_output))
+
+    def alone(layer: Layer, op: str) -> bool:
+        return len(layer.members) == 1 and by_name[layer.members[0]].op == op
+
+    def read_only_by(name: str, readers: set[int]) -> bool:
+        return name not in out_names and all(layer_of.get(bindings[k].name) in readers for k in users.get(name, []))
+
+    groups: dict[int, list[int]] = {}  # the layer index of a rotation's concat -> the layers of its roll
+    for layer in layers:
+        if not alone(layer, "relax.concat"):
+            continue
+        b = by_name[layer.members[0]]
+        fields = getattr(b.value.args[0], "fields", [])
+        pieces = [layer_of.get(f.name) if isinstance(f, relax.Var) else None for f in fields]
+        if len(pieces) != 2 or None in pieces or len(set(pieces)) != 2 \
+                or not all(alone(layers[k], "relax.strided_slice") and read_only_by(layers[k].outputs[0], {layer.index})
+                           for k in pieces) or rotation(b, by_name) is None:
+            continue
+        group = sorted(pieces) + [layer.index]
+        x = by_name[layers[pieces[0]].members[0]].value.args[0]
+        before = layer_of.get(x.name) if isinstance(x, relax.Var) else None
+        if before in groups and read_only_by(x.name, set(pieces)):  # the roll's next axis
+            group = groups.pop(before) + group
+        groups[layer.index] = group
+    if not groups:
+        return layers
+    merged = {k for g in groups.values() for k in g}
+    out: list[Layer] = []
+    for layer in layers:
+        if layer.index in groups:
+            members = [m for k in groups[layer.index] for m in layers[k].members]
+            out.append(Layer(len(out), members, members[-1], layer.rule, list(layer.outputs), op="roll"))
+        elif layer.index not in merged:
+            out.append(_replace(layer, index=len(out)))
+    return out
+
+
 def fuse_quantized_layers(layers: list[Layer], bindings: list[Binding], rules: list[FusionRule],
-                          kinds: dict[int, str | None], main_output: relax.Expr) -> list[Layer]:
+                          quants: dict[int, dict[str, Any] | None], main_output: relax.Expr) -> list[Layer]:
     """A backend's fusion rules over the layers of a realized quantized graph.
 
     A scheme cuts its graph into one layer per source op (its integer arithmetic in
-    place of that op); here a rule whose anchor is a layer's compute op absorbs the
-    following layers its ``followers`` name, each read only by the next and reading
-    only the previous layer's result, as :func:`form_layers` does for single ops. A
-    follower must be an exact integer layer (``kinds[index] == "integer"``: max pool,
-    reshape, ...), with no requantization of its own: the IR's ``quant`` record holds
-    one requantization per layer. The merged layer keeps the anchor layer's members
-    as ``head``."""
+    place of that op; ``quants``: each layer's ``quant`` record by index). Here a rule
+    whose anchor names a layer's op absorbs the following layers its ``followers`` name,
+    each read only by the next, as :func:`form_layers` does for single ops. A layer's op
+    is its compute op (``relax.nn.conv2d``, ``relax.matmul``, ``relax.nn.max_pool2d``)
+    or, for a layer that requantizes and a rule with ``requantized_followers``, the op
+    it stands for (a quantized add matches ``relax.add``, a relu table ``relax.nn.relu``).
+
+    A follower that is an exact integer layer (``kind`` ``integer``: max pool, reshape)
+    reading only the previous result joins with any rule: the merged layer keeps the
+    anchor layer's members as ``head`` (``quant.fused_after``). Under a rule's
+    ``requantized_followers``, a follower with a requantization of its own (a residual
+    add, an activation table) or, under ``tensor_operands`` too, reading other tensors
+    (the residual add's other operand, which becomes an input of the merged layer)
+    joins as well, and the merged layer is a chain of steps: ``steps`` lists each
+    scheme layer's members (``quant.steps``, one record per step). A follower with
+    weights of its own (a convolution, a matmul) or a second table is never absorbed.
+    Merged layers whose inputs are computed after their anchor run where they can."""
     by_name = {b.name: b for b in bindings}
     layer_of = {m: l.index for l in layers for m in l.members}
     users = users_of(bindings)
@@ -935,16 +998,38 @@ def fuse_quantized_layers(layers: list[Layer], bindings: list[Binding], rules: l
         mset = set(layer.members)
         return {a for m in layer.members for a in var_names(by_name[m].value) if a not in mset}
 
-    def next_layer(layer: Layer, followers: frozenset[str], taken: set[int]) -> Layer | None:
-        if len(layer.outputs) != 1 or layer.outputs[0] in out_names:
+    def requantizes(layer: Layer) -> bool:
+        return (quants.get(layer.index) or {}).get("kind") not in (None, "integer")
+
+    def matches(layer: Layer, names: frozenset[str], rule: FusionRule) -> bool:
+        if by_name[layer.anchor].op in names:
+            return True
+        return (rule.requantized_followers and requantizes(layer)
+                and _quantized_op(layer, quants[layer.index], by_name) in {_short(n) for n in names})
+
+    def tables(layer: Layer) -> int:
+        return sum(1 for m in layer.members if by_name[m].op == "relax.take"
+                   and isinstance(by_name[m].value.args[0], Constant))
+
+    def next_layer(layer: Layer, followers: frozenset[str], rule: FusionRule, chain: list[Layer],
+                   taken: set[int]) -> Layer | None:
+        if len(layer.outputs) != 1 or layer.outputs[0] in out_names or layer.outputs[0] != layer.members[-1]:
             return None
         out = layer.outputs[0]
         readers = {layer_of.get(bindings[k].name) for k in users.get(out, [])}
         if len(readers) != 1 or None in readers:
             return None
         nxt = layers[readers.pop()]
-        if (nxt.index in taken or kinds.get(nxt.index) != "integer" or by_name[nxt.anchor].op not in followers
-                or reads(nxt) != {out}):
+        if nxt.index in taken or quants.get(nxt.index) is None or not matches(nxt, followers, rule):
+            return None
+        extra = reads(nxt) - {out}
+        if not requantizes(nxt) and not extra:
+            return nxt  # an exact integer follower: the anchor's requantization covers the layer
+        anchor_q = quants.get(chain[0].index)
+        if (not rule.requantized_followers or anchor_q is None or quants[nxt.index].get("scheme") != anchor_q.get("scheme")
+                or (extra and not rule.tensor_operands)
+                or any(by_name[m].op in _COMPUTE for m in nxt.members)
+                or tables(nxt) + sum(tables(c) for c in chain) > 1):
             return None
         return nxt
 
@@ -954,25 +1039,45 @@ def fuse_quantized_layers(layers: list[Layer], bindings: list[Binding], rules: l
         if layer.index in taken:
             continue
         best: list[Layer] = []
-        for rule in (r for r in rules if by_name[layer.anchor].op in r.anchor):
-            chain, absorbed, tail = [], set(), layer
+        for rule in (r for r in rules if matches(layer, r.anchor, r)):
+            chain, absorbed, tail = [layer], set(), layer
             for k, followers in enumerate(rule.followers):
-                nxt = next_layer(tail, followers, taken)
+                nxt = next_layer(tail, followers, rule, chain, taken)
                 if nxt is not None:
                     chain.append(nxt)
                     absorbed.add(k)
                     tail = nxt
             if rule.required <= absorbed:
-                best = chain
-                if chain:
-                    layer = Layer(layer.index, [*layer.members, *(m for c in chain for m in c.members)], layer.anchor,
-                                  rule.name, list(chain[-1].outputs), op=rule.op, head=list(layer.members))
+                best = chain[1:]
+                if best:
+                    stepwise = any(requantizes(c) or reads(c) != {p.outputs[0]} for p, c in zip(chain, best))
+                    layer = Layer(layer.index, [m for c in chain for m in c.members], layer.anchor, rule.name,
+                                  list(best[-1].outputs), op=rule.op, head=list(layer.members),
+                                  steps=[list(c.members) for c in chain] if stepwise else None)
                 break
         taken.update(c.index for c in best)
         fused.append(layer)
     for k, layer in enumerate(fused):
         layer.index = k
-    return fused
+    # a merged layer reading a tensor computed after its anchor (a residual add's other
+    # operand) runs after that tensor's layer
+    return _execution_order(fused, bindings, {m: l.index for l in fused for m in l.members})
+
+
+def _short(relax_op: str) -> str:
+    """The IR op a rule's Relax op name stands for (``relax.nn.relu`` -> ``relu``)."""
+    from irgen.ir import CANONICAL_OPS, LAYER_OP_NAMES
+
+    name = LAYER_OP_NAMES.get(relax_op) or OP_NAMES.get(relax_op) or relax_op.removeprefix("relax.").removeprefix("nn.")
+    return CANONICAL_OPS.get(name, name)
+
+
+def _quantized_op(layer: Layer, quant: dict[str, Any], by_name: dict[str, Binding]) -> str:
+    """The IR op of a layer a scheme realized with a requantization (``add``, ``relu``...)."""
+    from irgen.ir import CANONICAL_OPS, _quant_op
+
+    op = _quant_op(quant, [by_name[m] for m in layer.members])
+    return CANONICAL_OPS.get(op, op)
 
 
 # --------------------------------------------------------------------------

@@ -66,6 +66,16 @@ def _roll_attrs(members: list[Binding]) -> dict[str, Any]:
     return {"shifts": [int(s) for _, _, s in steps], "axes": [int(a) for _, a, _ in steps]}
 
 
+def quantized_roll(quant: dict[str, Any], members: list[Binding]) -> dict[str, Any] | None:
+    """The ``quant`` record of a quantized layer that is a roll (rotations merged by
+    :func:`irgen.graph.merge_quantized_rolls`, exact data movement): ``kind`` ``integer``,
+    ``op`` ``roll``, the scheme's input and output quantization (the same); None for others."""
+    if len(members) < 3 or not is_roll(members) or not quant.get("inputs") or "output" not in quant:
+        return None
+    return {"scheme": quant["scheme"], "kind": "integer", "op": "roll", "inputs": [quant["inputs"][0]],
+            "output": quant["output"]}
+
+
 # attributes of a layer a fusion rule formed (beside its anchor's), by the rule's op
 LAYER_ATTRS = {"attention": _attention_attrs}
 
@@ -249,6 +259,7 @@ def build_layer_record(
     tensor_name: dict[str, str],
     layer_name: str,
     quant: dict[str, Any] | None = None,
+    steps: list[dict[str, Any] | None] | None = None,
 ) -> LayerRecord:
     """The IR record of one layer.
 
@@ -256,6 +267,10 @@ def build_layer_record(
     names. ``fused_ops`` is a small program: each op's ``args`` name a layer
     input (``input:K``), a parameter (``param:ROLE``), an earlier op's result
     (``op:J``) or a literal; it is what the numpy reference runs.
+
+    ``quant`` is the anchor's record; ``steps`` (a layer a fusion rule merged from several
+    scheme layers that requantize, :attr:`irgen.graph.Layer.steps`) each merged layer's,
+    which become ``quant.steps`` (:func:`_stepwise_quant`).
 
     Steps: the layer's inputs, its parameters, the ``fused_ops`` program, the
     anchor's attributes and activation, the source nodes folded in, the layer op;
@@ -282,7 +297,59 @@ def build_layer_record(
         "source": source,
     }
     _uniform_bias(record, arrays)
+    if steps is not None:
+        record["quant"] = _stepwise_quant(layer, by_name, ext, steps, len(record["fused_ops"]) - len(members))
+        record["attrs"] = _stepwise_attrs(layer, by_name, attrs, steps[-1])
     return LayerRecord(record, arrays)
+
+
+def _stepwise_quant(layer: Layer, by_name: dict[str, Binding], ext: list[str], steps: list[dict[str, Any] | None],
+                    extra_ops: int) -> dict[str, Any]:
+    """The ``quant`` of a layer merged from several scheme layers that requantize: ``kind``
+    ``fused``, ``steps`` one record per merged layer in order, each the scheme's own record
+    plus ``ops`` (how many consecutive ``fused_ops`` are the step's; the first step's count
+    the bias reshape :func:`_uniform_bias` put first) and ``args`` (the step's inputs in
+    its record's order: ``input:K``, the layer's input K, or ``step:J``, step J's result).
+    ``inputs`` are the layer's inputs' quantization (null where no step's record gives it),
+    ``output`` the last step's."""
+    if any(q is None for q in steps):
+        raise ValueError(f"internal: a merged layer of {layer.anchor!r} has a step without a quant record")
+    result_of: dict[str, int] = {}
+    inputs: list[Any] = [None] * len(ext)
+    records = []
+    for i, (names, q) in enumerate(zip(layer.steps or [], steps)):
+        step_ext = _layer_inputs([by_name[m] for m in names], set(names))
+        own = q.get("inputs") if isinstance(q.get("inputs"), list) and len(q["inputs"]) == len(step_ext) else None
+        args = []
+        for p, v in enumerate(step_ext):
+            if v in result_of:
+                args.append(f"step:{result_of[v]}")
+                continue
+            k = ext.index(v)
+            args.append(f"input:{k}")
+            if inputs[k] is None and own is not None:
+                inputs[k] = own[p]
+        result_of[names[-1]] = i
+        records.append({**q, "ops": len(names) + (extra_ops if i == 0 else 0), "args": args})
+    return {"scheme": records[0]["scheme"], "kind": "fused", "inputs": inputs, "output": records[-1].get("output"),
+            "steps": records}
+
+
+def _stepwise_attrs(layer: Layer, by_name: dict[str, Binding], attrs: dict[str, Any], last: dict[str, Any]
+                    ) -> dict[str, Any]:
+    """The anchor's attributes; ``activation`` the last step when that is an activation (a
+    relu table after a conv), else none: the anchor's clamp no longer ends the layer."""
+    attrs = {k: v for k, v in attrs.items() if k != "activation"}
+    members = [by_name[m] for m in (layer.steps or [[]])[-1]]
+    op = _quant_op(last, members) if last.get("kind") not in (None, "integer") else short_op(members[-1])
+    op = CANONICAL_OPS.get(op, op)
+    if op in STEP_ACTIVATIONS:
+        attrs["activation"] = {"op": op}
+    return attrs
+
+
+#: the layer ops that are an activation when they end a merged layer
+STEP_ACTIVATIONS = frozenset({"relu", "clip", "sigmoid", "tanh", "gelu", "silu"}) | COMPOUND_OPS
 
 
 def _layer_inputs(members: list[Binding], mset: set[str]) -> list[str]:
@@ -410,7 +477,7 @@ def _layer_op(layer: Layer, members: list[Binding], anchor: Binding, attrs: dict
     elif layer.rule is None and is_roll(members):  # a roll the exporter wrote as slices and concats
         op = "roll"
     op = CANONICAL_OPS.get(op, op)
-    if op == "roll" and quant is None and is_roll(members):  # .pt2's aten.roll steps too
+    if op == "roll" and is_roll(members):  # .pt2's aten.roll steps and quantized rolls too
         attrs = _roll_attrs(members)
     if op == "conv2d" and _depthwise(attrs, ext, by_name, layer):
         op = "depthwise_conv2d"

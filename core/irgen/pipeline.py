@@ -233,7 +233,7 @@ def _form_layers(host, imported: ImportedModel, be: Backend, quantizer: str | No
     from tvm import relax
 
     from irgen.graph import (cut_layers, flatten_tuples, fold_batch_norm, form_layers, fuse_quantized_layers,
-                             main_bindings, static_shapes, tuple_output_outside_dataflow)
+                             main_bindings, merge_quantized_rolls, static_shapes, tuple_output_outside_dataflow)
     from irgen.quant import QGraph
 
     progress.stage("form layers")
@@ -257,9 +257,10 @@ def _form_layers(host, imported: ImportedModel, be: Backend, quantizer: str | No
     func, bindings = main_bindings(relax.transform.FoldConstant()(mod))
     main_out = func.body.body
     if scheme is not None:
-        layers = cut_layers(bindings, imported.provenance, main_out)
-        kinds = {l.index: (_layer_quant(l.members, quant) or {}).get("kind") for l in layers}
-        layers = fuse_quantized_layers(layers, bindings, be.fusion_rules, kinds, main_out)
+        layers = merge_quantized_rolls(cut_layers(bindings, imported.provenance, main_out), bindings, main_out)
+        by_name = {b.name: b for b in bindings}
+        quants = {l.index: _layer_quant(l.members, quant, by_name) for l in layers}
+        layers = fuse_quantized_layers(layers, bindings, be.fusion_rules, quants, main_out)
     else:
         layers = form_layers(bindings, be.fusion_rules, imported.provenance, main_out)
     return _Graph(mod, func, bindings, main_out, layers, {b.name: b for b in bindings}, quant, scheme)
@@ -293,9 +294,15 @@ def _name(graph: _Graph, imported: ImportedModel) -> _Names:
     return _Names(layer_names, tensor_name, aliases)
 
 
-def _layer_quant(members: list[str], quant: dict[str, dict]) -> dict | None:
-    """The ``quant`` record of the layer of ``members``: its last member's that has one."""
-    return next((quant[m] for m in reversed(members) if m in quant), None)
+def _layer_quant(members: list[str], quant: dict[str, dict], by_name: dict | None = None) -> dict | None:
+    """The ``quant`` record of the layer of ``members``: its last member's that has one; for
+    exact rotations merged into one layer (a quantized roll), an ``integer`` record of them."""
+    q = next((quant[m] for m in reversed(members) if m in quant), None)
+    if q is not None and by_name is not None:
+        from irgen.ir import quantized_roll
+
+        q = quantized_roll(q, [by_name[m] for m in members]) or q
+    return q
 
 
 def _layer_records(graph: _Graph, imported: ImportedModel, names: _Names, be: Backend) -> list:
@@ -304,11 +311,14 @@ def _layer_records(graph: _Graph, imported: ImportedModel, names: _Names, be: Ba
 
     records = []
     for layer in graph.layers:
-        q = _layer_quant(layer.head or layer.members, graph.quant)
-        if q is not None and layer.head:  # integer followers a fusion rule added: their ops run after the scheme's
+        q = _layer_quant(layer.head or layer.members, graph.quant, graph.by_name)
+        # followers a fusion rule added: with their own requantization, one quant record per step;
+        # exact integer ones run their ops after the scheme's
+        steps = [_layer_quant(s, graph.quant, graph.by_name) for s in layer.steps] if layer.steps else None
+        if q is not None and layer.head and not steps:
             q = {**q, "fused_after": len(layer.members) - len(layer.head)}
         records.append(build_layer_record(layer, graph.by_name, imported.provenance, names.tensor,
-                                          names.layer[layer.index], q))
+                                          names.layer[layer.index], q, steps=steps))
     if be.supported_ops is not None:
         bad = sorted({rec.record["op"] for rec in records} - set(be.supported_ops))
         if bad:

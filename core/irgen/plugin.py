@@ -33,6 +33,11 @@ Registration (what the hooks register)
   registers; their docstrings give every field.
 * ``FusionRule`` and ``ATTENTION_FUSION``: a backend's layer-forming rules
   (``Backend.fusion_rules``); ``ATTENTION_FUSION`` folds softmax attention into one layer.
+  ``FusionRule.requantized_followers`` (1.2): in quantized models the rule also merges
+  followers that requantize (a residual add after a convolution, a relu table); such a
+  layer's ``quant`` is ``kind: "fused"`` with ``steps`` (one scheme record per merged
+  layer), which ``check_layer`` and serializers then meet; ``FusionRule``'s docstring
+  says which followers join.
 * ``ImportedModel``, ``InputSpec``, ``Provenance``: what a frontend returns
   (the Relax module, its inputs, and which source nodes each binding came from).
 * ``TensorInfo``, ``StoredTensor``, ``TENSOR_KINDS`` (1.1): what
@@ -201,7 +206,7 @@ from irgen.safeio import (
     regular_tree,
 )
 
-API_VERSION = "1.1"
+API_VERSION = "1.2"
 
 #: names whose module imports TVM: (module, name there), loaded by :func:`__getattr__`
 _LAZY = {

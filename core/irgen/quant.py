@@ -213,6 +213,8 @@ def recompute(layer: dict[str, Any], inputs: list[np.ndarray], params: dict[str,
     knows no scheme by name. Raises NotImplementedError when the scheme registers none.
     """
     qr = layer["quant"]
+    if qr.get("steps") is not None:  # a backend's fusion rule merged layers that requantize
+        return _as_output(_recompute_steps(layer, inputs, params), layer)
     kind = qr["kind"]
     fn = scheme_recompute(qr["scheme"], kind)
     if fn is None:
@@ -231,6 +233,65 @@ def recompute(layer: dict[str, Any], inputs: list[np.ndarray], params: dict[str,
     y = fn({**layer, "fused_ops": ops[:head], "results": [f"op:{head - 1}"]}, inputs, params)
     tail = [{**op, "args": [_rebase(a, head) for a in op["args"]]} for op in ops[head:]]
     return run_layer({**layer, "fused_ops": tail, "results": [f"op:{after - 1}"]}, [y], {})[0]
+
+
+def _recompute_steps(layer: dict[str, Any], inputs: list[np.ndarray], params: dict[str, np.ndarray]) -> np.ndarray:
+    """A layer whose ``quant.steps`` are scheme layers merged by a fusion rule: each step is
+    recomputed by its scheme's recompute (:func:`recompute` of the step alone: its record as
+    ``quant``, its ``ops`` consecutive ``fused_ops``, its ``args`` as inputs) and feeds the
+    steps after it; the last step's result is the layer's."""
+    steps = layer["quant"]["steps"]
+    ops = layer["fused_ops"]
+    counts = [int(s["ops"]) for s in steps]
+    if not steps or min(counts) < 1 or sum(counts) != len(ops):
+        raise ValueError(f"quant.steps count {counts} ops, the layer has {len(ops)} fused_ops")
+    records = layer.get("inputs") or []
+    results: list[np.ndarray] = []
+    ends: dict[int, int] = {}  # the op index that is step J's result -> J
+    start = 0
+    for i, (step, n) in enumerate(zip(steps, counts)):
+        args = list(step["args"])
+        values, recs = [], []
+        for a in args:
+            what, _, j = str(a).partition(":")
+            if what == "input" and j.isdigit() and int(j) < len(inputs):
+                values.append(inputs[int(j)])
+                recs.append(records[int(j)] if int(j) < len(records) else {})
+            elif what == "step" and j.isdigit() and int(j) < i:
+                values.append(results[int(j)])
+                recs.append({"name": a, "shape": list(results[int(j)].shape), "dtype": str(results[int(j)].dtype)})
+            else:
+                raise ValueError(f"quant.steps[{i}].args: {a!r} is neither a layer input nor an earlier step")
+        last = i == len(steps) - 1
+        part = {**layer, "quant": {k: v for k, v in step.items() if k not in ("ops", "args")},
+                "fused_ops": [{**op, "args": [_step_arg(x, start, n, args, ends) for x in op["args"]]}
+                              for op in ops[start:start + n]],
+                "results": [f"op:{n - 1}"], "inputs": recs, "outputs": layer.get("outputs") if last else [],
+                "attrs": layer.get("attrs") or {} if i == 0 else {}}
+        results.append(np.asarray(recompute(part, values, params)))
+        ends[start + n - 1] = i
+        start += n
+    return results[-1]
+
+
+def _step_arg(arg: Any, start: int, n: int, args: list[str], ends: dict[int, int]) -> Any:
+    """An argument of one step's op, rebased onto the step alone: its own ops from ``op:0``,
+    its inputs as ``input:P`` in the order of its ``args``."""
+    if isinstance(arg, list):
+        return [_step_arg(a, start, n, args, ends) for a in arg]
+    if isinstance(arg, str) and arg.startswith("op:"):
+        j, dot, k = arg[3:].partition(".")
+        j = int(j)
+        if start <= j < start + n:
+            return f"op:{j - start}{dot}{k}"
+        if not dot and ends.get(j) is not None and f"step:{ends[j]}" in args:
+            return f"input:{args.index(f'step:{ends[j]}')}"
+        raise ValueError(f"a step's op reads {arg}, which is not one of its args {args}")
+    if isinstance(arg, str) and arg.startswith("input:"):
+        if arg not in args:
+            raise ValueError(f"a step's op reads {arg}, which is not one of its args {args}")
+        return f"input:{args.index(arg)}"
+    return arg
 
 
 def _as_output(y: np.ndarray, layer: dict[str, Any]) -> np.ndarray:

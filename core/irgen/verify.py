@@ -204,8 +204,13 @@ def quant_consistency(layer: dict) -> str | None:
 
     ``recompute`` uses the derived values (multipliers, requant scales); the
     scales beside them must still be the ones they came from, so a scale edited
-    in ``ir.json`` is caught even where the arithmetic does not read it."""
+    in ``ir.json`` is caught even where the arithmetic does not read it. A layer merged
+    from several scheme layers (``quant.steps``) is checked step by step."""
     qr = layer.get("quant") or {}
+    if isinstance(qr.get("steps"), list):
+        notes = [f"step {i}: {why}" for i, step in enumerate(qr["steps"])
+                 if isinstance(step, dict) and (why := quant_consistency({**layer, "quant": step}))]
+        return "; ".join(notes) or None
     rq = qr.get("requant") or {}
     if qr.get("kind") not in ("conv2d", "depthwise_conv2d", "dense") or not qr.get("inputs") or not qr.get("weight"):
         return None

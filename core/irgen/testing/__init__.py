@@ -69,6 +69,7 @@ class RunError(IrgenError):
 #: (name, plugin) registered by the active :func:`registered` blocks, innermost last
 _ACTIVE: list[tuple[str, Any]] = []
 _ORIGINAL_LOAD: Any = None
+_INSTALLED_IMPORTED = False
 
 
 def plugin_name(plugin: Any) -> str:
@@ -98,9 +99,13 @@ def registered(*plugins: Any, names: Sequence[str] | None = None) -> Iterator[An
     from irgen import quant
     from irgen.plugins import PluginHost
 
+    global _INSTALLED_IMPORTED
     names = list(names) if names is not None else [plugin_name(p) for p in plugins]
     if len(names) != len(plugins):
         raise ValueError("give one name per plugin")
+    if not _INSTALLED_IMPORTED:  # the installed plugins' import-time registrations (their recomputes)
+        PluginHost().load()     # belong to the saved state: a module imported in the block never
+        _INSTALLED_IMPORTED = True  # registers again after they are dropped on exit
     saved = (dict(quant.RECOMPUTE), dict(quant.CONSISTENCY), set(quant._SCHEMES_LOADED))
     if _ORIGINAL_LOAD is None:
         _ORIGINAL_LOAD = PluginHost.load

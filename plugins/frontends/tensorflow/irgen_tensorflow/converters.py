@@ -3,7 +3,7 @@ imports wrongly on quantized (int8) tensors.
 
 TVM's ``OperatorConverter`` refuses any quantized operator outside its
 ``_SUPPORTED_QUANTIZED_OPS``, although several of them only move int8 values
-(PAD, STRIDED_SLICE, TRANSPOSE, SQUEEZE, RESIZE_NEAREST_NEIGHBOR) and one does
+(PAD, STRIDED_SLICE, SLICE, TRANSPOSE, SQUEEZE, RESIZE_NEAREST_NEIGHBOR) and one does
 not read them at all (SHAPE). :data:`CONVERTERS` holds one function per TFLite
 operator, ``fn(converter, op) -> relax.Expr``; the frontend's converter installs
 them over TVM's and accepts these operators on quantized tensors
@@ -187,6 +187,36 @@ def convert_strided_slice(conv, op):
     return relax.op.reshape(expr, final)
 
 
+def convert_slice(conv, op):
+    """SLICE on a quantized tensor (TVM refuses it; TF's ``tf.roll`` converts to SLICE,
+    SLICE, CONCATENATION per axis): int8 values only move, so it is a unit-stride
+    strided_slice over the axes it narrows; other tensors go through TVM's converter."""
+    from tvm import relax
+
+    ins = _ins(conv, op)
+    x, out = ins[0], _out(conv, op)
+    if x.qnn_params is None:
+        return _tvm(conv).convert_slice(conv, op)
+    _same_qparams(conv, op, x, out, "SLICE")
+    expr = conv.get_expr(x.tensor_idx)
+    shape = [int(d) for d in expr.ty.shape.values]
+    begin, size = (np.asarray(conv.get_tensor_value(t)).reshape(-1).astype(np.int64) for t in ins[1:3])
+    if len(begin) != len(shape) or len(size) != len(shape):
+        raise ValueError("SLICE: begin and size must have one entry per input axis")
+    axes, lo, hi = [], [], []
+    for a, (dim, b, n) in enumerate(zip(shape, begin.tolist(), size.tolist())):
+        e = dim if n == -1 else b + n
+        if not 0 <= b <= e <= dim:
+            raise ValueError(f"SLICE: begin {b} size {n} out of range for a dimension of {dim}")
+        if (b, e) != (0, dim):
+            axes.append(a)
+            lo.append(b)
+            hi.append(e)
+    if not axes:
+        return expr
+    return relax.op.strided_slice(expr, axes=axes, begin=lo, end=hi)
+
+
 def convert_transpose(conv, op):
     ins = _ins(conv, op)
     _same_qparams(conv, op, ins[0], _out(conv, op), "TRANSPOSE")
@@ -303,6 +333,7 @@ CONVERTERS: dict[str, Callable[[Any, Any], Any]] = {
     "PADV2": convert_pad,
     "SHAPE": convert_shape,
     "STRIDED_SLICE": convert_strided_slice,
+    "SLICE": convert_slice,
     "TRANSPOSE": convert_transpose,
     "SQUEEZE": convert_squeeze,
     "RESHAPE": convert_reshape,
@@ -312,7 +343,7 @@ CONVERTERS: dict[str, Callable[[Any, Any], Any]] = {
 }
 
 #: operators accepted on quantized tensors besides TVM's own list
-QUANTIZED_OK = frozenset({"PAD", "PADV2", "SHAPE", "STRIDED_SLICE", "TRANSPOSE", "SQUEEZE",
+QUANTIZED_OK = frozenset({"PAD", "PADV2", "SHAPE", "STRIDED_SLICE", "SLICE", "TRANSPOSE", "SQUEEZE",
                           "RESIZE_NEAREST_NEIGHBOR", "PACK", "BATCH_MATMUL"})
 
 _FOLD_LIMIT = 4096  # elements: shape arithmetic, not data
