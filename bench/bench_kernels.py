@@ -7,8 +7,8 @@ model (``--no-cache``) and reports:
 
 * ``compile_s``: :func:`irgen.execute.lower` (the Relax passes, the schedule and
   ``relax.build``);
-* ``capture_s``: :func:`irgen.vm.run` (the kernels with irgen's capture, which
-  copies every kernel output and writes the activation files);
+* ``capture_s``: :func:`irgen.vm.run_program` (or :func:`irgen.vm.run`, the VM fallback):
+  the kernels with irgen's capture, which writes the activation files;
 * ``kernels_s``: the same run once more with a capture that keeps nothing (the kernels
   plus the instrument's bookkeeping);
 * ``total_s``: the whole ``irgen run`` in the child.
@@ -41,18 +41,20 @@ from irgen.testing import run_model
 
 model, x, out = sys.argv[1], sys.argv[2], sys.argv[3]
 t = {}
-lower, run = execute.lower, vm.run
+lower, run, run_program = execute.lower, vm.run, vm.run_program
 
 def timed_lower(*a, **k):
     t0 = time.perf_counter(); r = lower(*a, **k); t["compile_s"] = time.perf_counter() - t0
     return r
 
-def timed_run(lib, inputs, kernels, on_output):
-    t0 = time.perf_counter(); r = run(lib, inputs, kernels, on_output); t["capture_s"] = time.perf_counter() - t0
-    t0 = time.perf_counter(); run(lib, inputs, kernels, lambda *a: None); t["kernels_s"] = time.perf_counter() - t0
-    return r
+def timed(runner):  # vm.run (the Relax VM) or vm.run_program (irgen's executor): on_output is the last argument
+    def wrapped(*a):
+        t0 = time.perf_counter(); r = runner(*a); t["capture_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter(); runner(*a[:-1], lambda *_: None); t["kernels_s"] = time.perf_counter() - t0
+        return r
+    return wrapped
 
-execute.lower, vm.run = timed_lower, timed_run
+execute.lower, vm.run, vm.run_program = timed_lower, timed(run), timed(run_program)
 t0 = time.perf_counter()
 run_model(model, out, inputs=[x], force=True, args=["--no-cache"])
 t["total_s"] = time.perf_counter() - t0

@@ -63,6 +63,101 @@ def test_cached_run_writes_the_same_bytes(tmp_path, cache, capsys):
     assert verify_output(tmp_path / "warm", modes=("single", "entire", "source"))["passed"]
 
 
+def _split_model(path: Path) -> Path:
+    """conv (weights), a three-way split (one kernel, three outputs), relu/sigmoid, concat, a
+    reshape (a view), transpose, mean, dense; a second model output is a view of a split piece."""
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+
+    def init(name, shape):
+        return numpy_helper.from_array((rng.standard_normal(shape) * 0.3).astype(np.float32), name)
+
+    n = helper.make_node
+    nodes = [n("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
+             n("Split", ["c1"], ["s0", "s1", "s2"], axis=1, name="split"),
+             n("Relu", ["s0"], ["r0"], name="relu0"), n("Sigmoid", ["s1"], ["g1"], name="sig1"),
+             n("Concat", ["r0", "g1", "s2"], ["cat"], axis=1, name="cat"),
+             n("Reshape", ["cat", "shape"], ["rs"], name="reshape"),
+             n("Transpose", ["rs"], ["tr"], perm=[0, 2, 1], name="transpose"),
+             n("ReduceMean", ["tr"], ["m"], axes=[1], keepdims=0, name="mean"),
+             n("Gemm", ["m", "wf", "bf"], ["y"], transB=1, name="fc"), n("Flatten", ["s2"], ["y2"], name="flat")]
+    graph = helper.make_graph(
+        nodes, "split", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 5]),
+         helper.make_tensor_value_info("y2", TensorProto.FLOAT, [1, 256])],
+        [init("w1", (12, 3, 3, 3)), init("b1", (12,)), numpy_helper.from_array(np.array([1, 12, 64], np.int64), "shape"),
+         init("wf", (5, 12)), init("bf", (5,))])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+def _entries(cache: Path) -> list[Path]:
+    return [p for p in cache.iterdir() if not p.name.startswith(".")]
+
+
+@pytest.mark.parametrize("kind", ["split", "qdq"])
+@pytest.mark.parametrize("opt", [0, 3])
+def test_warm_run_streams_weights_and_writes_the_same_bytes(tmp_path, cache, monkeypatch, kind, opt):
+    """A run from the cache reads each kernel's constants from the entry's files just before
+    the kernel (irgen's executor, no Relax VM) and writes the bytes of a run that never saw
+    the cache, and of the VM fallback; the library holds no weights."""
+    from irgen import execute, plan as plan_mod, vm
+    from irgen.testing import models
+
+    model = _split_model(tmp_path / "split.onnx") if kind == "split" else models.qdq_onnx(tmp_path / "qdq.onnx")
+    x = tmp_path / "x.npy"
+    np.save(x, np.random.default_rng(5).standard_normal((1, 3, 8, 8)).astype(np.float32))
+
+    def run(out: str, *extra: str) -> dict[str, bytes]:
+        assert main(["run", str(model), "-o", str(tmp_path / out), "--input", str(x), "--opt-level", str(opt),
+                     "--debug", "all", "--no-progress", *extra]) == 0
+        return _files(tmp_path / out)
+
+    fresh = run("fresh", "--no-cache")
+    assert run("cold") == fresh
+    (entry,) = _entries(cache)
+    doc = json.loads((entry / "plan.json").read_text())
+    assert doc["program"] is not None
+    assert any(len(k["outputs"]) > 1 for k in doc["kernels"]) or kind != "split"  # a multi-output kernel
+    assert any(k["callee"] == "vm.builtin.reshape" for k in doc["kernels"])  # a view
+    biggest = max((entry / "arrays").glob("c*.npy"), key=lambda f: f.stat().st_size)
+    assert np.load(biggest).tobytes() not in (entry / "model.so").read_bytes()  # weights are not in the library
+    loaded = plan_mod.Plan.load(entry)  # reads no array up front
+    assert all(isinstance(v, plan_mod.Stored) for v in [*loaded.consts, *(a for p in loaded.params for a in p.values())])
+
+    real, seen = vm.run_program, {"alive": 0, "loads": 0}
+
+    def tracked(lib, program, kernels, inputs, const, on_output):
+        import weakref
+
+        refs = []
+
+        def load(i):
+            arr = const(i)
+            refs.append(weakref.ref(arr))
+            seen["loads"] += 1
+            return arr
+
+        def out(ki, j, tensor):
+            seen["alive"] = max(seen["alive"], sum(r() is not None for r in refs))
+            on_output(ki, j, tensor)
+
+        return real(lib, program, kernels, inputs, load, out)
+
+    monkeypatch.setattr(vm, "run_program", tracked)
+    assert run("warm") == fresh
+    assert seen["loads"] >= len(doc["consts"]) and seen["alive"] == 0  # no weight outlives its kernel call
+    assert verify_output(tmp_path / "warm", modes=("single", "entire"))["passed"]
+    # the Relax VM (the fallback for a main the executor cannot run) writes the same bytes
+    monkeypatch.setattr(execute, "_CACHE", {})
+    monkeypatch.setattr(execute, "program", lambda mod: None)
+    assert run("vm", "--no-cache") == fresh
+
+
 def test_cache_key_and_damaged_entries(tmp_path, cache, capsys):
     _run("-o", str(tmp_path / "a"))
     _run("-o", str(tmp_path / "b"), "--opt-level", "1")  # another opt level: another entry

@@ -5,7 +5,9 @@ An entry is keyed by everything that shapes the plan: the model's bytes (sha256)
 frontend, backend, scheme and opt level, the options of every plugin, the versions
 of irgen, TVM and Python, and a digest of irgen's and every installed plugin's code
 (an edited checkout never reuses a stale compile). It holds ``plan.json``, the
-parameter arrays as ``.npy`` (read without pickle) and the exported library.
+parameter arrays and the kernels' constants as ``.npy`` (read without pickle, each
+when needed: ``irgen.plan.Stored``) and the exported library (the kernels, without
+the weights when irgen's executor runs the plan).
 
 * Folder: ``$IRGEN_CACHE_DIR``, else ``$XDG_CACHE_HOME/irgen``, else ``~/.cache/irgen``.
 * Size: ``$IRGEN_CACHE_SIZE`` bytes (suffixes K, M, G; default 2G); the least recently
@@ -105,8 +107,8 @@ def plan_key(host, model_sha: str, frontend: str, backend: str, quantizer: str |
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:32]
 
 
-def load(key: str, need_consts: bool = False) -> Plan | None:
-    """The plan stored under ``key``, or None (a missing, broken or smaller entry)."""
+def load(key: str) -> Plan | None:
+    """The plan stored under ``key``, or None (a missing or broken entry)."""
     entry = folder() / key
     if not (entry / "plan.json").is_file():
         return None
@@ -115,8 +117,6 @@ def load(key: str, need_consts: bool = False) -> Plan | None:
     except IrgenError:
         shutil.rmtree(entry, ignore_errors=True)
         return None
-    if need_consts and plan.debug_consts is None:
-        return None  # compiled without --debug all: compiled anew, and stored with the constants
     try:
         os.utime(entry)  # recently used
     except OSError:
@@ -125,7 +125,8 @@ def load(key: str, need_consts: bool = False) -> Plan | None:
 
 
 def library(key: str) -> Path | None:
-    """The kernel library of the entry ``key`` (None: not stored, or trimmed away)."""
+    """The kernel library of the entry ``key`` (None: not stored, or trimmed away); its
+    arrays are in ``arrays/`` beside it."""
     path = folder() / key / "model.so"
     return path if path.is_file() else None
 

@@ -2,7 +2,14 @@
 
 The executed module is lowered here pass by pass so irgen knows, before the
 run, the sequence of kernel calls the VM will make (``Kernel``); :mod:`irgen.vm`
-runs the result, its instrument handing over each kernel's output as it is produced.
+runs the result, handing over each kernel's output as it is produced.
+
+Where ``main`` is only what irgen's own executor runs (``program``: kernel calls,
+reshapes, tuple items, aliases), the model's constants are compiled as parameters of
+``main`` rather than embedded in the library, so that :func:`irgen.vm.run_program`
+can load each kernel's weights just before its call and drop them after: memory
+stays flat in the number of layers. Any other ``main`` keeps its constants embedded
+and runs on the Relax VM (the fallback).
 """
 
 from __future__ import annotations
@@ -48,7 +55,8 @@ _CACHE_SIZE = 4
 
 
 def lower(mod: tvm.IRModule, opt_level: int, group: Callable[[tvm.IRModule], tvm.IRModule], grouping: Hashable = None):
-    """Compile ``mod`` at ``opt_level``: (executable, kernel sequence, where each var comes from).
+    """Compile ``mod`` at ``opt_level``: (executable, kernel sequence, where each var comes
+    from, the executor's ``program`` or None: see :func:`program`).
 
     Within one process the result is reused for a structurally equal module grouped
     the same way (``grouping``: what ``group`` does, e.g. the layer of each binding;
@@ -63,13 +71,19 @@ def lower(mod: tvm.IRModule, opt_level: int, group: Callable[[tvm.IRModule], tvm
     hit = _CACHE.get(key)
     if (hit is not None and hit[2] == names and hit[3] == grouping
             and tvm_ffi.structural_equal(hit[0], mod, map_free_vars=True)):
-        exe, kernels, where = hit[1]
-        return exe, [replace(k) for k in kernels], dict(where)
+        exe, kernels, where, prog = hit[1]
+        return exe, [replace(k) for k in kernels], dict(where), prog
     result = _lower(mod, opt_level, group)
     if len(_CACHE) >= _CACHE_SIZE:
         _CACHE.pop(next(iter(_CACHE)))
     _CACHE[key] = (mod, result, names, grouping)
-    return result[0], [replace(k) for k in result[1]], dict(result[2])
+    return result[0], [replace(k) for k in result[1]], dict(result[2]), result[3]
+
+
+def forget() -> None:
+    """Drop the compiles kept for this process (their modules hold the model's constants):
+    once a plan is stored in the compile cache, a second run reads it from there."""
+    _CACHE.clear()
 
 
 def _lower(mod: tvm.IRModule, opt_level: int, group: Callable[[tvm.IRModule], tvm.IRModule]):
@@ -93,7 +107,10 @@ def _lower(mod: tvm.IRModule, opt_level: int, group: Callable[[tvm.IRModule], tv
             ]
         )(mod)
         kernels, where = kernel_sequence(mod)
+        prog = program(mod)
         mod = schedule.schedule_module(mod)  # spatial loops only: same values (IRGEN_NO_SCHEDULE=1: off)
+        if prog is not None:
+            mod = _constants_as_params(mod, unique_constants(kernels))
         mod = tvm.transform.Sequential(
             [
                 relax.transform.ToNonDataflow(),
@@ -110,7 +127,7 @@ def _lower(mod: tvm.IRModule, opt_level: int, group: Callable[[tvm.IRModule], tv
         )(mod)
         _attach_storage(mod, kernels)
         exe = relax.build(mod, target=target, relax_pipeline=None)
-    return exe, kernels, where
+    return exe, kernels, where, prog
 
 
 def _n_fields(ty) -> list[tuple[tuple[int, ...], str]]:
@@ -166,6 +183,108 @@ def kernel_sequence(mod: tvm.IRModule) -> tuple[list[Kernel], dict[str, tuple[in
         if isinstance(o, relax.Var) and o.name in where:
             where[f"@out:{i}"] = where[o.name]
     return kernels, where
+
+
+def unique_constants(kernels: list[Kernel]) -> list[Constant]:
+    """The constants the kernels read, each once, in order of first use (the debug graph's
+    ``p0, p1, ...``, the lifted parameters of ``main``, the program's constant indices)."""
+    out: list[Constant] = []
+    seen: set[int] = set()
+    for k in kernels:
+        for a in k.inputs:
+            if isinstance(a, Constant) and a.__chandle__() not in seen:
+                seen.add(a.__chandle__())
+                out.append(a)
+    return out
+
+
+#: the dtypes the executor allocates with numpy (others, e.g. bfloat16, run on the VM)
+_EXECUTOR_DTYPES = {"bool", "float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
+                    "uint64"}
+
+
+def program(mod: tvm.IRModule) -> dict[str, Any] | None:
+    """What :func:`irgen.vm.run_program` executes instead of the Relax VM: ``main``'s
+    bindings as steps, or None when ``main`` holds anything else (then the VM runs it,
+    with its constants embedded in the library: the fallback).
+
+    Steps, in ``main``'s order (an argument is a var name, or an int: the index of a
+    constant in :func:`unique_constants` order):
+    ``["k", kernel index, [args], var]`` a ``call_tir`` (its outputs' types are the
+    kernel's), ``["r", kernel index, arg, var]`` a reshape (a view), ``["t", var, src,
+    index]`` a tuple item, ``["a", var, src]`` an alias, ``["T", var, [args]]`` a tuple.
+    """
+    func, bindings = main_bindings(mod)
+    consts: dict[int, int] = {}
+    steps: list[list] = []
+    n_kernels = 0
+
+    def ref(a) -> str | int | None:
+        if isinstance(a, relax.Var):
+            return a.name
+        if isinstance(a, Constant) and str(a.ty.dtype) in _EXECUTOR_DTYPES:
+            return consts.setdefault(a.__chandle__(), len(consts))
+        return None
+
+    def typed(ty) -> bool:
+        tys = list(ty.fields) if isinstance(ty, relax.TupleType) else [ty]
+        return all(isinstance(t, relax.TensorType) and str(t.dtype) in _EXECUTOR_DTYPES and t.shape is not None
+                   for t in tys)
+
+    for b in bindings:
+        v = b.value
+        op = v.op if isinstance(v, relax.Call) else None
+        name = op.name if isinstance(op, tvm.ir.Op) else None
+        if name == "relax.call_tir" and len(v.args) == 2 and isinstance(v.args[1], relax.Tuple) and typed(b.var.ty):
+            args = [ref(a) for a in v.args[1].fields]
+            if None in args:
+                return None
+            steps.append(["k", n_kernels, args, b.name])
+            n_kernels += 1
+        elif name == "relax.reshape" and typed(b.var.ty) and ref(v.args[0]) is not None:
+            steps.append(["r", n_kernels, ref(v.args[0]), b.name])
+            n_kernels += 1
+        elif isinstance(v, relax.TupleGetItem) and isinstance(v.tuple_value, relax.Var):
+            steps.append(["t", b.name, v.tuple_value.name, int(v.index)])
+        elif isinstance(v, relax.Var):
+            steps.append(["a", b.name, v.name])
+        elif isinstance(v, relax.Tuple) and all(isinstance(f, relax.Var) for f in v.fields):
+            steps.append(["T", b.name, [f.name for f in v.fields]])
+        else:
+            return None  # anything else (packed calls, constants bound to vars, ...): the VM runs main
+    body = func.body.body
+    if not isinstance(body, (relax.Var, relax.Tuple)):
+        return None
+    return {"inputs": [p.name for p in func.params], "steps": steps}
+
+
+def _constants_as_params(mod: tvm.IRModule, consts: list[Constant]) -> tvm.IRModule:
+    """``mod`` whose ``main`` takes ``consts`` as parameters after its inputs (``num_input``
+    keeps counting the inputs): the library holds no weights."""
+    func = mod["main"]
+    params = {c.__chandle__(): relax.Var(f"irgen_c{i}", c.ty) for i, c in enumerate(consts)}
+
+    def sub(e):
+        if isinstance(e, Constant):
+            return params.get(e.__chandle__(), e)
+        if isinstance(e, relax.Tuple):
+            return relax.Tuple([sub(f) for f in e.fields])
+        if isinstance(e, relax.Call):
+            return relax.Call(e.op, [sub(a) for a in e.args], e.attrs, e.ty_args)
+        return e
+
+    blocks = []
+    for block in func.body.blocks:
+        bindings = [relax.VarBinding(b.var, sub(b.value)) for b in block.bindings]
+        blocks.append(relax.DataflowBlock(bindings) if isinstance(block, relax.DataflowBlock)
+                      else relax.BindingBlock(bindings))
+    new = relax.Function(list(func.params) + list(params.values()), relax.SeqExpr(blocks, sub(func.body.body)),
+                         func.ret_ty, func.is_pure, func.attrs)
+    if not (func.attrs and "num_input" in func.attrs):
+        new = new.with_attr("num_input", len(func.params))
+    out = tvm.IRModule({gv: f for gv, f in mod.functions.items() if gv.name_hint != "main"})
+    out["main"] = new
+    return out
 
 
 def _arg(a):

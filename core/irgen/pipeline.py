@@ -28,7 +28,7 @@ from irgen.api import (Backend, ImportedModel, InputSpec, IrgenError, Quantizer,
 from irgen.names import SafeNames
 from irgen.plugins import call_plugin
 from irgen.output import OutputFolder, ParamsStreamWriter, Progress, file_identity, sha256_file, write_manifest
-from irgen.plan import Plan, PlanKernel
+from irgen.plan import Plan, PlanKernel, array
 from irgen.safeio import (DEFAULT_MAX_TENSOR_BYTES, check_tensor_size, file_or_folder, load_npy, open_regular,
                           regular_tree)
 
@@ -475,7 +475,7 @@ class _TensorWriter:
 
 
 def _compile(graph: _Graph, imported: ImportedModel, names: _Names, records: list, opt_level: int,
-             keep_consts: bool, progress: Progress) -> Plan:
+             progress: Progress) -> Plan:
     """Compile the formed graph and work out, before any run, which kernel output is each
     layer output, model output and ``debug/`` entry: the plan ``_capture`` runs."""
     from irgen import execute
@@ -485,8 +485,9 @@ def _compile(graph: _Graph, imported: ImportedModel, names: _Names, records: lis
     layers, aliases = graph.layers, names.aliases
     assignment = {m: l.index for l in layers for m in l.members}
     fn_names = {l.index: "layer_" + names.layer[l.index].replace(".", "_").replace("-", "_") for l in layers}
-    exe, kernels, where = execute.lower(graph.mod, opt_level, lambda m: group_module(m, assignment, fn_names),
-                                        grouping=(tuple(sorted(assignment.items())), tuple(sorted(fn_names.items()))))
+    exe, kernels, where, program = execute.lower(
+        graph.mod, opt_level, lambda m: group_module(m, assignment, fn_names),
+        grouping=(tuple(sorted(assignment.items())), tuple(sorted(fn_names.items()))))
 
     # which kernel output is each layer output / model output
     out_vars = [aliases.get(v, v) for v in _out_vars(graph.main_out)]
@@ -526,9 +527,22 @@ def _compile(graph: _Graph, imported: ImportedModel, names: _Names, records: lis
         producers=producers,
         debug_graph=debug.to_json(),
         debug_names=debug.tensor_names(),
-        debug_consts=[c.value.numpy() for c in debug.consts] if keep_consts else None,
+        consts=[_ConstValue(c) for c in debug.consts],  # read when needed (the library may not hold them)
         exe=exe,
+        program=program,
     )
+
+
+class _ConstValue:
+    """A constant of a freshly compiled plan, as an array when asked (``plan.array``)."""
+
+    __slots__ = ("const",)
+
+    def __init__(self, const) -> None:
+        self.const = const
+
+    def load(self) -> np.ndarray:
+        return self.const.value.numpy()
 
 
 #: ``--debug``: what ``debug/`` holds besides the layer outputs in ``activations/``
@@ -570,8 +584,8 @@ def _capture(folder: OutputFolder, plan: Plan, arrays: list[np.ndarray], write, 
     if writer is not None:
         for spec, arr in zip(plan.inputs, arrays):
             writer.add(spec.name, _tvm_tensor(arr))
-        for ci, value in enumerate(plan.debug_consts or []):
-            writer.add(f"p{ci}", _tvm_tensor(value))
+        for ci, value in enumerate(plan.consts):  # one at a time
+            writer.add(f"p{ci}", _tvm_tensor(array(value)))
 
     layers = {p for names in wanted.values() for n in names for p in [plan.producers.get(n)]}
     progress.stage(f"run {len(plan.kernels)} kernels, capture {len(layers)} layers")
@@ -599,7 +613,10 @@ def _capture(folder: OutputFolder, plan: Plan, arrays: list[np.ndarray], write, 
             raise
 
     try:
-        vm.run(plan.exe, arrays, plan.kernels, on_output)
+        if plan.program is not None:  # irgen's executor: each kernel's weights read just before it
+            vm.run_program(plan.exe, plan.program, plan.kernels, arrays, lambda ci: array(plan.consts[ci]), on_output)
+        else:  # fallback: the Relax VM, the weights embedded in the library
+            vm.run(plan.exe, arrays, plan.kernels, on_output)
     except Exception:
         if failed:
             raise failed[0] from None
@@ -619,7 +636,8 @@ def _write_params(plan: Plan, write) -> dict[tuple[int, str], dict[str, Any]]:
     param_namer = SafeNames()
     out: dict[tuple[int, str], dict[str, Any]] = {}
     for i, (r, params) in enumerate(zip(plan.records, plan.params)):
-        for role, arr in params.items():
+        for role, value in params.items():  # one array read (from the compile cache) at a time
+            arr = array(value)
             stem = param_namer(f"{r['name']}.{role}")
             layout = _param_layout(r, role, arr)
             fname = write(f"parameters/{stem}", arr, f"{r['name']}.{role}", "parameter", role=role, layout=layout,
@@ -762,10 +780,9 @@ def prepare(host, model: Path, model_sha: str, fe, be: Backend, inputs: list[str
     from irgen import cache
 
     limit = options.get("max_tensor_bytes", DEFAULT_MAX_TENSOR_BYTES)
-    keep_consts = options.get("debug") == "all"
     key = cache.plan_key(host, model_sha, fe.name, be.name, quantizer, opt_level, options) \
         if options.get("cache", True) else None
-    plan = cache.load(key, need_consts=keep_consts) if key else None
+    plan = cache.load(key) if key else None
     if plan is not None:
         progress.stage(f"compiled model from the cache ({cache.folder()})")
         check_inputs(plan.inputs, options.get("input_shapes") or {}, limit)
@@ -777,20 +794,23 @@ def prepare(host, model: Path, model_sha: str, fe, be: Backend, inputs: list[str
         imported.dialect = fe.quant_dialect
     check_inputs(imported.inputs, options.get("input_shapes") or {}, limit)
     arrays = load_inputs(imported.inputs, inputs, seed, limit)
-    plan = build_plan(host, imported, be, quantizer, opt_level, keep_consts, limit, progress)
+    plan = build_plan(host, imported, be, quantizer, opt_level, limit, progress)
     plan.frontend = fe.name  # the plugin that read the file (ir.json's producer), whoever's importer it used
     library = cache.library(key) if key and cache.store(key, plan) else None
     if library is not None:
-        # run the stored library, as the next run will: its machine code is generated once (for
-        # the file), not a second time by the JIT
-        from irgen import vm
+        # run the stored library and read the stored arrays, as the next run will: its machine
+        # code is generated once (for the file), not a second time by the JIT, and the compile's
+        # copies of the weights can go
+        from irgen import execute, vm
 
         plan.exe = vm.load_library(library)
+        plan.use_stored(library.parent)
+        execute.forget()
     return plan, arrays
 
 
 def build_plan(host, imported: ImportedModel, be: Backend, quantizer: str | None, opt_level: int,
-               keep_consts: bool, limit: int | None, progress: Progress) -> Plan:
+               limit: int | None, progress: Progress) -> Plan:
     """Form layers (scheme, fusion rules), name them, check the backend's constraints,
     compile: the plan that captures golden data for any input."""
     from irgen.graph import check_tensor_sizes, module_bindings
@@ -802,7 +822,7 @@ def build_plan(host, imported: ImportedModel, be: Backend, quantizer: str | None
     names = _name(graph, imported)
     records = _layer_records(graph, imported, names, be)
     _check_backend(graph, names, records, be)
-    return _compile(graph, imported, names, records, opt_level, keep_consts, progress)
+    return _compile(graph, imported, names, records, opt_level, progress)
 
 
 def write_output(host, plan: Plan, arrays: list[np.ndarray], folder: OutputFolder, model: Path, model_sha: str,

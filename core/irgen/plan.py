@@ -6,6 +6,10 @@ and writes an output folder. A plan holds no Relax graph: only the executable, t
 kernel sequence the VM will call, the layer records (JSON) and their parameter
 arrays. ``save``/``load`` put it in a folder (the compile cache, ``irgen.cache``)
 as JSON, ``.npy`` files read without pickle, and the exported library.
+
+A loaded plan reads no array up front: its parameters and the kernels' constants are
+:class:`Stored` files, each read when a kernel or a parameter file needs it and
+dropped after (``array``), so a run from the cache never holds all the weights.
 """
 
 from __future__ import annotations
@@ -23,7 +27,45 @@ import numpy as np
 from irgen.api import InputSpec, IrgenError
 
 #: the layout of a saved plan; a cache entry of another format is compiled anew
-PLAN_FORMAT = 1
+PLAN_FORMAT = 2
+
+
+class Stored:
+    """An array kept in a ``.npy`` file of a saved plan (written by ``Plan.save``, C order,
+    no objects), read on demand into 64-byte aligned memory (as TVM's kernels want it)."""
+
+    __slots__ = ("path",)
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def load(self) -> np.ndarray:
+        from irgen.vm import aligned, aligned_empty
+
+        try:
+            with open(self.path, "rb") as f:
+                version = np.lib.format.read_magic(f)
+                read_header = {(1, 0): np.lib.format.read_array_header_1_0,
+                               (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+                if read_header is None:
+                    raise ValueError(f"npy format version {version}")
+                shape, fortran, dtype = read_header(f)
+                if fortran or dtype.hasobject:
+                    raise ValueError("not a C-ordered array of plain values")
+                arr = aligned_empty(shape, dtype)
+                if arr.nbytes:
+                    view = memoryview(arr.reshape(-1).view(np.uint8))
+                    if f.readinto(view) != arr.nbytes:
+                        raise ValueError("the file is truncated")
+                return aligned(arr)
+        except (OSError, ValueError) as err:
+            raise IrgenError(f"{self.path}: a compile cache array could not be read ({err}); the entry was "
+                             "removed or damaged while in use: run again (or with --no-cache)") from None
+
+
+def array(value: Any) -> np.ndarray:
+    """A plan's parameter or constant as an array (read now if it is :class:`Stored`)."""
+    return value.load() if hasattr(value, "load") else value
 
 
 def kernel_node_name(callee: str, n_outputs: int, ki: int, j: int | None) -> str:
@@ -53,7 +95,7 @@ class Plan:
     output_names: list[str]  # the source model's output names, in order
     model_script: str  # graph/model.relax.txt
     records: list[dict[str, Any]]  # layer records; inputs/outputs are IR tensor names, no files yet
-    params: list[dict[str, np.ndarray]]  # each layer's parameter arrays by role
+    params: list[dict[str, Any]]  # each layer's parameter arrays by role (arrays or Stored: read with ``array``)
     static_shapes: dict[str, tuple[tuple[int, ...], str]]  # IR tensor name -> (shape, dtype) from the Relax types
     kernels: list[PlanKernel]
     wanted: dict[tuple[int, int], list[str]]  # kernel output (kernel, index) -> the IR tensors it is
@@ -61,8 +103,9 @@ class Plan:
     producers: dict[str, str]  # IR tensor name -> the layer computing it
     debug_graph: dict[str, Any]  # _tvmdbg_graph_dump.json
     debug_names: list[str]  # output_tensors.params entries, in order: inputs, constants, kernel outputs
-    debug_consts: list[np.ndarray] | None  # the constants' values (None: not kept; --debug all compiles anew)
+    consts: list[Any]  # the kernels' constants p0, p1, ... (arrays, Stored, or objects with load()); see ``array``
     exe: Any  # the VM executable or the library loaded from the cache
+    program: dict[str, Any] | None = None  # irgen.execute.program (None: the Relax VM runs main, weights embedded)
     from_cache: bool = False
 
     def kernel_tensor_name(self, ki: int, j: int) -> str:
@@ -72,24 +115,23 @@ class Plan:
 
     # -- a folder on disk ----------------------------------------------------------------
 
+    @staticmethod
+    def _array_names(params: list[dict[str, Any]], n_consts: int) -> tuple[list[dict[str, str]], list[str]]:
+        """The ``arrays/`` file of each parameter (by layer and role) and of each constant."""
+        return ([{role: f"p{i}_{k}.npy" for k, role in enumerate(roles)} for i, roles in enumerate(params)],
+                [f"c{i}.npy" for i in range(n_consts)])
+
     def save(self, folder: Path) -> None:
-        """Write the plan into the empty ``folder``: ``plan.json``, ``arrays/*.npy``, ``model.so``."""
+        """Write the plan into the empty ``folder``: ``plan.json``, ``arrays/*.npy``, ``model.so``.
+        One array is held at a time."""
         arrays = folder / "arrays"
         arrays.mkdir(parents=True)
-        params = []
-        for i, roles in enumerate(self.params):
-            entry = {}
-            for role, arr in roles.items():
-                name = f"p{i}_{len(entry)}.npy"
-                np.save(arrays / name, np.asarray(arr, order="C"), allow_pickle=False)  # 0-d stays 0-d
-                entry[role] = name
-            params.append(entry)
-        consts = None
-        if self.debug_consts is not None:
-            consts = []
-            for i, arr in enumerate(self.debug_consts):
-                np.save(arrays / f"c{i}.npy", np.asarray(arr, order="C"), allow_pickle=False)
-                consts.append(f"c{i}.npy")
+        params, consts = self._array_names(self.params, len(self.consts))
+        for roles, names in zip(self.params, params):
+            for role, value in roles.items():
+                np.save(arrays / names[role], np.asarray(array(value), order="C"), allow_pickle=False)  # 0-d stays 0-d
+        for value, name in zip(self.consts, consts):
+            np.save(arrays / name, np.asarray(array(value), order="C"), allow_pickle=False)
         with _quiet_stderr():  # TVM logs a warning line per kernel ("Scope Saving") while exporting
             self.exe.export_library(str(folder / "model.so"))
         doc = {
@@ -110,14 +152,23 @@ class Plan:
             "producers": self.producers,
             "debug_graph": self.debug_graph,
             "debug_names": self.debug_names,
-            "debug_consts": consts,
+            "consts": consts,
+            "program": self.program,
         }
         (folder / "model.relax.txt").write_text(self.model_script)
         (folder / "plan.json").write_text(json.dumps(doc, default=_json_default) + "\n")
 
+    def use_stored(self, folder: Path) -> None:
+        """Read the parameters and constants from the files ``save`` wrote into ``folder``
+        from now on, so that the arrays of the compile can be freed."""
+        params, consts = self._array_names(self.params, len(self.consts))
+        self.params = [{role: Stored(folder / "arrays" / n) for role, n in names.items()} for names in params]
+        self.consts = [Stored(folder / "arrays" / n) for n in consts]
+
     @classmethod
     def load(cls, folder: Path) -> "Plan":
-        """The plan ``save`` wrote into ``folder``; IrgenError if it is not one."""
+        """The plan ``save`` wrote into ``folder``; IrgenError if it is not one. No array is
+        read: parameters and constants are :class:`Stored`."""
         from irgen import vm
 
         try:
@@ -126,13 +177,14 @@ class Plan:
                 raise IrgenError(f"{folder}: plan format {doc.get('format')!r}, expected {PLAN_FORMAT}")
             arrays = folder / "arrays"
 
-            def array(name: str) -> np.ndarray:
-                if "/" in name or "\\" in name or name.startswith("."):
+            def stored(name: str) -> Stored:
+                if not isinstance(name, str) or "/" in name or "\\" in name or name.startswith(".") \
+                        or not (arrays / name).is_file():
                     raise IrgenError(f"{folder}: bad array name {name!r}")
-                return np.load(arrays / name, allow_pickle=False)
+                return Stored(arrays / name)
 
-            params = [{role: array(n) for role, n in entry.items()} for entry in doc["params"]]
-            consts = [array(n) for n in doc["debug_consts"]] if doc["debug_consts"] is not None else None
+            params = [{role: stored(n) for role, n in entry.items()} for entry in doc["params"]]
+            consts = [stored(n) for n in doc["consts"]]
             exe = vm.load_library(folder / "model.so")
             return cls(
                 frontend=doc["frontend"],
@@ -152,8 +204,9 @@ class Plan:
                 producers=doc["producers"],
                 debug_graph=doc["debug_graph"],
                 debug_names=doc["debug_names"],
-                debug_consts=consts,
+                consts=consts,
                 exe=exe,
+                program=doc["program"],
                 from_cache=True,
             )
         except (OSError, ValueError, KeyError, TypeError) as err:

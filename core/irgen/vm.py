@@ -6,6 +6,12 @@ exported kernel library and calls the VM's functions (what ``relax.VirtualMachin
 does in Python). A run whose plan comes from the compile cache therefore never
 imports ``tvm``. The capture is the same either way: :class:`irgen.plan.PlanKernel`
 calls in order, each output handed to ``on_output`` before the VM reuses its storage.
+
+Most plans never start the VM: :func:`run_program` calls the compiled kernels of the
+library itself, in the order of ``main``'s bindings (:func:`irgen.execute.program`),
+loading each constant just before the kernel that reads it and dropping every tensor
+after its last use, so memory stays flat in the number of layers. The VM (:func:`run`)
+is the fallback for a ``main`` the program cannot express.
 """
 
 from __future__ import annotations
@@ -49,8 +55,32 @@ def load_library(path: Path) -> Any:
 
 
 def to_numpy(tensor: Any) -> np.ndarray:
-    """A copy of a VM tensor (its storage is reused after the instrument returns)."""
+    """A copy of a VM tensor (its storage is reused after the instrument returns); an
+    array of :func:`run_program` as it is (never written again)."""
+    if isinstance(tensor, np.ndarray):
+        return tensor
     return np.array(np.from_dlpack(tensor), copy=True)
+
+
+ALIGN = 64  # TVM's kernels assume their buffers are 64-byte aligned, as the VM allocates them
+
+
+def aligned_empty(shape, dtype) -> np.ndarray:
+    """An uninitialized C-ordered array whose data is ``ALIGN``-byte aligned."""
+    dtype = np.dtype(dtype)
+    n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    buf = np.empty(n + ALIGN, np.uint8)
+    off = -buf.ctypes.data % ALIGN
+    return buf[off:off + n].view(dtype).reshape(shape)
+
+
+def aligned(arr: np.ndarray) -> np.ndarray:
+    """``arr`` itself when it is C-ordered and aligned, else an aligned copy."""
+    if arr.flags.c_contiguous and arr.ctypes.data % ALIGN == 0:
+        return arr
+    out = aligned_empty(arr.shape, arr.dtype)
+    out[...] = arr
+    return out
 
 
 class _Capture:
@@ -89,6 +119,71 @@ def run(lib: Any, inputs: list[np.ndarray], kernels: list, on_output: Callable[[
     vm["main"](*[tvm_ffi.from_dlpack(x) for x in inputs])  # C-ordered arrays (pipeline.load_inputs)
     if cap.pos != len(kernels):
         raise IrgenError(f"internal: saw {cap.pos} of {len(kernels)} kernel calls")
+
+
+def run_program(lib: Any, program: dict[str, Any], kernels: list, inputs: list[np.ndarray],
+                const: Callable[[int], np.ndarray], on_output: Callable[[int, int, Any], None]) -> None:
+    """Run ``program`` (:func:`irgen.execute.program`) with the kernels of ``lib`` on
+    ``inputs``, calling ``on_output(kernel index, output index, array)`` after each kernel.
+    ``const(i)`` gives constant ``i``; it is asked for just before each step that reads it
+    and dropped after, as is every tensor after its last use (memory flat in the layers)."""
+    import tvm_ffi
+
+    if hasattr(lib, "jit"):  # a tvm Executable straight from the compiler
+        lib = lib.jit()
+    _load_runtime()
+    steps = program["steps"]
+    last: dict[str, int] = {}  # var -> the last step that reads it
+    for i, step in enumerate(steps):
+        for a in _reads(step):
+            if isinstance(a, str):
+                last[a] = i
+    env: dict[str, Any] = {}
+    for name, x in zip(program["inputs"], inputs):
+        env[name] = aligned(np.asarray(x))
+    funcs: dict[str, Any] = {}
+
+    def value(a):
+        return env[a] if isinstance(a, str) else aligned(const(a))
+
+    for i, step in enumerate(steps):
+        kind = step[0]
+        if kind == "k":
+            _, ki, args, var = step
+            k = kernels[ki]
+            f = funcs.get(k.callee)
+            if f is None:
+                f = funcs[k.callee] = lib.get_function(k.callee, query_imports=True)
+            outs = [aligned_empty(shape, dtype) for shape, dtype in k.out_types]
+            f(*[tvm_ffi.from_dlpack(x) for x in [*(value(a) for a in args), *outs]])
+            for j, o in enumerate(outs):
+                on_output(ki, j, o)
+            env[var] = outs[0] if len(outs) == 1 else outs
+        elif kind == "r":
+            _, ki, arg, var = step
+            shape, _dtype = kernels[ki].out_types[0]
+            out = value(arg).reshape(shape)  # a view, as vm.builtin.reshape's
+            on_output(ki, 0, out)
+            env[var] = out
+        elif kind == "t":
+            env[step[1]] = env[step[2]][step[3]]
+        elif kind == "a":
+            env[step[1]] = env[step[2]]
+        elif kind == "T":
+            env[step[1]] = [env[a] for a in step[2]]
+        else:
+            raise IrgenError(f"internal: unknown program step {step!r:.80}")
+        for a in _reads(step):
+            if isinstance(a, str) and last.get(a) == i:
+                env.pop(a, None)
+        defined = step[3] if kind in ("k", "r") else step[1]
+        if defined not in last:  # never read (a model output): captured already
+            env.pop(defined, None)
+
+
+def _reads(step: list) -> list:
+    """The vars and constants ``step`` reads."""
+    return [step[2]] if step[0] in ("r", "t", "a") else step[2]  # "k", "T": a list
 
 
 def use_threads(threads: int) -> int:
