@@ -36,6 +36,7 @@ import pytest
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 from onnx import numpy_helper  # noqa: E402
+from irgen_onnx.runner import inference_session  # noqa: E402  ORT's exact integer kernels on any x86
 
 import models  # noqa: E402
 from layercheck import assert_layer_recomputes  # noqa: E402
@@ -90,10 +91,7 @@ def ort_tensors(path: Path, x: np.ndarray, names: list[str], int8_kernels: bool 
         if n not in have:
             m.graph.output.append(onnx.ValueInfoProto(name=n))
             have.add(n)
-    so = ort.SessionOptions()
-    if int8_kernels:
-        so.add_session_config_entry("session.qdqisint8allowed", "1")
-    sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    sess = inference_session(m.SerializeToString(), quantized=True, int8_kernels=int8_kernels)
     return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, {"x": x})))
 
 

@@ -23,6 +23,7 @@ pytest.importorskip("onnxruntime")
 from torch import nn  # noqa: E402
 
 from test_qdq_transformer import Attention  # noqa: E402
+from irgen_onnx.runner import inference_session  # noqa: E402  ORT's exact integer kernels on any x86
 from test_verify import _assert_source_checked, _run, _verify_json  # noqa: E402
 
 
@@ -98,8 +99,6 @@ def quantized(name: str, per_channel: bool, folder: Path) -> tuple[Path, np.ndar
 @pytest.mark.parametrize("name,per_channel", [("attention", False), ("attention", True), ("cnn", False),
                                               ("cnn", True), ("squeeze", False)])
 def test_qoperator_against_onnxruntime(name, per_channel, tmp_path, capsys):
-    import onnxruntime as ort
-
     path, x = quantized(name, per_channel, tmp_path)
     ops = {n.op_type for n in onnx.load(str(path)).graph.node}
     assert EXPECTED[name] <= ops, EXPECTED[name] - ops
@@ -119,7 +118,7 @@ def test_qoperator_against_onnxruntime(name, per_channel, tmp_path, capsys):
                 assert row["checks"][mode]["max_lsb"] == 0, (row["name"], mode, row["checks"][mode])
     # the model output equals ONNX Runtime's on the original model (the CNN's: a dequantized integer
     # output, exactly; the attention's: LayerNorm's float output, within float rounding)
-    y = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    y = inference_session(path.read_bytes(), quantized=True, int8_kernels=False).run(None, {"x": x})[0]
     got = np.load(out / ir["outputs"][0]["file"])
     if name != "attention":
         np.testing.assert_array_equal(got, y)
@@ -135,8 +134,6 @@ def test_qoperator_against_onnxruntime(name, per_channel, tmp_path, capsys):
 def test_rewrite_keeps_names_and_ort_results(tmp_path):
     """The QDQ form runs in onnxruntime to the same integers as the QOperator model, tensor
     for tensor, under the original output names."""
-    import onnxruntime as ort
-
     from irgen_onnx.qoperator import to_qdq
 
     path, x = quantized("cnn", True, tmp_path)
@@ -147,9 +144,7 @@ def test_rewrite_keeps_names_and_ort_results(tmp_path):
         m = onnx.ModelProto.FromString(m.SerializeToString())
         have = {o.name for o in m.graph.output}
         m.graph.output.extend(onnx.ValueInfoProto(name=t) for t in names if t not in have)
-        so = ort.SessionOptions()
-        so.add_session_config_entry("session.qdqisint8allowed", "1")
-        s = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        s = inference_session(m.SerializeToString(), quantized=True)
         return dict(zip([o.name for o in s.get_outputs()], s.run(None, {"x": x})))
 
     before = run(model)

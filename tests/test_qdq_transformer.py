@@ -31,6 +31,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("onnxruntime")
 from torch import nn  # noqa: E402
 
+from irgen_onnx.runner import inference_session  # noqa: E402  ORT's exact integer kernels on any x86
 from test_verify import _assert_source_checked, _run, _verify_json  # noqa: E402
 
 
@@ -98,11 +99,7 @@ def quantized(name: str, per_channel: bool, folder: Path) -> tuple[Path, np.ndar
 
 def _golden_vs_ort(model: Path, out: Path, ir: dict, x: np.ndarray, input_name: str) -> None:
     """The model output irgen wrote equals ONNX Runtime's (the integers before the last dequantize)."""
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.add_session_config_entry("session.qdqisint8allowed", "1")
-    y = ort.InferenceSession(str(model), so, providers=["CPUExecutionProvider"]).run(None, {input_name: x})[0]
+    y = inference_session(model.read_bytes(), quantized=True).run(None, {input_name: x})[0]
     rec = ir["outputs"][0]
     got = np.load(out / rec["file"])
     np.testing.assert_array_equal(got, y)

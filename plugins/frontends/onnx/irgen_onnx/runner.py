@@ -42,17 +42,45 @@ def _with_outputs(model, tensors: list[str]):
     return m
 
 
-def _session_options(quantized: bool):
+#: ONNX Runtime's session config entry that makes its uint8 x int8 kernels exact on every x86
+#: CPU: without it a CPU without VNNI (AVX2, AVX-512 without VNNI) multiplies uint8
+#: activations by int8 weights with ``vpmaddubsw``, which saturates pairs of products to int16,
+#: so ``quantize_static``'s uint8 models differ from the integer arithmetic by up to tens of
+#: LSB on some machines only. ORT then runs those kernels as uint8 x uint8; a model with int8
+#: activations has no such kernels (ORT refuses it) and needs no such mode.
+EXACT_U8S8 = ("session.x64quantprecision", "1")
+
+
+def session_options(quantized: bool, int8_kernels: bool = True, exact_u8s8: bool = False):
     """Float models: no graph optimization (each node as written); quantized models: ORT's default
-    optimizations and ``session.qdqisint8allowed=1``, so every Q/DQ group runs as an integer kernel."""
+    optimizations and (``int8_kernels``) ``session.qdqisint8allowed=1``, so every Q/DQ group runs
+    as an integer kernel; ``exact_u8s8``: :data:`EXACT_U8S8`."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     if not quantized:
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    else:  # int8-activation Q/DQ groups run as integer kernels too (else ORT runs some in float on x86)
+    elif int8_kernels:  # int8-activation Q/DQ groups run as integer kernels too (else ORT runs some in float on x86)
         so.add_session_config_entry("session.qdqisint8allowed", "1")
+    if exact_u8s8:
+        so.add_session_config_entry(*EXACT_U8S8)
     return so
+
+
+def inference_session(model: bytes, quantized: bool, int8_kernels: bool = True):
+    """An ORT CPU session on the serialized ``model`` whose integer kernels compute the exact
+    integer arithmetic whatever the CPU: :data:`EXACT_U8S8` for a quantized model, unless ORT
+    has no kernel for it that way (int8 activations: their kernels are exact already)."""
+    import onnxruntime as ort
+
+    cpu = ["CPUExecutionProvider"]
+    if quantized:
+        try:
+            return ort.InferenceSession(model, session_options(True, int8_kernels, exact_u8s8=True), providers=cpu)
+        except Exception as err:  # onnxruntime's NotImplemented: no uint8 x uint8 kernel of an int8 op
+            if type(err).__name__ != "NotImplemented":
+                raise
+    return ort.InferenceSession(model, session_options(quantized, int8_kernels), providers=cpu)
 
 
 def source_runner(path: Path, options: dict[str, Any]):
@@ -61,7 +89,8 @@ def source_runner(path: Path, options: dict[str, Any]):
     Types come from an ONNX shape-inferred copy. Float models run without
     graph optimizations (each node as written); quantized (QDQ) models with
     ONNX Runtime's default optimizations and ``session.qdqisint8allowed=1``,
-    which fuse every QDQ group into the integer kernels irgen reproduces."""
+    which fuse every QDQ group into the integer kernels irgen reproduces, made exact
+    on every x86 CPU (:func:`inference_session`)."""
     try:
         import onnx  # noqa: F401  the runner's steps import it
         import onnxruntime as ort
@@ -72,7 +101,7 @@ def source_runner(path: Path, options: dict[str, Any]):
 
     def run(inputs: dict[str, Any], tensors: list[str]) -> dict[str, Any]:
         m = _with_outputs(model, tensors)
-        sess = ort.InferenceSession(m.SerializeToString(), _session_options(quantized), providers=["CPUExecutionProvider"])
+        sess = inference_session(m.SerializeToString(), quantized)
         feeds = {i.name: inputs[i.name] for i in sess.get_inputs() if i.name in inputs}
         names = [o.name for o in sess.get_outputs()]
         values = dict(zip(names, sess.run(names, feeds)))
