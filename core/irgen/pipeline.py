@@ -1007,6 +1007,7 @@ def _in_workers(names: list[str], jobs: int, threads: int, work: Callable[[str],
     workers (TVM keeps a pool per thread: one inherited from the parent through the fork
     would have lost its threads). The first failure stops the others and is raised."""
     import multiprocessing as mp
+    import signal
     import threading
     import time
 
@@ -1034,6 +1035,9 @@ def _in_workers(names: list[str], jobs: int, threads: int, work: Callable[[str],
                        else str(err)))
 
     def worker() -> None:
+        # the parent stops a worker with SIGTERM (on an error, or one still exiting when all
+        # samples are written): it dies quietly, not through the CLI's handler (a traceback)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         t = threading.Thread(target=samples, name="irgen-samples")
         t.start()
         t.join()
@@ -1060,6 +1064,9 @@ def _in_workers(names: list[str], jobs: int, threads: int, work: Callable[[str],
             done += 1
             progress.step("samples", done, len(names))
     finally:
+        if done == len(names):  # every sample written: the workers are exiting on their own
+            for p in procs:
+                p.join(timeout=5)
         for p in procs:
             if p.is_alive():
                 p.terminate()
