@@ -70,15 +70,19 @@ def session_options(quantized: bool, int8_kernels: bool = True, exact_u8s8: bool
 def inference_session(model: bytes, quantized: bool, int8_kernels: bool = True):
     """An ORT CPU session on the serialized ``model`` whose integer kernels compute the exact
     integer arithmetic whatever the CPU: :data:`EXACT_U8S8` for a quantized model, unless ORT
-    has no kernel for it that way (int8 activations: their kernels are exact already)."""
+    has no kernel for it that way (int8 activations: their kernels are exact already) or cannot
+    rewrite its weights (one weight shared by two nodes): then ORT's default kernels."""
     import onnxruntime as ort
 
     cpu = ["CPUExecutionProvider"]
     if quantized:
         try:
             return ort.InferenceSession(model, session_options(True, int8_kernels, exact_u8s8=True), providers=cpu)
-        except Exception as err:  # onnxruntime's NotImplemented: no uint8 x uint8 kernel of an int8 op
-            if type(err).__name__ != "NotImplemented":
+        except Exception as err:
+            # NotImplemented: no uint8 x uint8 kernel of an int8 op. Fail "Attempt to replace the
+            # existing tensor": ORT's weight rewrite names the uint8 copy after the int8 weight,
+            # once per consumer, so a weight two convolutions share (a module called twice) fails
+            if type(err).__name__ not in ("NotImplemented", "Fail"):
                 raise
     return ort.InferenceSession(model, session_options(quantized, int8_kernels), providers=cpu)
 
