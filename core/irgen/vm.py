@@ -116,7 +116,8 @@ def run(lib: Any, inputs: list[np.ndarray], kernels: list, on_output: Callable[[
     vm["vm_initialization"](_CPU, 0, _POOLED_ALLOCATOR)
     cap = _Capture(kernels, on_output)
     vm["set_instrument"](tvm_ffi.convert(cap))
-    vm["main"](*[tvm_ffi.from_dlpack(x) for x in inputs])  # C-ordered arrays (pipeline.load_inputs)
+    # 64-byte aligned: kernels built for AVX load whole vectors with aligned moves
+    vm["main"](*[tvm_ffi.from_dlpack(aligned(np.asarray(x))) for x in inputs])
     if cap.pos != len(kernels):
         raise IrgenError(f"internal: saw {cap.pos} of {len(kernels)} kernel calls")
 
