@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from irgen import execute, schedule
+from irgen import execute, schedule, target
 from irgen.testing import models, run_model
 
 
@@ -35,7 +35,7 @@ def _run(model: Path, x: Path, out: Path, monkeypatch, on: bool) -> tuple[dict[s
     run_model(model, out, inputs=[x], force=True, args=["--no-cache"])
     monkeypatch.setattr(execute.relax, "build", real)
     (exe,) = built
-    llvm_ir = "\n".join(m.inspect_source("ll") for m in exe.mod.imports if m.kind == "llvm")
+    llvm_ir = "\n".join(m.inspect_source("ll") + m.inspect_source("s") for m in exe.mod.imports if m.kind == "llvm")
     return _files(out), schedule.last, llvm_ir
 
 
@@ -44,11 +44,32 @@ def _compare(model: Path, x: Path, tmp_path: Path, monkeypatch) -> schedule.Stat
     on, stats_on, ir_on = _run(model, x, tmp_path / "on", monkeypatch, on=True)
     assert stats_off.scheduled == 0 and "TVMBackendParallelLaunch" not in ir_off
     assert stats_on.scheduled > 0 and stats_on.parallel > 0 and stats_on.vectorized > 0, stats_on
+    assert stats_on.tiled > 0, stats_on  # the convolutions got register tiles
     assert "TVMBackendParallelLaunch" in ir_on  # parallel loops run on TVM's thread pool
     assert sorted(on) == sorted(off) and len(on) >= 5
     differ = [name for name in on if on[name] != off[name]]
     assert not differ, f"activation files differ with the schedule on: {differ}"
     return stats_on
+
+
+@pytest.mark.parametrize("kind", ["float", "qdq"])
+def test_this_cpu_and_the_generic_cpu_give_the_same_bytes(kind, tmp_path, monkeypatch):
+    """Kernels compiled for this machine's CPU (AVX2 and wider, FMA off) write the same
+    activation files as for LLVM's generic x86-64 CPU: golden data does not depend on the CPU."""
+    if target.spec() == {"kind": "llvm"}:
+        pytest.skip("this machine compiles for the generic CPU already")
+    model = (models.float_onnx if kind == "float" else models.qdq_onnx)(tmp_path / f"{kind}.onnx")
+    x = models.input_npy(tmp_path / "x.npy")
+    cpu = target.spec()["mcpu"]
+    host, _, ir_host = _run(model, x, tmp_path / "host", monkeypatch, on=True)
+    monkeypatch.setenv(target.ENV_GENERIC, "1")
+    generic, _, ir_generic = _run(model, x, tmp_path / "generic", monkeypatch, on=True)
+    assert f'"target-cpu"="{cpu}"' in ir_host and f'"target-cpu"="{cpu}"' not in ir_generic
+    assert "%ymm" in ir_host and "%ymm" not in ir_generic  # 256-bit vectors on this CPU only
+    assert "vfmadd" not in ir_host  # no fused multiply-add: each product and sum rounds
+    assert sorted(host) == sorted(generic) and len(host) >= 5
+    differ = [name for name in host if host[name] != generic[name]]
+    assert not differ, f"activation files differ between this CPU and the generic one: {differ}"
 
 
 def test_float_onnx_cnn_is_bit_identical(tmp_path, monkeypatch):
@@ -86,3 +107,35 @@ def test_env_switch_turns_it_off(monkeypatch):
     monkeypatch.setenv(schedule.ENV_OFF, "0")
     assert schedule.enabled()
     assert schedule.key() != (monkeypatch.setenv(schedule.ENV_OFF, "1") or schedule.key())
+
+
+def _misaligned(arr: np.ndarray) -> np.ndarray:
+    """A copy of ``arr`` whose data starts 16 bytes past a 64-byte boundary (misaligned for AVX)."""
+    raw = np.zeros(arr.nbytes + 128, np.uint8)
+    start = next(k for k in range(0, 128, 4) if (raw.ctypes.data + k) % 64 == 16)
+    out = raw[start:start + arr.nbytes].view(arr.dtype).reshape(arr.shape)
+    out[...] = arr
+    return out
+
+
+def test_relax_vm_gets_aligned_inputs(tmp_path, monkeypatch):
+    """The Relax VM (the executor's fallback) hands kernels 64-byte aligned inputs even when
+    the caller's arrays are not: kernels compiled for AVX load whole vectors with aligned
+    moves, and a misaligned input crashed the process (SIGSEGV; QDQ model at opt level 0)."""
+    from irgen import vm
+
+    model = models.qdq_onnx(tmp_path / "qdq.onnx")
+    x = models.input_npy(tmp_path / "x.npy")
+    run_model(model, tmp_path / "ref", inputs=[x], force=True, args=["--no-cache", "--opt-level", "0"])
+    real = vm.run
+
+    def misaligned_run(lib, inputs, kernels, on_output):
+        inputs = [_misaligned(np.asarray(a)) for a in inputs]
+        assert all(a.ctypes.data % 32 == 16 for a in inputs)
+        return real(lib, inputs, kernels, on_output)
+
+    monkeypatch.setattr(execute, "_CACHE", {})
+    monkeypatch.setattr(execute, "program", lambda mod: None)  # the Relax VM runs main
+    monkeypatch.setattr(vm, "run", misaligned_run)
+    run_model(model, tmp_path / "vm", inputs=[x], force=True, args=["--no-cache", "--opt-level", "0"])
+    assert _files(tmp_path / "vm") == _files(tmp_path / "ref")

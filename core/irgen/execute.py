@@ -21,7 +21,7 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
-from irgen import schedule
+from irgen import schedule, target
 from irgen.api import IrgenError
 from irgen.graph import Constant, main_bindings
 
@@ -53,7 +53,6 @@ def _gate(opt_level: int, level: int, p: tvm.transform.Pass) -> list[tvm.transfo
 _CACHE: dict[tuple[int, int, int], tuple] = {}
 _CACHE_SIZE = 4
 
-
 def lower(mod: tvm.IRModule, opt_level: int, group: Callable[[tvm.IRModule], tvm.IRModule], grouping: Hashable = None):
     """Compile ``mod`` at ``opt_level``: (executable, kernel sequence, where each var comes
     from, the executor's ``program`` or None: see :func:`program`).
@@ -67,7 +66,8 @@ def lower(mod: tvm.IRModule, opt_level: int, group: Callable[[tvm.IRModule], tvm
     """
     # var names matter too: the kernel sequence refers to them
     names = tuple(b.name for b in main_bindings(mod)[1])
-    key = (tvm_ffi.structural_hash(mod, map_free_vars=True), hash(names), hash(grouping), opt_level, schedule.key())
+    key = (tvm_ffi.structural_hash(mod, map_free_vars=True), hash(names), hash(grouping), opt_level, schedule.key(),
+           target.key())
     hit = _CACHE.get(key)
     if (hit is not None and hit[2] == names and hit[3] == grouping
             and tvm_ffi.structural_equal(hit[0], mod, map_free_vars=True)):
@@ -87,8 +87,8 @@ def forget() -> None:
 
 
 def _lower(mod: tvm.IRModule, opt_level: int, group: Callable[[tvm.IRModule], tvm.IRModule]):
-    target = tvm.target.Target({"kind": "llvm"})
-    with tvm.transform.PassContext(opt_level=opt_level), target:
+    tgt = tvm.target.Target(target.spec())
+    with tvm.transform.PassContext(opt_level=opt_level), tgt:
         if opt_level >= 1:
             mod = relax.transform.FoldConstant()(mod)
         if opt_level >= 2:
@@ -126,7 +126,7 @@ def _lower(mod: tvm.IRModule, opt_level: int, group: Callable[[tvm.IRModule], tv
             ]
         )(mod)
         _attach_storage(mod, kernels)
-        exe = relax.build(mod, target=target, relax_pipeline=None)
+        exe = relax.build(mod, target=tgt, relax_pipeline=None)
     return exe, kernels, where, prog
 
 

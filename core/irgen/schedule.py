@@ -13,7 +13,11 @@ primitives that move and annotate **spatial** loops only:
   loop that walks the output's last (contiguous) axis is split by the vector
   width and its inner part moved to the innermost position, below the reduction
   loops, and **vectorized**, when every buffer the block reads is contiguous or
-  constant along it;
+  constant along it; a second spatial loop that one of the block's operands does not
+  depend on (a convolution's output channels: the input is the same for each) is split
+  by a small factor and its inner part placed, unrolled, between the reduction loops and
+  the vector loop: a **register tile** of factor x vector outputs, each value loaded once
+  for all of them;
 * per block, the spatial loops in front of the reduction loops (of an elementwise
   block: all but the innermost) are fused and run in **parallel** on TVM's thread
   pool (``TVM_NUM_THREADS``).
@@ -43,6 +47,10 @@ MIN_WORK = 1 << 14
 VECTOR_LANES = 8
 #: at most this many lanes when a whole short innermost loop is vectorized
 MAX_WHOLE_LANES = 16
+#: outputs per register tile (a second spatial loop, unrolled beside the vector loop) of a
+#: reduction block with a float output, and of one with an integer output
+TILE_FLOAT = 8
+TILE_INT = 4
 
 
 def enabled() -> bool:
@@ -55,7 +63,7 @@ def enabled() -> bool:
 
 def key() -> tuple:
     """What the schedule's result depends on (for compile caches): on/off and its parameters."""
-    return ("schedule", 1, enabled(), MIN_WORK, VECTOR_LANES, MAX_WHOLE_LANES)
+    return ("schedule", 2, enabled(), MIN_WORK, VECTOR_LANES, MAX_WHOLE_LANES, TILE_FLOAT, TILE_INT)
 
 
 @dataclass
@@ -69,6 +77,7 @@ class Stats:
     inlined: int = 0  # blocks inlined
     parallel: int = 0  # loops parallelized
     vectorized: int = 0  # loops vectorized
+    tiled: int = 0  # reduction blocks with a register tile
 
 
 #: statistics of the most recent :func:`schedule_module` call
@@ -130,6 +139,7 @@ def schedule_func(func, stats: Stats | None = None):
     stats.inlined += counts.inlined
     stats.parallel += counts.parallel
     stats.vectorized += counts.vectorized
+    stats.tiled += counts.tiled
     return sch.mod["main"]
 
 
@@ -302,19 +312,28 @@ def _schedule_block(sch, block, counts: Stats) -> None:
     if not reduce:  # elementwise: parallel outer loops; the inner one is LLVM's (cheaper to compile)
         _parallel(sch, _outer(loops, kinds), counts)
         return
+    tile = None
     if spatial:
         last = spatial[-1]
         write = block_stmt.writes[0].region if block_stmt.writes else []
         on_last_axis = bool(write) and bound[last].var.same_as(write[-1].min)
         ext = _extent(sch, loops[last])
-        if on_last_axis and ext is not None and ext > 1 and _contiguous_along(block_stmt, bound[last]):
-            vec = last
+        if on_last_axis and ext is not None and ext > 1:
+            tile = _register_tile(sch, block_stmt, loops, spatial, bound, last)
+            # an operand read with a stride (a strided convolution's input) is gathered into
+            # the vector: worth it only when a register tile reuses each gathered vector
+            if tile is not None or _contiguous_along(block_stmt, bound[last]):
+                vec = last
     if vec is None:
         _parallel(sch, _outer(loops, kinds), counts)
         return
     ext = _extent(sch, loops[vec])
-    if ext % VECTOR_LANES == 0 and ext > VECTOR_LANES:
-        outer_v, inner = sch.split(loops[vec], [None, VECTOR_LANES])
+    # VECTOR_LANES lanes when they divide the loop; a whole short loop; else half the lanes
+    lanes = VECTOR_LANES if ext % VECTOR_LANES == 0 and ext > VECTOR_LANES else \
+        None if ext <= MAX_WHOLE_LANES else \
+        VECTOR_LANES // 2 if ext % (VECTOR_LANES // 2) == 0 else None
+    if lanes is not None:
+        outer_v, inner = sch.split(loops[vec], [None, lanes])
         outer = [loops[i] for i in spatial if i != vec] + [outer_v]
     elif ext <= MAX_WHOLE_LANES:
         inner = loops[vec]
@@ -323,11 +342,45 @@ def _schedule_block(sch, block, counts: Stats) -> None:
         _parallel(sch, _outer(loops, kinds), counts)
         return
     red = [loops[i] for i in reduce]
-    sch.reorder(*outer, *red, inner)
+    if tile is not None:  # the tile loop's inner part goes below the reductions too, unrolled
+        k, factor = tile
+        at = outer.index(loops[k])
+        tile_outer, tile_inner = sch.split(loops[k], [None, factor])
+        outer[at] = tile_outer
+        sch.reorder(*outer, *red, tile_inner, inner)
+        sch.unroll(tile_inner)
+        counts.tiled += 1
+    else:
+        sch.reorder(*outer, *red, inner)
     # the init statement stays in the block: it runs at the first reduction step, on the vector
     sch.vectorize(inner)
     counts.vectorized += 1
     _parallel(sch, outer, counts)
+
+
+def _register_tile(sch, block_stmt, loops, spatial, bound, vec) -> tuple[int, int] | None:
+    """(index of a spatial loop, factor) to tile below the reduction loops beside the vector
+    loop, or None: the longest spatial loop (other than the vector one) that some buffer the
+    block reads does not depend on, so each value read of it serves ``factor`` outputs (a
+    convolution's input pixel for several output channels); its extent divisible by the factor
+    (:data:`TILE_FLOAT` for float outputs, :data:`TILE_INT` otherwise: the widened integer
+    operands need more registers)."""
+    write = block_stmt.writes[0].source if block_stmt.writes else None
+    factor = TILE_FLOAT if write is not None and str(write.dtype).startswith("float") else TILE_INT
+    best = None
+    for i in spatial:
+        if i == vec:
+            continue
+        ext = _extent(sch, loops[i])
+        if ext is None or ext < factor or ext % factor:
+            continue
+        var = bound[i].var
+        if not any(all(not (_uses(r.min, var) or _uses(r.extent, var)) for r in region.region)
+                   for region in block_stmt.reads):
+            continue  # every operand changes along it: no reuse
+        if best is None or ext > best[1]:
+            best = (i, ext)
+    return None if best is None else (best[0], factor)
 
 
 def _outer(loops, kinds):
