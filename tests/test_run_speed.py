@@ -480,3 +480,18 @@ def test_data_movement_folded_in_numpy_as_tvm_folds_it():
     calls = [bd.op for bd in main_bindings(folded)[1] if isinstance(bd.value, relax.Call)]
     assert calls.count("relax.add") == 2 and len(calls) == 2  # every data-movement op became a constant
     tvm.ir.assert_structural_equal(relax.transform.FoldConstant()(folded), relax.transform.FoldConstant()(Mod))
+
+
+def test_a_cached_run_never_imports_tvm(tmp_path, cache):
+    """A run whose plan is in the cache runs the stored library through tvm_ffi alone: nothing
+    on its path (the cache key, the compile target's CPU included) imports the tvm package."""
+    _run("-o", str(tmp_path / "cold"))
+    code = (
+        "import sys; from irgen.cli import main\n"
+        f"assert main(['run', {str(MODEL)!r}, '-o', {str(tmp_path / 'warm')!r}, '--no-progress']) == 0\n"
+        "print(sorted(m for m in sys.modules if m == 'tvm' or m.startswith('tvm.')))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]", proc.stdout
+    assert _files(tmp_path / "warm") == _files(tmp_path / "cold")
