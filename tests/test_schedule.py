@@ -24,16 +24,16 @@ def _run(model: Path, x: Path, out: Path, monkeypatch, on: bool) -> tuple[dict[s
     monkeypatch.setattr(schedule, "ENABLED", on)
     monkeypatch.delenv(schedule.ENV_OFF, raising=False)
     built = []
-    real = execute.relax.build
+    real = execute.parallel_build.build
 
     def build(mod, *args, **kwargs):
         exe = real(mod, *args, **kwargs)
         built.append(exe)
         return exe
 
-    monkeypatch.setattr(execute.relax, "build", build)
+    monkeypatch.setattr(execute.parallel_build, "build", build)
     run_model(model, out, inputs=[x], force=True, args=["--no-cache"])
-    monkeypatch.setattr(execute.relax, "build", real)
+    monkeypatch.setattr(execute.parallel_build, "build", real)
     (exe,) = built
     llvm_ir = "\n".join(m.inspect_source("ll") + m.inspect_source("s") for m in exe.mod.imports if m.kind == "llvm")
     return _files(out), schedule.last, llvm_ir

@@ -21,7 +21,7 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
-from irgen import schedule, target
+from irgen import parallel_build, schedule, target
 from irgen.api import IrgenError
 from irgen.graph import Constant, main_bindings
 
@@ -126,7 +126,7 @@ def _lower(mod: tvm.IRModule, opt_level: int, group: Callable[[tvm.IRModule], tv
             ]
         )(mod)
         _attach_storage(mod, kernels)
-        exe = relax.build(mod, target=tgt, relax_pipeline=None)
+        exe = parallel_build.build(mod, tgt)  # relax.build, LLVM on every core
     return exe, kernels, where, prog
 
 

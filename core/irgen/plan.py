@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from irgen import parallel_build
 from irgen.api import InputSpec, IrgenError
 
 #: the layout of a saved plan; a cache entry of another format is compiled anew
@@ -133,7 +134,7 @@ class Plan:
         for value, name in zip(self.consts, consts):
             np.save(arrays / name, np.asarray(array(value), order="C"), allow_pickle=False)
         with _quiet_stderr():  # TVM logs a warning line per kernel ("Scope Saving") while exporting
-            self.exe.export_library(str(folder / "model.so"))
+            parallel_build.export_library(self.exe, folder / "model.so")
         doc = {
             "format": PLAN_FORMAT,
             "frontend": self.frontend,
