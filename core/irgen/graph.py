@@ -247,9 +247,15 @@ def rebuild_main(mod: tvm.IRModule, bindings: list[Binding]) -> tvm.IRModule:
 
 
 def users_of(bindings: list[Binding]) -> dict[str, list[int]]:
+    """Which bindings read each variable (their indices, in order). The names a binding reads
+    are kept on it (a binding's value is never reassigned): a quantization scheme re-indexes
+    the same bindings after every rewrite, and walking a value costs a call into TVM per node."""
     users: dict[str, list[int]] = {}
     for i, b in enumerate(bindings):
-        for n in var_names(b.value):
+        reads = b.__dict__.get("_reads")
+        if reads is None:
+            reads = b.__dict__["_reads"] = var_names(b.value)
+        for n in reads:
             users.setdefault(n, []).append(i)
     return users
 
