@@ -26,7 +26,7 @@ import tvm_ffi
 from tvm import relax
 
 from irgen.api import Provenance
-from irgen.graph import (Binding, Constant, main_bindings, rebuild_main, substitute, tensor_type, users_of,
+from irgen.graph import (Binding, Constant, fold_constants, main_bindings, rebuild_main, substitute, tensor_type, users_of,
                          var_names)
 
 # (replaced values by binding index, inserted bindings before an index, dropped indices)
@@ -596,7 +596,7 @@ REWRITES: list[Callable[[list[Binding], dict[str, list[int]], Provenance], Chang
 def canonicalize(mod: tvm.IRModule, provenance: Provenance) -> tvm.IRModule:
     """``mod`` with every rewrite of :data:`REWRITES` applied to ``main``, after constants are
     folded (a scale the exporter computes, ``sqrt(1 / sqrt(d))``, is then one constant)."""
-    mod = relax.transform.FoldConstant()(mod)
+    mod = fold_constants(mod)
     for rewrite in REWRITES:
         _, bindings = main_bindings(mod)
         replace, insert, drop = rewrite(bindings, users_of(bindings), provenance)

@@ -232,7 +232,7 @@ def _form_layers(host, imported: ImportedModel, be: Backend, quantizer: str | No
     """Fold batch norms, realize the quantization scheme (if any), cut ``main`` into layers."""
     from tvm import relax
 
-    from irgen.graph import (cut_layers, flatten_tuples, fold_batch_norm, form_layers, fuse_quantized_layers,
+    from irgen.graph import (cut_layers, flatten_tuples, fold_batch_norm, fold_constants, form_layers, fuse_quantized_layers,
                              main_bindings, merge_quantized_rolls, static_shapes, tuple_output_outside_dataflow)
     from irgen.quant import QGraph
 
@@ -254,7 +254,7 @@ def _form_layers(host, imported: ImportedModel, be: Backend, quantizer: str | No
 
         mod = flatten_tuples(static_shapes(mod), imported.provenance)
         mod = canonicalize(fold_data_movement(mod), imported.provenance)
-    func, bindings = main_bindings(relax.transform.FoldConstant()(mod))
+    func, bindings = main_bindings(fold_constants(mod))
     main_out = func.body.body
     if scheme is not None:
         layers = merge_quantized_rolls(cut_layers(bindings, imported.provenance, main_out), bindings, main_out)
