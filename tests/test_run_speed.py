@@ -495,3 +495,34 @@ def test_a_cached_run_never_imports_tvm(tmp_path, cache):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]", proc.stdout
     assert _files(tmp_path / "warm") == _files(tmp_path / "cold")
+
+
+def test_workers_are_not_pinned_to_one_core(tmp_path, cache):
+    """TVM binds a one-thread pool's caller to core 0; irgen asks it not to (TVM_BIND_THREADS=0),
+    or the -j workers of --inputs (one kernel thread each on a 2-core machine) all ran on core 0,
+    one at a time: every worker's kernel thread keeps the cores the process was given."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        pytest.skip("one core: nothing to pin away from")
+    samples = tmp_path / "samples"
+    samples.mkdir()
+    rng = np.random.default_rng(3)
+    for k in range(4):
+        np.save(samples / f"s{k}.npy", rng.random(SHAPE, dtype=np.float32))
+    log = tmp_path / "affinity.txt"
+    code = (
+        "import os; from irgen import pipeline; from irgen.cli import main\n"
+        "real = pipeline.write_output\n"
+        "def spy(*args, **kwargs):\n"
+        "    out = real(*args, **kwargs)  # the sample's kernels ran on this thread\n"
+        f"    open({str(log)!r}, 'a').write(repr(sorted(os.sched_getaffinity(0))) + '\\n')\n"
+        "    return out\n"
+        "pipeline.write_output = spy\n"
+        f"raise SystemExit(main(['run', {str(MODEL)!r}, '--inputs', {str(samples)!r}, '-j', '2', "
+        f"'-o', {str(tmp_path / 'out')!r}, '--no-progress']))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("TVM_BIND_THREADS", "TVM_NUM_THREADS")}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    seen = log.read_text().splitlines()
+    assert len(seen) == 4 and all(line == repr(cores) for line in seen), seen
