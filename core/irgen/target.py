@@ -16,6 +16,9 @@ ENV_GENERIC = "IRGEN_GENERIC_CPU"
 #: semantics at every level (tests/test_schedule.py compares the bytes with -O3's).
 LLVM_OPT_LEVEL = 1
 
+#: LLVM features turned off on this machine's CPU: fused multiply-add (see :func:`spec`)
+HOST_MATTR = ["-fma", "-fma4"]
+
 
 def spec() -> dict[str, Any]:
     """The LLVM target kernels are compiled for: this machine's CPU (its vector units: AVX2,
@@ -37,7 +40,7 @@ def spec() -> dict[str, Any]:
         return generic
     if not cpu or cpu == "generic":
         return generic
-    return {**generic, "mcpu": cpu, "mattr": ["-fma", "-fma4"]}
+    return {**generic, "mcpu": cpu, "mattr": list(HOST_MATTR)}
 
 
 def _generic() -> bool:
@@ -51,8 +54,10 @@ def _generic() -> bool:
 def _cpu_identity() -> str | None:
     """This CPU as /proc/cpuinfo describes it (vendor, family, model, name, feature flags), or
     None where it cannot be read. Two machines that read the same get the same LLVM CPU."""
+    from pathlib import Path
+
     try:
-        text = open("/proc/cpuinfo", encoding="utf-8", errors="replace").read()
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
     except OSError:
         return None
     first = text.split("\n\n", 1)[0]
@@ -77,5 +82,5 @@ def key() -> str:
     cpu = _cpu_identity()
     if cpu is None:
         return json.dumps(spec(), sort_keys=True)
-    return json.dumps({"kind": "llvm", "arch": platform.machine().lower(), "cpu": cpu,
-                       "mattr": ["-fma", "-fma4"], "opt-level": LLVM_OPT_LEVEL}, sort_keys=True)
+    return json.dumps({"kind": "llvm", "arch": platform.machine().lower(), "cpu": cpu, "mattr": HOST_MATTR,
+                       "opt-level": LLVM_OPT_LEVEL}, sort_keys=True)
