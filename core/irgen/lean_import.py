@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.machinery
+import os
 import sys
+from contextlib import contextmanager
 
 #: modules (and their submodules) that import torch eagerly but only need it for torch tensors
 _REFUSED_TO = ("tvm_ffi", "tvm.relax.base_py_module")
@@ -34,8 +36,47 @@ def _importer() -> str | None:
     return None
 
 
+@contextmanager
+def _names_kept():
+    """``tvm_ffi.registry.list_global_func_names`` answered from the last list while the number
+    of global functions is unchanged (they are only added while TVM imports)."""
+    from tvm_ffi import registry
+
+    original = registry.list_global_func_names
+    kept: list = [None, []]
+
+    def list_global_func_names() -> list[str]:
+        functor = registry.get_global_func("ffi.FunctionListGlobalNamesFunctor")()
+        count = functor(-1)
+        if count != kept[0]:
+            kept[:] = [count, [functor(i) for i in range(count)]]
+        return list(kept[1])
+
+    registry.list_global_func_names = list_global_func_names
+    try:
+        yield
+    finally:
+        registry.list_global_func_names = original
+
+
+def _wrap_exec(spec, around) -> None:
+    """``spec``'s module executed inside the context manager ``around``."""
+    exec_module = spec.loader.exec_module
+
+    def exec_inside(module):
+        with around():
+            exec_module(module)
+
+    spec.loader.exec_module = exec_inside
+
+
 class _TorchHook(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path=None, target=None):
+        if fullname == "tvm":
+            spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+            if spec is not None and spec.loader is not None:
+                _wrap_exec(spec, _names_kept)
+            return spec
         if fullname != "torch":
             return None
         if _refused(_importer() or ""):
@@ -56,7 +97,9 @@ class _TorchHook(importlib.abc.MetaPathFinder):
 
 
 def install() -> None:
-    """Refuse torch to tvm_ffi's eager imports (once per process; a no-op if tvm is loaded)."""
+    """Refuse torch to tvm_ffi's eager imports, keep the function list while TVM imports, and
+    load no GPU backend hooks (once per process; a no-op if tvm is loaded)."""
+    os.environ.setdefault("TVM_DEVICE_BACKEND_AUTOLOAD", "0")
     if "tvm_ffi" in sys.modules or any(isinstance(f, _TorchHook) for f in sys.meta_path):
         return
     sys.meta_path.insert(0, _TorchHook())
