@@ -1,6 +1,8 @@
 """irgen.parallel_build: the kernels compiled as several LLVM modules on threads and linked
 into one library write the same bytes as one module, on every path a run takes (a cold run
-that stores its plan, a warm run from the stored library, ``--no-cache``)."""
+that stores its plan, a warm run from the stored library, ``--no-cache``); kernels that
+irgen's executor runs are built without TVM's argument checks, and the executor checks
+every argument itself."""
 
 from __future__ import annotations
 
@@ -8,8 +10,13 @@ from pathlib import Path
 
 import pytest
 
+import numpy as np
+
 from irgen import execute, parallel_build
-from irgen.testing import models, run_model
+from irgen.testing import RunError, models, run_model
+
+#: a line of TVM's compiled argument checks (an error message in every checked kernel)
+TVM_CHECK = b"Mismatched type on argument #"
 
 
 def _files(out: Path) -> dict[str, bytes]:
@@ -42,8 +49,8 @@ def test_kernels_built_in_parts_write_the_same_bytes(kind, tmp_path, monkeypatch
     built = []
     real = parallel_build.build
 
-    def build(mod, tgt):
-        exe = real(mod, tgt)
+    def build(mod, tgt, **kwargs):
+        exe = real(mod, tgt, **kwargs)
         built.append(sum(1 for m in exe.mod.imports if m.kind == "llvm"))
         return exe
 
@@ -69,3 +76,55 @@ def test_kernels_built_in_parts_write_the_same_bytes(kind, tmp_path, monkeypatch
         assert sorted(files) == sorted(one), name
         differ = [k for k in one if one[k] != files[k]]
         assert not differ, f"{name}: files differ from one LLVM module's: {differ}"
+
+
+def _cold(model: Path, x: Path, out: Path, cache: Path, monkeypatch) -> Path:
+    """A cold run into ``cache``; the stored entry's folder."""
+    monkeypatch.setattr(execute, "_CACHE", {})
+    monkeypatch.setenv("IRGEN_CACHE_DIR", str(cache))
+    monkeypatch.setenv("IRGEN_CACHE_SIZE", "1G")
+    run_model(model, out, inputs=[x], force=True)
+    (entry,) = [p for p in cache.iterdir() if (p / "plan.json").is_file()]
+    return entry
+
+
+def test_kernels_are_built_without_tvm_checks_only_when_irgen_checks(tmp_path, monkeypatch):
+    """The stored library of a plan that irgen's executor runs holds no TVM argument check
+    (smaller, and LLVM's time down by ~40%); a plan that the Relax VM runs keeps them; both
+    write the same files."""
+    model = models.qdq_onnx(tmp_path / "qdq.onnx")
+    x = models.input_npy(tmp_path / "x.npy")
+    entry = _cold(model, x, tmp_path / "program", tmp_path / "c1", monkeypatch)
+    plan = __import__("json").loads((entry / "plan.json").read_text())
+    assert plan["program"] is not None
+    assert all(k["arg_types"] for k in plan["kernels"] if not k["callee"].startswith("vm.builtin"))
+    assert TVM_CHECK not in (entry / "model.so").read_bytes()
+
+    monkeypatch.setattr(execute, "program", lambda mod: None)  # the Relax VM's fallback runs main
+    entry_vm = _cold(model, x, tmp_path / "vm", tmp_path / "c2", monkeypatch)
+    assert __import__("json").loads((entry_vm / "plan.json").read_text())["program"] is None
+    assert TVM_CHECK in (entry_vm / "model.so").read_bytes()
+    program, vm = _files(tmp_path / "program"), _files(tmp_path / "vm")
+    assert sorted(program) == sorted(vm) and not [k for k in program if program[k] != vm[k]]
+
+
+@pytest.mark.parametrize("change", ["shape", "dtype"])
+def test_a_changed_cache_array_stops_the_run_before_any_kernel_reads_it(change, tmp_path, monkeypatch):
+    """A constant file of the compile cache replaced by one of another shape or dtype (the
+    same number of bytes: nothing else notices) is refused by irgen's argument check with
+    the kernel's name and both shapes, not read past its end by a kernel built unchecked."""
+    model = models.qdq_onnx(tmp_path / "qdq.onnx")
+    x = models.input_npy(tmp_path / "x.npy")
+    entry = _cold(model, x, tmp_path / "out", tmp_path / "cache", monkeypatch)
+    consts = sorted((entry / "arrays").glob("c*.npy"), key=lambda p: -p.stat().st_size)
+    victim = consts[0]
+    a = np.load(victim)
+    assert a.size >= 4
+    changed = a.reshape(-1)[: a.size // 2 * 2].reshape(2, -1) if change == "shape" else a.view(np.uint8)
+    np.save(victim, changed, allow_pickle=False)
+    monkeypatch.setattr(execute, "_CACHE", {})
+    with pytest.raises(RunError) as err:
+        run_model(model, tmp_path / "again", inputs=[x], force=True)
+    msg = str(err.value)
+    assert "kernel " in msg and "compiled for shape " + str(tuple(a.shape)) in msg and str(a.dtype) in msg, msg
+    assert "--no-cache" in msg and not (tmp_path / "again").exists()

@@ -418,6 +418,39 @@ def test_tvm_without_torch_unless_needed(tmp_path):
     assert proc.returncode == 0, proc.stderr
 
 
+#: every function each of TVM's ``_ffi_api`` modules gets, as JSON (run in a child: a fresh import)
+_FFI_API_SCRIPT = """
+import json, os, sys
+if sys.argv[1] == "lean":
+    from irgen import lean_import
+    lean_import.install()
+import tvm, tvm.relax, tvm.relax.frontend.onnx, tvm_ffi.registry
+assert tvm_ffi.registry.list_global_func_names.__module__ == "tvm_ffi.registry", "the kept list outlived the import"
+apis = {n: sorted(k for k in vars(m) if not k.startswith("__")) for n, m in sys.modules.items()
+        if n.endswith("_ffi_api") and m is not None}
+print(json.dumps({"autoload": os.environ.get("TVM_DEVICE_BACKEND_AUTOLOAD"), "apis": apis}))
+"""
+
+
+def test_lean_tvm_import_gives_tvm_the_same_functions():
+    """The lean import (the name list kept while ``tvm`` imports, no GPU backend hooks) leaves
+    every ``_ffi_api`` module of TVM with the functions a plain ``import tvm`` gives it, and
+    puts tvm_ffi's own lister back afterwards; a user's TVM_DEVICE_BACKEND_AUTOLOAD wins."""
+    env = {k: v for k, v in os.environ.items() if k != "TVM_DEVICE_BACKEND_AUTOLOAD"}
+
+    def apis(mode: str, **extra: str) -> dict:
+        proc = subprocess.run([sys.executable, "-c", _FFI_API_SCRIPT, mode], capture_output=True, text=True,
+                              env={**env, **extra})
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout.splitlines()[-1])
+
+    plain, lean = apis("plain"), apis("lean")
+    assert plain["autoload"] is None and lean["autoload"] == "0"
+    assert len(lean["apis"]) > 20 and sum(map(len, lean["apis"].values())) > 1000
+    assert lean["apis"] == plain["apis"]
+    assert apis("lean", TVM_DEVICE_BACKEND_AUTOLOAD="1")["autoload"] == "1"
+
+
 def test_compressed_storage(tmp_path):
     from irgen.testing import read_tensor
 

@@ -44,6 +44,8 @@ class Kernel:
     inputs: list[Any]  # Relax var names (str) or Constants, in argument order
     out_types: list[tuple[tuple[int, ...], str]] = field(default_factory=list)
     storage: list[int] = field(default_factory=list)
+    #: (shape, dtype) of each argument of the PrimFunc, outputs last (None: not all static)
+    arg_types: list[tuple[tuple[int, ...], str]] | None = None
 
 
 def _gate(opt_level: int, level: int, p: tvm.transform.Pass) -> list[tvm.transform.Pass]:
@@ -126,7 +128,14 @@ def _lower(mod: tvm.IRModule, opt_level: int, group: Callable[[tvm.IRModule], tv
             ]
         )(mod)
         _attach_storage(mod, kernels)
-        exe = parallel_build.build(mod, tgt)  # relax.build, LLVM on every core
+        signatures = {gv.name_hint: parallel_build.signature(f) for gv, f in mod.functions.items()
+                      if isinstance(f, tvm.tirx.PrimFunc)}
+        for k in kernels:
+            k.arg_types = signatures.get(k.callee)
+        # irgen's executor checks every kernel argument against its signature (vm.run_program):
+        # the kernels need not (the VM of the fallback keeps TVM's checks)
+        checked = prog is not None and all(s is not None for s in signatures.values())
+        exe = parallel_build.build(mod, tgt, checked_by_caller=checked)  # relax.build, LLVM on every core
     return exe, kernels, where, prog
 
 

@@ -28,7 +28,8 @@ from irgen import parallel_build
 from irgen.api import InputSpec, IrgenError
 
 #: the layout of a saved plan; a cache entry of another format is compiled anew
-PLAN_FORMAT = 2
+#: (3: kernels have ``arg_types``, and a library built without TVM's argument checks)
+PLAN_FORMAT = 3
 
 
 class Stored:
@@ -83,6 +84,9 @@ class PlanKernel:
     outputs: list[str]
     out_types: list[tuple[tuple[int, ...], str]] = field(default_factory=list)
     storage: list[int] = field(default_factory=list)
+    #: (shape, dtype) of each argument of the kernel, outputs last; None: not checked up front
+    #: (``irgen.vm.run_program`` checks each call against it: the kernels may not)
+    arg_types: list[tuple[tuple[int, ...], str]] | None = None
 
 
 @dataclass
@@ -147,7 +151,9 @@ class Plan:
             "params": params,
             "static_shapes": {n: [list(s), d] for n, (s, d) in self.static_shapes.items()},
             "kernels": [{"callee": k.callee, "outputs": k.outputs, "out_types": [[list(s), d] for s, d in k.out_types],
-                         "storage": list(k.storage)} for k in self.kernels],
+                         "storage": list(k.storage),
+                         "arg_types": None if k.arg_types is None else [[list(s), d] for s, d in k.arg_types]}
+                        for k in self.kernels],
             "wanted": [[ki, j, names] for (ki, j), names in self.wanted.items()],
             "outputs": self.outputs,
             "producers": self.producers,
@@ -198,7 +204,8 @@ class Plan:
                 records=doc["records"],
                 params=params,
                 static_shapes={n: (tuple(s), d) for n, (s, d) in doc["static_shapes"].items()},
-                kernels=[PlanKernel(k["callee"], k["outputs"], [(tuple(s), d) for s, d in k["out_types"]], k["storage"])
+                kernels=[PlanKernel(k["callee"], k["outputs"], [(tuple(s), d) for s, d in k["out_types"]], k["storage"],
+                                    None if k["arg_types"] is None else [(tuple(s), d) for s, d in k["arg_types"]])
                          for k in doc["kernels"]],
                 wanted={(ki, j): names for ki, j, names in doc["wanted"]},
                 outputs=doc["outputs"],

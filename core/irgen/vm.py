@@ -168,7 +168,11 @@ def run_program(lib: Any, program: dict[str, Any], kernels: list, inputs: list[n
             if f is None:
                 f = funcs[k.callee] = lib.get_function(k.callee, query_imports=True)
             outs = [aligned_empty(shape, dtype) for shape, dtype in k.out_types]
-            f(*[tvm_ffi.from_dlpack(x) for x in [*(value(a) for a in args), *outs]])
+            values = [*(value(a) for a in args), *outs]
+            if k.arg_types is not None:
+                check_arguments(k.callee, values, k.arg_types)
+            f(*[tvm_ffi.from_dlpack(x) for x in values])
+            del values  # a constant lives no longer than its kernel call
             for j, o in enumerate(outs):
                 on_output(ki, j, o)
             env[var] = outs[0] if len(outs) == 1 else outs
@@ -192,6 +196,22 @@ def run_program(lib: Any, program: dict[str, Any], kernels: list, inputs: list[n
         defined = step[3] if kind in ("k", "r") else step[1]
         if defined not in last:  # never read (a model output): captured already
             env.pop(defined, None)
+
+
+def check_arguments(callee: str, values: list[np.ndarray], types: list[tuple[tuple[int, ...], str]]) -> None:
+    """IrgenError unless ``values`` are what kernel ``callee`` was compiled for: as many, each
+    of its shape and dtype, C-contiguous and 64-byte aligned. Kernels that irgen runs this way
+    are built without TVM's own checks (:func:`irgen.parallel_build.build`): a wrong array
+    (a damaged cache file, an input of another shape) must stop here, not read past its end."""
+    if len(values) != len(types):
+        raise IrgenError(f"internal: kernel {callee} takes {len(types)} arguments, was given {len(values)}")
+    for n, (x, (shape, dtype)) in enumerate(zip(values, types)):
+        if tuple(x.shape) != tuple(shape) or x.dtype != np.dtype(dtype) or not x.flags.c_contiguous \
+                or x.ctypes.data % ALIGN:
+            raise IrgenError(f"kernel {callee}, argument {n}: an array of shape {tuple(x.shape)} and dtype {x.dtype}"
+                             f"{'' if x.flags.c_contiguous else ', not contiguous'}"
+                             f"{', not aligned' if x.ctypes.data % ALIGN else ''}; the kernel was compiled for "
+                             f"shape {tuple(shape)} and dtype {dtype} (a compile cache file changed? run with --no-cache)")
 
 
 def _reads(step: list) -> list:
