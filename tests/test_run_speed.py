@@ -427,15 +427,18 @@ if sys.argv[1] == "lean":
 import tvm, tvm.relax, tvm.relax.frontend.onnx, tvm_ffi.registry
 assert tvm_ffi.registry.list_global_func_names.__module__ == "tvm_ffi.registry", "the kept list outlived the import"
 apis = {n: sorted(k for k in vars(m) if not k.startswith("__")) for n, m in sys.modules.items()
-        if n.endswith("_ffi_api") and m is not None}
-print(json.dumps({"autoload": os.environ.get("TVM_DEVICE_BACKEND_AUTOLOAD"), "apis": apis}))
+        if n.endswith("_ffi_api") and m is not None and not n.startswith("tvm.runtime.disco.")}
+print(json.dumps({"autoload": os.environ.get("TVM_DEVICE_BACKEND_AUTOLOAD"), "apis": apis,
+                  "disco": repr(tvm.runtime.disco)}))
 """
 
 
 def test_lean_tvm_import_gives_tvm_the_same_functions():
-    """The lean import (the name list kept while ``tvm`` imports, no GPU backend hooks) leaves
-    every ``_ffi_api`` module of TVM with the functions a plain ``import tvm`` gives it, and
-    puts tvm_ffi's own lister back afterwards; a user's TVM_DEVICE_BACKEND_AUTOLOAD wins."""
+    """The lean import (the name list kept while ``tvm`` imports, no GPU backend hooks, no
+    attempt at the distributed runtime) leaves every ``_ffi_api`` module of TVM with the
+    functions a plain ``import tvm`` gives it, and ``tvm.runtime.disco`` None as a plain
+    import does (its import fails there); tvm_ffi's own lister is back afterwards; a user's
+    TVM_DEVICE_BACKEND_AUTOLOAD wins."""
     env = {k: v for k, v in os.environ.items() if k != "TVM_DEVICE_BACKEND_AUTOLOAD"}
 
     def apis(mode: str, **extra: str) -> dict:
@@ -448,6 +451,7 @@ def test_lean_tvm_import_gives_tvm_the_same_functions():
     assert plain["autoload"] is None and lean["autoload"] == "0"
     assert len(lean["apis"]) > 20 and sum(map(len, lean["apis"].values())) > 1000
     assert lean["apis"] == plain["apis"]
+    assert lean["disco"] == plain["disco"] == "None"
     assert apis("lean", TVM_DEVICE_BACKEND_AUTOLOAD="1")["autoload"] == "1"
 
 

@@ -1,4 +1,5 @@
-"""TVM without torch unless a model needs it.
+"""``import tvm`` without what irgen does not use: torch unless a model needs it, and three
+more costs of TVM's import (0.9-1.2 s of it in all).
 
 ``tvm_ffi``'s ``__init__``, ``_convert`` and Cython ``core`` import torch if it is installed (a
 workaround for a Windows symbol clash), which costs 1-1.5 s of every ``irgen run``
@@ -7,6 +8,23 @@ place that refuses torch to tvm_ffi's modules only (they fall back to their
 "torch is not installed" path); when torch is imported later by anyone else (the
 torch frontend), the hook hands it to the tvm_ffi modules that refused it, as if it had been
 there from the start, so torch dtypes and tensors convert as usual.
+
+The other costs, cut by the same hook and :func:`install`:
+
+* ``tvm.runtime`` tries to import ``tvm.runtime.disco`` (the distributed runtime), which
+  fails at that point whatever irgen does: its object types live in
+  ``libtvm_runtime_extra``, loaded later if at all, and TVM catches the error and sets
+  ``tvm.runtime.disco = None``. The failing type lookup costs 0.4-0.5 s (tvm_ffi builds a
+  C++ error for the unknown type key); the hook refuses that import up front, to
+  ``tvm.runtime`` only, with the same result;
+* ``tvm_ffi.registry.init_ffi_api`` lists every global function name again for each of
+  TVM's 52 ``_ffi_api`` modules (a call into C per name, 0.25-0.4 s in all); while the
+  ``tvm`` package executes, the list is kept and made again only when the number of
+  functions changed (:func:`_names_kept`);
+* TVM loads the Python hooks of its GPU and accelerator backends (CUDA, Metal, ROCm,
+  Vulkan, Adreno, ...) at import: irgen compiles for the CPU (LLVM) only, so
+  :func:`install` sets ``TVM_DEVICE_BACKEND_AUTOLOAD=0`` (TVM's own switch) unless the
+  user set it.
 """
 
 from __future__ import annotations
@@ -70,8 +88,10 @@ def _wrap_exec(spec, around) -> None:
     spec.loader.exec_module = exec_inside
 
 
-class _TorchHook(importlib.abc.MetaPathFinder):
+class _Hook(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path=None, target=None):
+        if fullname == "tvm.runtime.disco" and _importer() == "tvm.runtime":
+            raise ModuleNotFoundError("tvm.runtime.disco needs libtvm_runtime_extra, not loaded yet", name=fullname)
         if fullname == "tvm":
             spec = importlib.machinery.PathFinder.find_spec(fullname, path)
             if spec is not None and spec.loader is not None:
@@ -100,6 +120,6 @@ def install() -> None:
     """Refuse torch to tvm_ffi's eager imports, keep the function list while TVM imports, and
     load no GPU backend hooks (once per process; a no-op if tvm is loaded)."""
     os.environ.setdefault("TVM_DEVICE_BACKEND_AUTOLOAD", "0")
-    if "tvm_ffi" in sys.modules or any(isinstance(f, _TorchHook) for f in sys.meta_path):
+    if "tvm_ffi" in sys.modules or any(isinstance(f, _Hook) for f in sys.meta_path):
         return
-    sys.meta_path.insert(0, _TorchHook())
+    sys.meta_path.insert(0, _Hook())
