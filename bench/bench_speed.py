@@ -469,6 +469,15 @@ def snapshot(root: Path) -> str:
     return os.pathsep.join(str(p) for p in paths)
 
 
+def compile_bytecode(folders: list[Path]) -> None:
+    """The ``.pyc`` files of irgen's and the plugins' sources, as ``pip install`` writes them
+    for a package it installs (not editable): an editable checkout run with
+    PYTHONDONTWRITEBYTECODE=1 (this machine's default) compiles every module it imports
+    from source at every start instead (0.3-0.7 s). TVM, numpy and onnx have theirs."""
+    subprocess.run([sys.executable, "-m", "compileall", "-q", *map(str, folders)], check=True,
+                   stdout=subprocess.DEVNULL)
+
+
 def main() -> int:
     parts = ["tiny", "float", "qdq", "many", "memory", "tflite"]  # the slowest last
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -511,6 +520,11 @@ def main() -> int:
         if args.snapshot:
             os.environ["PYTHONPATH"] = doc["snapshot"] = snapshot(root)
             print(f"measuring the code of commit {commit} (PYTHONPATH={os.environ['PYTHONPATH']})", flush=True)
+            compile_bytecode([root / "snapshot"])
+        else:
+            repo = Path(__file__).resolve().parent.parent
+            compile_bytecode([repo / "core", repo / "plugins"])
+        print("irgen's modules compiled to bytecode first, as pip install does", flush=True)
         for part in args.part or parts:
             print(f"\n[{part}]", flush=True)
             try:
