@@ -63,7 +63,7 @@ def enabled() -> bool:
 
 def key() -> tuple:
     """What the schedule's result depends on (for compile caches): on/off and its parameters."""
-    return ("schedule", 2, enabled(), MIN_WORK, VECTOR_LANES, MAX_WHOLE_LANES, TILE_FLOAT, TILE_INT)
+    return ("schedule", 3, enabled(), MIN_WORK, VECTOR_LANES, MAX_WHOLE_LANES, TILE_FLOAT, TILE_INT)
 
 
 @dataclass
@@ -337,7 +337,7 @@ def _schedule_block(sch, block, counts: Stats) -> None:
         on_last_axis = bool(write) and bound[last].var.same_as(write[-1].min)
         ext = _extent(sch, loops[last])
         if on_last_axis and ext is not None and ext > 1:
-            tile = _register_tile(sch, block_stmt, loops, spatial, bound, last)
+            tile = _register_tile(sch, block_stmt, loops, spatial, bound, last, _lanes(ext) or VECTOR_LANES)
             # an operand read with a stride (a strided convolution's input) is gathered into
             # the vector: worth it only when a register tile reuses each gathered vector
             if tile is not None or _contiguous_along(block_stmt, bound[last]):
@@ -346,11 +346,8 @@ def _schedule_block(sch, block, counts: Stats) -> None:
         _parallel(sch, _outer(loops, kinds), counts)
         return
     ext = _extent(sch, loops[vec])
-    # VECTOR_LANES lanes when they divide the loop; a whole short loop; else half the lanes
-    lanes = VECTOR_LANES if ext % VECTOR_LANES == 0 and ext > VECTOR_LANES else \
-        None if ext <= MAX_WHOLE_LANES else \
-        VECTOR_LANES // 2 if ext % (VECTOR_LANES // 2) == 0 else None
-    if lanes is not None:
+    lanes = _lanes(ext)
+    if lanes is not None and lanes != ext:
         outer_v, inner = sch.split(loops[vec], [None, lanes])
         outer = [loops[i] for i in spatial if i != vec] + [outer_v]
     elif ext <= MAX_WHOLE_LANES:
@@ -376,15 +373,31 @@ def _schedule_block(sch, block, counts: Stats) -> None:
     _parallel(sch, outer, counts)
 
 
-def _register_tile(sch, block_stmt, loops, spatial, bound, vec) -> tuple[int, int] | None:
+def _lanes(ext: int) -> int | None:
+    """The lanes of the vector over a loop of ``ext``: VECTOR_LANES when they divide it; the
+    whole loop when it is short (MAX_WHOLE_LANES at most); else half the lanes when they
+    divide it; else None (not vectorized)."""
+    if ext % VECTOR_LANES == 0 and ext > VECTOR_LANES:
+        return VECTOR_LANES
+    if ext <= MAX_WHOLE_LANES:
+        return ext
+    return VECTOR_LANES // 2 if ext % (VECTOR_LANES // 2) == 0 else None
+
+
+def _register_tile(sch, block_stmt, loops, spatial, bound, vec, lanes: int) -> tuple[int, int] | None:
     """(index of a spatial loop, factor) to tile below the reduction loops beside the vector
     loop, or None: the longest spatial loop (other than the vector one) that some buffer the
     block reads does not depend on, so each value read of it serves ``factor`` outputs (a
     convolution's input pixel for several output channels); its extent divisible by the factor
     (:data:`TILE_FLOAT` for float outputs, :data:`TILE_INT` otherwise: the widened integer
-    operands need more registers)."""
+    operands need more registers), divided by the registers a vector of ``lanes`` takes (a
+    whole loop of 9-16 lanes takes two: 14 lanes by 8 outputs would not fit the 16 vector
+    registers and spill, 3x slower on ResNet-18's 14x14 convolutions)."""
     write = block_stmt.writes[0].source if block_stmt.writes else None
-    factor = TILE_FLOAT if write is not None and str(write.dtype).startswith("float") else TILE_INT
+    base = TILE_FLOAT if write is not None and str(write.dtype).startswith("float") else TILE_INT
+    factor = base // -(-lanes // VECTOR_LANES)
+    if factor < 2:
+        return None
     best = None
     for i in spatial:
         if i == vec:
