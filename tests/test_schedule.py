@@ -145,12 +145,15 @@ def test_relax_vm_gets_aligned_inputs(tmp_path, monkeypatch):
     assert _files(tmp_path / "vm") == _files(tmp_path / "ref")
 
 
-@pytest.mark.parametrize("width, lanes, tile", [(16, 8, schedule.TILE_FLOAT), (14, 14, schedule.TILE_FLOAT // 2),
+@pytest.mark.parametrize("width, lanes, tile", [(16, 8, schedule.TILE_FLOAT), (14, 7, schedule.TILE_FLOAT),
+                                                (28, 7, schedule.TILE_FLOAT), (13, 13, schedule.TILE_FLOAT // 2),
                                                 (7, 7, schedule.TILE_FLOAT)])
-def test_register_tile_fits_the_vector_registers(width, lanes, tile, monkeypatch):
-    """A float convolution's register tile: TILE_FLOAT outputs of one vector register each,
-    fewer when the vector is a whole row of 9-16 lanes (two registers each): 14 lanes x 8
-    outputs spilled, 3x slower on ResNet-18's 14x14 convolutions."""
+def test_vectors_and_register_tiles_fit_the_vector_registers(width, lanes, tile, monkeypatch):
+    """A float convolution's output row is cut into vectors of one register (8 lanes, or the
+    largest divisor of the row up to 8 when it is 4 or more: 14 and 28 give 7), each with a
+    register tile of TILE_FLOAT output channels; a row of 9-16 with no such divisor is one
+    vector of two registers and gets half the tile. A whole row of 14 lanes x 8 outputs
+    spilled, 3x slower on ResNet-18's 14x14 convolutions."""
     import tvm
     from tvm import te, topi
 

@@ -10,9 +10,9 @@ primitives that move and annotate **spatial** loops only:
   the bias add and the activation after a convolution shrink to few loop nests;
   blocks that feed a reduction, such as padding, stay);
 * per reduction block (convolution, pooling, dense, mean): the innermost spatial
-  loop that walks the output's last (contiguous) axis is split by the vector
-  width and its inner part moved to the innermost position, below the reduction
-  loops, and **vectorized**, when every buffer the block reads is contiguous or
+  loop that walks the output's last (contiguous) axis is split into vectors of one
+  register (``_lanes``: 8 lanes, or 7 for a row of 14 or 28) and its inner part moved
+  to the innermost position, below the reduction loops, and **vectorized**, when every buffer the block reads is contiguous or
   constant along it; a second spatial loop that one of the block's operands does not
   depend on (a convolution's output channels: the input is the same for each) is split
   by a small factor and its inner part placed, unrolled, between the reduction loops and
@@ -374,14 +374,14 @@ def _schedule_block(sch, block, counts: Stats) -> None:
 
 
 def _lanes(ext: int) -> int | None:
-    """The lanes of the vector over a loop of ``ext``: VECTOR_LANES when they divide it; the
-    whole loop when it is short (MAX_WHOLE_LANES at most); else half the lanes when they
-    divide it; else None (not vectorized)."""
-    if ext % VECTOR_LANES == 0 and ext > VECTOR_LANES:
-        return VECTOR_LANES
-    if ext <= MAX_WHOLE_LANES:
-        return ext
-    return VECTOR_LANES // 2 if ext % (VECTOR_LANES // 2) == 0 else None
+    """The lanes of the vector over a loop of ``ext``: the largest divisor of ``ext`` up to
+    VECTOR_LANES when it is at least half of them (a loop of 14 gets 2 vectors of 7, of 28
+    4 of 7: one register each); else the whole loop when it is short (MAX_WHOLE_LANES at
+    most: 9, 11, 13, or 2-3); else None (not vectorized: a long loop of a prime length)."""
+    best = max(d for d in range(1, VECTOR_LANES + 1) if ext % d == 0)
+    if best >= VECTOR_LANES // 2:
+        return best
+    return ext if ext <= MAX_WHOLE_LANES else None
 
 
 def _register_tile(sch, block_stmt, loops, spatial, bound, vec, lanes: int) -> tuple[int, int] | None:
@@ -391,8 +391,8 @@ def _register_tile(sch, block_stmt, loops, spatial, bound, vec, lanes: int) -> t
     convolution's input pixel for several output channels); its extent divisible by the factor
     (:data:`TILE_FLOAT` for float outputs, :data:`TILE_INT` otherwise: the widened integer
     operands need more registers), divided by the registers a vector of ``lanes`` takes (a
-    whole loop of 9-16 lanes takes two: 14 lanes by 8 outputs would not fit the 16 vector
-    registers and spill, 3x slower on ResNet-18's 14x14 convolutions)."""
+    whole loop of 9-16 lanes takes two: 14 lanes by 8 outputs did not fit the 16 vector
+    registers and spilled, 3x slower on ResNet-18's 14x14 convolutions)."""
     write = block_stmt.writes[0].source if block_stmt.writes else None
     base = TILE_FLOAT if write is not None and str(write.dtype).startswith("float") else TILE_INT
     factor = base // -(-lanes // VECTOR_LANES)
