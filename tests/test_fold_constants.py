@@ -59,3 +59,27 @@ def test_anything_foldable_runs_the_pass(case, monkeypatch):
     if case != "constant tuple":  # the pass leaves a tuple of constants as it is: a run for nothing
         assert not tvm_ffi.structural_equal(folded, mod)
         assert not has_constant_call(folded)  # once folded, the next call skips
+
+
+def test_data_movement_folded_in_numpy_is_what_the_pass_would_give():
+    """A reshape and a transpose of constants (an importer's conv bias and dense weight) are
+    folded in numpy into the bindings that read them, as FoldConstant propagates a bound
+    constant: the module is the one the pass gives for the old form (each result bound to
+    its constant), and there is nothing left for the pass (it is skipped)."""
+    from irgen.graph import fold_data_movement
+
+    w = relax.const(np.arange(6, dtype=np.float32).reshape(3, 2))
+
+    def body(bb, x):
+        bias = bb.emit(relax.op.reshape(C1, (1, 2, 3)))
+        wt = bb.emit(relax.op.permute_dims(w))
+        return relax.op.add(bb.emit(relax.op.add(x, wt)), bias)
+
+    mod = _module(body)
+    folded = fold_data_movement(mod)
+    assert not has_constant_call(folded)
+    old_form = _module(lambda bb, x: relax.op.add(
+        bb.emit(relax.op.add(x, bb.emit(relax.const(np.arange(6, dtype=np.float32).reshape(3, 2).T.copy())))),
+        bb.emit(relax.const(np.arange(6, dtype=np.float32).reshape(1, 2, 3)))))
+    assert has_constant_call(old_form)
+    assert tvm_ffi.structural_equal(folded, relax.transform.FoldConstant()(old_form), map_free_vars=True)

@@ -355,10 +355,12 @@ def fold_constants(mod: tvm.IRModule) -> tvm.IRModule:
 
 
 def fold_data_movement(mod: tvm.IRModule) -> tvm.IRModule:
-    """Bind every :data:`NUMPY_FOLDS` op on a constant (or on such a result) to its value,
-    computed in numpy; ``FoldConstant`` then only propagates the constants. Values are
-    moved, never computed, so they are the bytes TVM's kernel would give."""
-    _, bindings = main_bindings(mod)
+    """Replace every :data:`NUMPY_FOLDS` op on a constant (or on such a result) by its value,
+    computed in numpy, in the bindings that read it, as ``FoldConstant`` would propagate it
+    (the folded binding goes, unless ``main`` returns it): with nothing left to fold, the
+    pass is skipped (:func:`fold_constants`; 0.25 s on a float ResNet-18). Values are moved,
+    never computed, so they are the bytes TVM's kernel would give."""
+    func, bindings = main_bindings(mod)
     values: dict[str, np.ndarray] = {}
     changed = False
     new: list[Binding] = []
@@ -374,7 +376,20 @@ def fold_data_movement(mod: tvm.IRModule) -> tvm.IRModule:
             changed = True
         else:
             new.append(b)
-    return rebuild_main(mod, new) if changed else mod
+    if not changed:
+        return mod
+    folded = {b.name: b.value for b in new if b.name in values}
+    returned = set(var_names(func.body.body))
+    out: list[Binding] = []
+    for b in new:
+        if b.name in folded:
+            if b.name in returned:
+                out.append(b)
+        elif any(n in folded for n in var_names(b.value)):
+            out.append(Binding(b.name, b.var, substitute(b.value, folded)))
+        else:
+            out.append(b)
+    return rebuild_main(mod, out)
 
 
 # --------------------------------------------------------------------------
