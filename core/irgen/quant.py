@@ -681,7 +681,7 @@ def follow_constant(qg, expr, qparams, scheme: str, what: str, tensor: str):
             qt = qparams(b, arr)
             if qt.scale.size > 1:
                 ax = int(v.attrs.axis) % max(arr.ndim, 1)
-                idx = np.arange(arr.shape[ax]).reshape([-1 if i == ax else 1 for i in range(arr.ndim)])
+                idx = np.arange(arr.shape[ax], dtype=np.int32).reshape([-1 if i == ax else 1 for i in range(arr.ndim)])
                 chan = np.broadcast_to(idx, arr.shape)
         elif b.op == "relax.reshape":
             shape = [int(d) for d in v.args[1].values]
@@ -694,7 +694,10 @@ def follow_constant(qg, expr, qparams, scheme: str, what: str, tensor: str):
     if qt is None:
         raise IrgenError(f"{scheme}: {what} of {tensor!r} is never dequantized")
     if chan is not None:
-        axes = [a for a in range(arr.ndim) if np.any(np.diff(chan, axis=a) != 0)]
+        # the index cannot change along an axis of length 1 or of stride 0 (a broadcast one:
+        # a weight's other axes until a reshape copies it); along the one other axis it must
+        varying = [a for a in range(chan.ndim) if chan.strides[a] and chan.shape[a] > 1]
+        axes = varying if len(varying) == 1 else [a for a in varying if (chan != chan.take([0], axis=a)).any()]
         if len(axes) != 1:
             raise IrgenError(f"{scheme}: cannot tell the channel axis of the {what} of {tensor!r}")
         qt.axis = axes[0]
