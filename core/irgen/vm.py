@@ -206,7 +206,7 @@ def check_arguments(callee: str, values: list[np.ndarray], types: list[tuple[tup
     if len(values) != len(types):
         raise IrgenError(f"internal: kernel {callee} takes {len(types)} arguments, was given {len(values)}")
     for n, (x, (shape, dtype)) in enumerate(zip(values, types)):
-        if tuple(x.shape) != tuple(shape) or x.dtype != np.dtype(dtype) or not x.flags.c_contiguous \
+        if tuple(x.shape) != tuple(shape) or str(x.dtype) != dtype or not x.flags.c_contiguous \
                 or x.ctypes.data % ALIGN:
             raise IrgenError(f"kernel {callee}, argument {n}: an array of shape {tuple(x.shape)} and dtype {x.dtype}"
                              f"{'' if x.flags.c_contiguous else ', not contiguous'}"
