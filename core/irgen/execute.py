@@ -23,7 +23,7 @@ from tvm import relax
 
 from irgen import parallel_build, schedule, target
 from irgen.api import IrgenError
-from irgen.graph import Constant, fold_constants, main_bindings
+from irgen.graph import Constant, fold_constants, main_bindings, tensor_type
 
 #: what each opt level adds, cumulatively (README documents the same table)
 OPT_LEVELS = {
@@ -147,32 +147,25 @@ def legalize_casts_once() -> dict[str, Callable]:
     step of every requantization (158 casts on a QDQ ResNet-18). The call is the one TVM
     makes: ``call_tir`` of the same kernel on the same argument."""
     default = tvm.ir.Op.get("relax.astype").get_attr("FLegalize")
+    call_tir = tvm.ir.Op.get("relax.call_tir")
     made: dict[tuple, Any] = {}
 
     def astype(bb, call):
         arg = call.args[0]
-        ty = arg.ty
-        shape = _static_shape(ty) if isinstance(arg, (relax.Var, Constant)) and isinstance(ty, relax.TensorType) else None
-        key = None if shape is None or not shape else (shape, str(ty.dtype), str(call.attrs.dtype), str(ty.vdevice))
+        static = tensor_type(arg) if isinstance(arg, (relax.Var, Constant)) else None
+        # a 0-d tensor is left to TVM each time: its cast of a 0-d constant is a constant
+        key = None if static is None or not static[0] else (*static, str(call.attrs.dtype), str(arg.ty.vdevice))
         done = made.get(key) if key is not None else None
         if done is not None:
             gvar, out_ty = done
             return relax.call_tir(gvar, relax.Tuple([arg]), out_ty)
         result = default(bb, call)
-        if key is not None and isinstance(result, relax.Call) and result.op.same_as(tvm.ir.Op.get("relax.call_tir")) \
+        if key is not None and isinstance(result, relax.Call) and result.op.same_as(call_tir) \
                 and len(result.args) == 2 and len(result.args[1].fields) == 1 and result.args[1].fields[0].same_as(arg):
             made[key] = (result.args[0], result.ty_args[0])
         return result
 
     return {"relax.astype": astype}
-
-
-def _static_shape(ty) -> tuple[int, ...] | None:
-    shape = getattr(ty, "shape", None)
-    try:
-        return tuple(int(d) for d in shape.values) if shape is not None else None
-    except (TypeError, AttributeError):
-        return None
 
 
 def _n_fields(ty) -> list[tuple[tuple[int, ...], str]]:
