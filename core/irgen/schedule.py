@@ -330,32 +330,28 @@ def _schedule_block(sch, block, counts: Stats) -> None:
     if not reduce:  # elementwise: parallel outer loops; the inner one is LLVM's (cheaper to compile)
         _parallel(sch, _outer(loops, kinds), counts)
         return
-    tile = None
+    tile = lanes = None
     if spatial:
         last = spatial[-1]
         write = block_stmt.writes[0].region if block_stmt.writes else []
         on_last_axis = bool(write) and bound[last].var.same_as(write[-1].min)
         ext = _extent(sch, loops[last])
         if on_last_axis and ext is not None and ext > 1:
-            tile = _register_tile(sch, block_stmt, loops, spatial, bound, last, _lanes(ext) or VECTOR_LANES)
+            lanes = _lanes(ext)
+            tile = _register_tile(sch, block_stmt, loops, spatial, bound, last, lanes or VECTOR_LANES)
             # an operand read with a stride (a strided convolution's input) is gathered into
             # the vector: worth it only when a register tile reuses each gathered vector
             if tile is not None or _contiguous_along(block_stmt, bound[last]):
                 vec = last
-    if vec is None:
+    if vec is None or lanes is None:  # no vector loop, or one of a long prime length
         _parallel(sch, _outer(loops, kinds), counts)
         return
-    ext = _extent(sch, loops[vec])
-    lanes = _lanes(ext)
-    if lanes is not None and lanes != ext:
+    if lanes != ext:  # vectors of ``lanes`` along the row
         outer_v, inner = sch.split(loops[vec], [None, lanes])
         outer = [loops[i] for i in spatial if i != vec] + [outer_v]
-    elif ext <= MAX_WHOLE_LANES:
+    else:  # the whole short row is the vector
         inner = loops[vec]
         outer = [loops[i] for i in spatial if i != vec]
-    else:
-        _parallel(sch, _outer(loops, kinds), counts)
-        return
     red = [loops[i] for i in reduce]
     if tile is not None:  # the tile loop's inner part goes below the reductions too, unrolled
         k, factor = tile
