@@ -569,11 +569,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from irgen import lean_import
 
     lean_import.install()  # TVM without torch unless a model needs it
-    # TVM pins a one-thread pool's caller to core 0 (irgen.vm.unpin_threads): set before any
-    # kernel, FoldConstant's included, makes a pool
-    import os
-
-    os.environ.setdefault("TVM_BIND_THREADS", "0")
+    lean_import.unpin_threads()  # before any kernel, FoldConstant's included, makes a pool
     watch = _SignalWatch()
     try:
         with watch:

@@ -25,6 +25,9 @@ The other costs, cut by the same hook and :func:`install`:
   Vulkan, Adreno, ...) at import: irgen compiles for the CPU (LLVM) only, so
   :func:`install` sets ``TVM_DEVICE_BACKEND_AUTOLOAD=0`` (TVM's own switch) unless the
   user set it.
+
+:func:`unpin_threads` is the other environment default irgen gives TVM (thread binding);
+the CLI and :mod:`irgen.vm` call it, this module being the one both import cheaply.
 """
 
 from __future__ import annotations
@@ -123,3 +126,12 @@ def install() -> None:
     if "tvm_ffi" in sys.modules or any(isinstance(f, _Hook) for f in sys.meta_path):
         return
     sys.meta_path.insert(0, _Hook())
+
+
+def unpin_threads() -> None:
+    """Keep TVM from pinning the threads that run kernels to cores (``TVM_BIND_THREADS=0``
+    unless the user set it). TVM binds a thread pool's threads when the pool is made, and
+    a one-thread pool binds its caller to core 0: the ``-j`` workers of ``irgen run --inputs``
+    (one kernel thread each on a 2-core machine) and a sweep's processes then all ran on
+    core 0, one at a time. Binding changes no value."""
+    os.environ.setdefault("TVM_BIND_THREADS", "0")

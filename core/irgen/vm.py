@@ -24,21 +24,11 @@ from typing import Any, Callable
 import numpy as np
 
 from irgen.api import IrgenError
+from irgen.lean_import import unpin_threads
 
 _CPU = 1  # DLPack kDLCPU
 _POOLED_ALLOCATOR = 2  # relax.VirtualMachine.POOLED_ALLOCATOR
 _runtime_loaded = False
-
-
-def unpin_threads() -> None:
-    """Keep TVM from pinning the threads that run kernels to cores (``TVM_BIND_THREADS=0``
-    unless the user set it). TVM binds a thread pool's threads when the pool is made, and
-    a one-thread pool binds its caller to core 0: the ``-j`` workers of ``irgen run --inputs``
-    (one kernel thread each on a 2-core machine) and a sweep's processes then all ran on
-    core 0, one at a time. Binding changes no value."""
-    import os
-
-    os.environ.setdefault("TVM_BIND_THREADS", "0")
 
 
 def _load_runtime() -> None:
