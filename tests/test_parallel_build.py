@@ -6,6 +6,7 @@ every argument itself."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -95,14 +96,14 @@ def test_kernels_are_built_without_tvm_checks_only_when_irgen_checks(tmp_path, m
     model = models.qdq_onnx(tmp_path / "qdq.onnx")
     x = models.input_npy(tmp_path / "x.npy")
     entry = _cold(model, x, tmp_path / "program", tmp_path / "c1", monkeypatch)
-    plan = __import__("json").loads((entry / "plan.json").read_text())
+    plan = json.loads((entry / "plan.json").read_text())
     assert plan["program"] is not None
     assert all(k["arg_types"] for k in plan["kernels"] if not k["callee"].startswith("vm.builtin"))
     assert TVM_CHECK not in (entry / "model.so").read_bytes()
 
     monkeypatch.setattr(execute, "program", lambda mod: None)  # the Relax VM's fallback runs main
     entry_vm = _cold(model, x, tmp_path / "vm", tmp_path / "c2", monkeypatch)
-    assert __import__("json").loads((entry_vm / "plan.json").read_text())["program"] is None
+    assert json.loads((entry_vm / "plan.json").read_text())["program"] is None
     assert TVM_CHECK in (entry_vm / "model.so").read_bytes()
     program, vm = _files(tmp_path / "program"), _files(tmp_path / "vm")
     assert sorted(program) == sorted(vm) and not [k for k in program if program[k] != vm[k]]
