@@ -178,3 +178,34 @@ def test_softmax_with_beta_is_rejected(tmp_path, capsys):
     path.write_bytes(bytes(buf))
     out = tmp_path / "out"
     assert_user_error(_irgen, capsys, [str(path), "-o", str(out)], out, "SOFTMAX", "beta=2", path.name)
+
+
+def _gelu_pair(tf):
+    """GELU in both forms after a dense layer each, each its own model output."""
+    L = tf.keras.layers
+    x = L.Input((64,), batch_size=1, name="x")
+    exact = L.Activation(lambda t: tf.nn.gelu(t, approximate=False), name="exact")(L.Dense(64)(x))
+    tanh = L.Activation(lambda t: tf.nn.gelu(t, approximate=True), name="tanh")(L.Dense(64)(x))
+    return tf.keras.Model(x, [exact, tanh]), (1, 64)
+
+
+def test_gelu_keeps_its_approximate_flag(tmp_path):
+    """A float GELU is the form its ``approximate`` flag names (TVM's converter always took
+    the erf form): each output equals the interpreter's to float32 rounding, while the two
+    forms differ by far more."""
+    tflite_models.BUILDERS["gelu_pair"] = _gelu_pair
+    path, _ = tflite_models.export("gelu_pair", tmp_path, "float")
+    x = np.linspace(-4, 4, 64, dtype=np.float32).reshape(1, 64)
+    np.save(tmp_path / "x.npy", x)
+    out = tmp_path / "out"
+    assert _irgen([str(path), "-o", str(out), "--input", str(tmp_path / "x.npy")]) == 0
+    ir = json.loads((out / "ir.json").read_text())
+    ref = tflite_models.tflite_reference(path, x)
+    got = {rec["name"]: np.load(out / rec["file"]) for rec in ir["outputs"]}
+    assert len(got) == 2 and set(got) <= set(ref)
+    for name, value in got.items():
+        np.testing.assert_allclose(value, ref[name], rtol=1e-6, atol=1e-6, err_msg=name)
+    a, b = got.values()
+    assert np.abs(a - b).max() > 1e-4  # the forms are told apart
+    forms = sorted(layer["attrs"].get("approximate") for layer in ir["layers"] if layer["op"] == "gelu")
+    assert forms == ["none", "tanh"], forms

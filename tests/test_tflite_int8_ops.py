@@ -1,7 +1,7 @@
 """tflite-int8: operators of the keras.applications CNNs that TVM's importer
 refuses or imports as float on int8 tensors (PAD, SHAPE, STRIDED_SLICE,
 TRANSPOSE, SQUEEZE, RESIZE_NEAREST_NEIGHBOR; HARD_SWISH, LOGISTIC, MUL, MEAN,
-RESIZE_BILINEAR, BATCH_MATMUL;
+RESIZE_BILINEAR, BATCH_MATMUL, SUB, GELU;
 FULLY_CONNECTED on 3-D inputs).
 
 Each small Keras model is converted to full int8 with a representative
@@ -140,6 +140,27 @@ def concat_batch_norm(tf):
     return tf.keras.Model(x, _conv(L, e, 4)), (1, 8, 8, 3)
 
 
+def subtract(tf):
+    """SUB: keras Normalization (an input minus a per-channel constant mean, EfficientNetV2's
+    preprocessing), and one activation minus another, broadcast, with a ReLU after."""
+    L = tf.keras.layers
+    x = L.Input((8, 8, 3), batch_size=1, name="x")
+    n = L.Normalization(mean=[0.485, 0.456, 0.406], variance=[0.229 ** 2, 0.224 ** 2, 0.225 ** 2])(x)
+    a = _conv(L, n, 8)
+    b = L.Reshape((1, 1, 8))(L.GlobalAveragePooling2D()(_conv(L, n, 8)))
+    return tf.keras.Model(x, _conv(L, L.ReLU()(L.Subtract()([a, b])), 4)), (1, 8, 8, 3)
+
+
+def gelu(tf):
+    """GELU in both forms (ConvNeXt, ViT): on the int8 input itself (random inputs reach
+    most of its 256 table entries), ``approximate=True`` after a conv."""
+    L = tf.keras.layers
+    x = L.Input((8, 8, 4), batch_size=1, name="x")
+    g = L.Activation(lambda t: tf.nn.gelu(t, approximate=False))(x)
+    a = L.Activation(lambda t: tf.nn.gelu(t, approximate=True))(_conv(L, g, 8))
+    return tf.keras.Model(x, _conv(L, a, 4)), (1, 8, 8, 4)
+
+
 MODELS = {
     "zero_pad": (zero_pad, {"PAD"}, {"pad", "conv2d", "max_pool2d"}),
     "squeeze_excite": (squeeze_excite, {"MEAN", "LOGISTIC", "MUL"}, {"mean", "lut", "mul"}),
@@ -152,6 +173,8 @@ MODELS = {
     "batch_matmul": (batch_matmul, {"BATCH_MATMUL", "FULLY_CONNECTED"}, {"batch_matmul", "dense"}),
     "concat_batch_norm": (concat_batch_norm, {"MUL", "ADD", "RELU"}, {"mul", "add", "requantize"}),
     "dense_3d": (dense_3d, {"FULLY_CONNECTED"}, {"dense"}),
+    "subtract": (subtract, {"SUB"}, {"subtract"}),
+    "gelu": (gelu, {"GELU"}, {"lut", "gelu:none", "gelu:tanh"}),
 }
 tflite_models.BUILDERS.update({name: m[0] for name, m in MODELS.items()})
 
@@ -205,6 +228,13 @@ def test_layers_recompute_from_quant_records(runs):
         assert layer["quant"] is not None and layer["quant"]["scheme"] == "tflite-int8", layer["name"]
         assert_layer_recomputes(out[0][1], layer, 0)
         kinds |= {layer["op"], layer["quant"]["kind"]}
+        if layer["op"] == "gelu":  # both forms are tables; the layer says which
+            want = "tanh" if layer["quant"]["params"]["approximate"] else "none"
+            assert layer["attrs"]["approximate"] == want, (layer["name"], layer["attrs"])
+            kinds.add(f"gelu:{want}")
+        if layer["quant"]["kind"] == "subtract":  # TFLite's SUB: its ADD with input 2's multiplier negated
+            m = layer["quant"]["requant"]["input_multiplier"]
+            assert m[0] > 0 > m[1] and layer["op"] == "subtract", (layer["name"], m, layer["op"])
     assert MODELS[name][2] <= kinds, kinds
 
 

@@ -469,6 +469,8 @@ def _layer_op(layer: Layer, members: list[Binding], anchor: Binding, attrs: dict
     op = short_op(anchor)
     if quant is not None and quant.get("kind") not in (None, "integer") and layer.op is None:
         op = _quant_op(quant, members)
+        if op == "gelu" and "approximate" in (quant.get("params") or {}):  # a table of either form
+            attrs = {**attrs, "approximate": "tanh" if quant["params"]["approximate"] else "none"}
     elif layer.op is not None:
         op = layer.op
         attrs = {**attrs, **LAYER_ATTRS.get(op, lambda _: {})(members)}

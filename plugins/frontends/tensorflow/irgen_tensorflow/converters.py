@@ -327,6 +327,30 @@ def convert_fully_connected(conv, op):
     return relax.op.reshape(conv.bb.normalize(out), [int(np.prod(dims[:-1])), units])
 
 
+def convert_gelu(conv, op):
+    """GELU with its ``approximate`` flag (TVM's converter always takes the erf form and
+    refuses int8): ``nn.gelu`` or ``nn.gelu_tanh``; on a quantized tensor dequantize ->
+    GELU -> quantize, which the ``tflite-int8`` scheme realizes as TFLite's table."""
+    from tflite.GeluOptions import GeluOptions
+    from tvm import relax
+
+    (x,) = _ins(conv, op)
+    out = _out(conv, op)
+    approximate = False
+    table = op.BuiltinOptions()
+    if table is not None:
+        options = GeluOptions()
+        options.Init(table.Bytes, table.Pos)
+        approximate = bool(options.Approximate())
+    gelu = relax.op.nn.gelu_tanh if approximate else relax.op.nn.gelu
+    expr = conv.get_tensor_expr(x)
+    if x.qnn_params is None:
+        return gelu(expr)
+    if out.qnn_params is None:
+        raise ValueError("GELU: a quantized input with a float result is not supported")
+    return conv.quantize(gelu(conv.bb.normalize(conv.dequantize(expr, x))), out)
+
+
 #: TFLite operator -> converter(converter, op), installed over TVM's
 CONVERTERS: dict[str, Callable[[Any, Any], Any]] = {
     "PAD": convert_pad,
@@ -340,11 +364,12 @@ CONVERTERS: dict[str, Callable[[Any, Any], Any]] = {
     "RESIZE_NEAREST_NEIGHBOR": convert_resize_nearest,
     "BATCH_MATMUL": convert_batch_matmul,
     "FULLY_CONNECTED": convert_fully_connected,
+    "GELU": convert_gelu,
 }
 
 #: operators accepted on quantized tensors besides TVM's own list
 QUANTIZED_OK = frozenset({"PAD", "PADV2", "SHAPE", "STRIDED_SLICE", "SLICE", "TRANSPOSE", "SQUEEZE",
-                          "RESIZE_NEAREST_NEIGHBOR", "PACK", "BATCH_MATMUL"})
+                          "RESIZE_NEAREST_NEIGHBOR", "PACK", "BATCH_MATMUL", "GELU"})
 
 _FOLD_LIMIT = 4096  # elements: shape arithmetic, not data
 

@@ -11,7 +11,8 @@ what the TFLite interpreter computes, bit for bit:
   (per output channel; TF 2.21 rounds twice in conv and depthwise, once in
   fully connected), plus ``zp_y``, clamp to the fused activation's range;
 * ADD: both inputs shifted left by 20 and scaled to twice the larger input
-  scale, summed, rescaled to the output (TFLite's general int8 add);
+  scale, summed, rescaled to the output (TFLite's general int8 add); SUB is
+  that kernel with the second input's multiplier negated, as TFLite runs it;
 * MEAN: sum of ``x - zp_x`` times a multiplier that folds in the division by
   the element count (TFLite's MeanImpl);
 * AVERAGE_POOL_2D: sum over the valid window divided by the valid count,
@@ -24,7 +25,7 @@ what the TFLite interpreter computes, bit for bit:
 * MAX_POOL_2D, RESHAPE, CONCATENATION with shared parameters: exact in int8
   as imported (and PAD, STRIDED_SLICE, TRANSPOSE, RESIZE_NEAREST_NEIGHBOR, which
   the tflite frontend imports on int8 tensors itself);
-* LOGISTIC and HARD_SWISH (256-entry tables), MUL, RESIZE_BILINEAR,
+* LOGISTIC, HARD_SWISH and GELU (256-entry tables), MUL, RESIZE_BILINEAR,
   BATCH_MATMUL, int8 RELU/QUANTIZE (requantize), and ADD/MUL with an int8
   constant operand: :mod:`irgen_tflite_int8.kinds`, each realization beside its
   numpy recompute.
@@ -249,17 +250,24 @@ def _realize_conv(qg, qb, comp, bias_b, out, act=None):
 
 
 def _realize_add(qg, qb, comp, out, act=None):
+    """TFLite's general int8 ADD; also its SUB, which TFLite runs as the same kernel with the
+    second input's multiplier negated (kernels/sub.cc): a ``subtract`` record is an ``add`` one
+    whose second ``input_multiplier`` is negative (negating the result instead would round
+    ties the other way)."""
     relax, op, q, _ = _ops()
     tensor = qb.name
+    what = "add" if comp.op == "relax.add" else "subtraction"
     ins = [_operand(qg, a) for a in comp.value.args]  # an int8 constant operand too (a batch norm's shift)
     if any(i is None for i in ins):
-        raise IrgenError(f"{SCHEME}: an input of the add {tensor!r} is not a dequantized int8 tensor")
+        raise IrgenError(f"{SCHEME}: an input of the {what} {tensor!r} is not a dequantized int8 tensor")
     (x1, q1, d1), (x2, q2, d2) = ins
     left_shift = 20
     s1, s2 = np.float32(q1.scale[0]), np.float32(q2.scale[0])
     twice_max = np.float64(np.float32(2) * max(s1, s2))
     m1, sh1 = _multipliers([np.float64(s1) / twice_max])
     m2, sh2 = _multipliers([np.float64(s2) / twice_max])
+    if comp.op == "relax.subtract":
+        m2 = -m2
     mo, sho = _multipliers([twice_max / (np.float64(1 << left_shift) * np.float64(out.scale[0]))])
     ndim = len(comp.var.ty.shape.values)
     ls = q.rx_const(left_shift, "int32")
@@ -270,7 +278,7 @@ def _realize_add(qg, qb, comp, out, act=None):
     lo, hi, last = _clamp(qg, qb.name, out.dtype, act, out)
     rec = {
         "scheme": SCHEME,
-        "kind": "add",
+        "kind": "add" if comp.op == "relax.add" else "subtract",
         "inputs": [q1.record(), q2.record()],
         "output": out.record(),
         "requant": {
@@ -544,7 +552,7 @@ def realize(qg) -> None:
             names, expr, rec = kinds.realize_batch_matmul(qg, b, comp, out, act, _Helpers)
         elif comp.op in ("relax.nn.conv2d", "relax.matmul"):
             names, expr, rec = _realize_conv(qg, b, comp, bias_b, out, act)
-        elif comp.op == "relax.add":
+        elif comp.op in ("relax.add", "relax.subtract"):
             names, expr, rec = _realize_add(qg, b, comp, out, act)
         elif comp.op == "relax.mean":
             names, expr, rec = _realize_mean(qg, b, comp, out, act)

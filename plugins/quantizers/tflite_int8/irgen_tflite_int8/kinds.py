@@ -10,6 +10,8 @@ parameter files alone), side by side.
     in float32 with ``expf``, rounding half away from zero;
   - HARD_SWISH: ``reference_ops::HardSwish``'s 16-bit fixed point (its
     multipliers are in the record), evaluated for each of the 256 inputs.
+  - GELU: ``LUTPopulate`` of ``GeluTransform`` (erfc form) or, with
+    ``params.approximate``, ``GeluTransformApproximate`` (tanh form), in float32.
 
 * ``batch_matmul`` -- BATCH_MATMUL of two int8 activations: int32 sums of
   ``(a - zp_a) * (b - zp_b)``, then ``MultiplyByQuantizedMultiplier`` (``operands``: the
@@ -66,7 +68,35 @@ def sigmoid_f32(x: np.ndarray) -> np.ndarray:
         return (np.float32(1.0) / (np.float32(1.0) + e)).astype(np.float32)
 
 
-FUNCTIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {"logistic": sigmoid_f32}
+def _f32_map(fn: Callable[[float], float], x: np.ndarray) -> np.ndarray:
+    """``fn`` (a double libm function) on each float32 value, rounded to float32: the float
+    overload C++ calls (``erfcf``, ``tanhf``) where that is correctly rounded."""
+    x = np.asarray(x, np.float32)
+    return np.array([fn(float(a)) for a in x.reshape(-1)], np.float64).astype(np.float32).reshape(x.shape)
+
+
+def gelu_f32(x: np.ndarray) -> np.ndarray:
+    """TFLite's ``GeluTransform``: ``0.5f * x * erfc(x * float(-M_SQRT1_2))`` in float32."""
+    x = np.asarray(x, np.float32)
+    return (np.float32(0.5) * x) * _f32_map(math.erfc, x * np.float32(-0.7071067811865476))
+
+
+#: TFLite's ``kSqrt2dPi``: ``M_2_SQRTPI * M_SQRT1_2`` as a float constant
+_SQRT_2_OVER_PI = np.float32(1.1283791670955126 * 0.7071067811865476)
+
+
+def gelu_tanh_f32(x: np.ndarray) -> np.ndarray:
+    """TFLite's ``GeluTransformApproximate``:
+    ``0.5f * x * (1.f + tanh(kSqrt2dPi * (x + 0.044715f * x * x * x)))`` in float32."""
+    x = np.asarray(x, np.float32)
+    inner = _SQRT_2_OVER_PI * (x + np.float32(0.044715) * x * x * x)
+    return (np.float32(0.5) * x) * (np.float32(1.0) + _f32_map(math.tanh, inner))
+
+
+#: lut function -> its float32 transform (TFLite's ``LUTPopulate`` then tabulates it); GELU
+#: with ``params.approximate`` is ``gelu_tanh``
+FUNCTIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {"logistic": sigmoid_f32, "gelu": gelu_f32,
+                                                            "gelu_tanh": gelu_tanh_f32}
 
 
 def _srdhm16(a, b):
@@ -145,7 +175,10 @@ def lut_table(qr: dict[str, Any]) -> np.ndarray:
     if qr["function"] == "hard_swish":
         info = np.iinfo(qo["dtype"])
         return hard_swish(np.arange(int(info.min), int(info.max) + 1), zp_in, zp_out, qr["params"], qo["dtype"])
-    return lut_populate(FUNCTIONS[qr["function"]], qi["scale"], zp_in, qo["scale"], zp_out, qo["dtype"])
+    fn = qr["function"]
+    if fn == "gelu" and (qr.get("params") or {}).get("approximate"):
+        fn = "gelu_tanh"
+    return lut_populate(FUNCTIONS[fn], qi["scale"], zp_in, qo["scale"], zp_out, qo["dtype"])
 
 
 def recompute_lut(layer, inputs, params) -> np.ndarray:
@@ -202,7 +235,8 @@ def constants_record(*operands) -> dict[str, Any]:
 
 def recompute_add(layer, inputs, params) -> np.ndarray:
     """TFLite's general int8 ADD (the core record: ``left_shift``, input and output
-    multipliers), with the record's constant operands in place."""
+    multipliers), with the record's constant operands in place; also SUB, whose record
+    holds the second input's multiplier negated."""
     from irgen.plugin import multiply_by_quantized_multiplier as mbqm
 
     qr = layer["quant"]
@@ -280,7 +314,8 @@ def recompute_batch_matmul(layer, inputs, params) -> np.ndarray:
     return np.clip(y + int(out["zero_point"]), lo, hi).astype(out["dtype"])
 
 
-RECOMPUTE: dict[str, Callable] = {"lut": recompute_lut, "mul": recompute_mul, "add": recompute_add, "batch_matmul": recompute_batch_matmul,
+RECOMPUTE: dict[str, Callable] = {"lut": recompute_lut, "mul": recompute_mul, "add": recompute_add,
+                                  "subtract": recompute_add, "batch_matmul": recompute_batch_matmul,
                                   "resize_bilinear": recompute_resize_bilinear}
 
 
@@ -315,6 +350,18 @@ def realize_logistic(qg, qb, comp, out, act, helpers):
         raise IrgenError(f"{SCHEME}: a float activation after the logistic {qb.name!r}")
     x, qx, dqx = helpers.int8_input(qg, comp.value.args[0], f"input of the logistic {qb.name!r}")
     return _lut_layer(qg, qb, x, qx, out, "logistic", [dqx, comp.name])
+
+
+def realize_gelu(qg, qb, comp, out, act, helpers):
+    """GELU (``nn.gelu``, or ``nn.gelu_tanh`` for ``approximate``) on a dequantized int8
+    tensor: TFLite's int8 kernel is a table of its float32 transform."""
+    from irgen.plugin import IrgenError
+
+    if act is not None:
+        raise IrgenError(f"{SCHEME}: a float activation after the GELU {qb.name!r}")
+    x, qx, dqx = helpers.int8_input(qg, comp.value.args[0], f"input of the GELU {qb.name!r}")
+    approximate = comp.op == "relax.nn.gelu_tanh"
+    return _lut_layer(qg, qb, x, qx, out, "gelu", [dqx, comp.name], {"approximate": approximate})
 
 
 def _const_float(expr) -> float | None:
@@ -552,6 +599,8 @@ def realize_requantize(qg, qb, comp, out, act, helpers):
 #: the float Relax op between dequantize and quantize -> realization
 SPANS: dict[str, Callable] = {
     "relax.sigmoid": realize_logistic,
+    "relax.nn.gelu": realize_gelu,
+    "relax.nn.gelu_tanh": realize_gelu,
     "relax.divide": realize_hard_swish,
     "relax.multiply": realize_mul,
     "relax.image.resize2d": realize_resize_bilinear,
