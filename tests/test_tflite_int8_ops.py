@@ -1,7 +1,8 @@
 """tflite-int8: operators of the keras.applications CNNs that TVM's importer
 refuses or imports as float on int8 tensors (PAD, SHAPE, STRIDED_SLICE,
 TRANSPOSE, SQUEEZE, RESIZE_NEAREST_NEIGHBOR; HARD_SWISH, LOGISTIC, MUL, MEAN,
-RESIZE_BILINEAR, BATCH_MATMUL, SUB, GELU;
+RESIZE_BILINEAR, BATCH_MATMUL, SUB, GELU, SQUARED_DIFFERENCE, RSQRT and
+NEG between DEQUANTIZE and QUANTIZE;
 FULLY_CONNECTED on 3-D inputs).
 
 Each small Keras model is converted to full int8 with a representative
@@ -161,6 +162,14 @@ def gelu(tf):
     return tf.keras.Model(x, _conv(L, a, 4)), (1, 8, 8, 4)
 
 
+def layer_norm(tf):
+    """keras LayerNormalization (ConvNeXt): MEAN, the mean negated in float between a
+    DEQUANTIZE and a QUANTIZE (NEG), SQUARED_DIFFERENCE, MEAN, ADD, RSQRT, MULs, ADD."""
+    L = tf.keras.layers
+    x = L.Input((8, 8, 3), batch_size=1, name="x")
+    return tf.keras.Model(x, _conv(L, L.LayerNormalization(epsilon=1e-6)(_conv(L, x, 16)), 4)), (1, 8, 8, 3)
+
+
 MODELS = {
     "zero_pad": (zero_pad, {"PAD"}, {"pad", "conv2d", "max_pool2d"}),
     "squeeze_excite": (squeeze_excite, {"MEAN", "LOGISTIC", "MUL"}, {"mean", "lut", "mul"}),
@@ -175,6 +184,7 @@ MODELS = {
     "dense_3d": (dense_3d, {"FULLY_CONNECTED"}, {"dense"}),
     "subtract": (subtract, {"SUB"}, {"subtract"}),
     "gelu": (gelu, {"GELU"}, {"lut", "gelu:none", "gelu:tanh"}),
+    "layer_norm": (layer_norm, {"NEG", "SQUARED_DIFFERENCE", "RSQRT"}, {"squared_difference", "rsqrt", "negative"}),
 }
 tflite_models.BUILDERS.update({name: m[0] for name, m in MODELS.items()})
 

@@ -12,6 +12,10 @@ parameter files alone), side by side.
     multipliers are in the record), evaluated for each of the 256 inputs.
   - GELU: ``LUTPopulate`` of ``GeluTransform`` (erfc form) or, with
     ``params.approximate``, ``GeluTransformApproximate`` (tanh form), in float32.
+  - RSQRT: ``RsqrtEvalQuantizedInt8``'s fixed point (``GetInvSqrtQuantizedMultiplierExp``,
+    then two ``MultiplyByQuantizedMultiplier``; the output multiplier is in the record);
+  - NEG, which TFLite runs in float between a DEQUANTIZE and a QUANTIZE: those three
+    steps as its reference kernels compute them.
 
 * ``batch_matmul`` -- BATCH_MATMUL of two int8 activations: int32 sums of
   ``(a - zp_a) * (b - zp_b)``, then ``MultiplyByQuantizedMultiplier`` (``operands``: the
@@ -20,6 +24,9 @@ parameter files alone), side by side.
   (sizes and coordinate mode in the record);
 * ``requantize`` -- int8 RELU/RELU6/RELU_N1_TO_1 and int8 -> int8 QUANTIZE:
   ``clamp(MultiplyByQuantizedMultiplier(x - zp_x) + zp_y)``;
+* ``squared_difference`` -- SQUARED_DIFFERENCE (keras' LayerNormalization): both inputs
+  shifted left by 7 and scaled to twice the larger scale, the difference squared, then
+  ``MultiplyByQuantizedMultiplier`` by ``(2 s_max)^2 / (2^14 s_y)``;
 * ``mul`` -- MUL: ``MultiplyByQuantizedMultiplier((x1 - zp1) * (x2 - zp2), M, shift) + zp_y``
   with ``M, shift = QuantizeMultiplier(double(s1) * double(s2) / double(s_y))``; an
   int8 constant operand is in the record (``constants``: operand index -> values, shape).
@@ -168,14 +175,107 @@ def hard_swish(x, zp_in: int, zp_out: int, p: dict[str, int], dtype: str = "int8
     return np.clip(y, info.min, info.max).astype(dtype)
 
 
+_I32_MIN, _I32_MAX = -(1 << 31), (1 << 31) - 1
+
+
+def _srdhm32(a: int, b: int) -> int:
+    """gemmlowp's SaturatingRoundingDoublingHighMul on int32 (Python ints)."""
+    if a == b == _I32_MIN:
+        return _I32_MAX
+    ab = a * b
+    s = ab + ((1 << 30) if ab >= 0 else 1 - (1 << 30))
+    return -((-s) >> 31) if s < 0 else s >> 31  # C++ division truncates
+
+
+def _sat_mul_pot32(x: int, exponent: int) -> int:
+    """gemmlowp's SaturatingRoundingMultiplyByPOT<exponent> on int32."""
+    if exponent < 0:
+        return int(_rounding_divide_by_pot(x, -exponent))
+    threshold = (1 << (31 - exponent)) - 1
+    return _I32_MAX if x > threshold else _I32_MIN if x < -threshold else x << exponent
+
+
+def inv_sqrt_multiplier(value: int) -> tuple[int, int]:
+    """TFLite's ``GetInvSqrtQuantizedMultiplierExp(value, kReverseShift)``: 1/sqrt(value) as
+    a multiplier and (left) shift, by 5 Newton-Raphson steps in gemmlowp fixed point
+    (``F3``: 3 integer bits)."""
+    if value <= 1:
+        return _I32_MAX, 0
+    shift = 11
+    while value >= (1 << 29):
+        value //= 4
+        shift += 1
+    pairs = ((32 - value.bit_length()) - 1) // 2 - 1  # CountLeadingZeros - 1, in bit pairs, less one
+    shift -= pairs
+    value <<= 2 * pairs
+    half_input = _sat_mul_pot32(value >> 1, -1)
+    half_three = (1 << 28) + (1 << 27)
+    x = 1 << 28  # F3::One()
+    for _ in range(5):
+        x3 = _sat_mul_pot32(_srdhm32(_srdhm32(x, x), x), 6)  # Rescale<3> of an F9
+        x = _sat_mul_pot32(_srdhm32(half_three, x) - _srdhm32(half_input, x3), 3)  # Rescale<3> of an F6
+    x = _srdhm32(x, 1518500250)  # * sqrt(2)/2 in F0
+    if shift < 0:
+        x <<= -shift
+        shift = 0
+    return x, -shift
+
+
+def rsqrt_params(s_in: float, s_out: float) -> dict[str, int]:
+    """TFLite's SetRsqrtOutputMultiplier: ``QuantizeMultiplier(1. / (sqrtf(s_in) * s_out))``."""
+    from irgen.plugin import quantize_multiplier
+
+    m, shift = quantize_multiplier(1.0 / float(np.sqrt(np.float32(s_in)) * np.float32(s_out)))
+    return {"multiplier": int(m), "shift": int(shift)}
+
+
+def rsqrt_int8(v, zp_in: int, zp_out: int, p: dict[str, int], dtype: str = "int8") -> np.ndarray:
+    """TFLite's int8 RSQRT (``RsqrtEvalQuantizedInt8``) of each value: ``1/sqrt(v - zp_in)`` as
+    an inverse-sqrt multiplier applied to 1 with 20 bits of headroom, then requantized. An
+    input below the zero point, which TFLite refuses, is taken as the zero point (the maximum)."""
+    from irgen.plugin import DOUBLE, multiply_by_quantized_multiplier as mbqm
+
+    info = np.iinfo(dtype)
+    out = []
+    for value in (int(a) - zp_in for a in np.asarray(v).reshape(-1)):
+        if value <= 0:
+            out.append(int(info.max))
+            continue
+        m, shift = inv_sqrt_multiplier(value)
+        data = int(mbqm(1, m, shift + 20, DOUBLE))
+        y = int(mbqm(data, p["multiplier"], p["shift"] - 20, DOUBLE)) + zp_out
+        out.append(min(max(y, int(info.min)), int(info.max)))
+    return np.array(out, dtype).reshape(np.shape(v))
+
+
+#: float ops TFLite leaves between a DEQUANTIZE and a QUANTIZE of int8 tensors (NEG has no int8
+#: kernel; keras' LayerNormalization negates its mean in float): the exact float32 function
+ISLANDS: dict[str, Callable[[np.ndarray], np.ndarray]] = {"negative": np.negative}
+
+
+def island_table(fn: Callable[[np.ndarray], np.ndarray], s_in: float, zp_in: int, s_out: float, zp_out: int,
+                 dtype: str = "int8") -> np.ndarray:
+    """DEQUANTIZE -> ``fn`` -> QUANTIZE as TFLite's reference kernels compute it, for every input
+    value: ``float(double(s_in) * (v - zp_in))``, ``fn`` in float32, then ``round(double(y) /
+    double(s_out)) + zp_out`` (half away from zero), clamped."""
+    info = np.iinfo(dtype)
+    v = np.arange(int(info.min), int(info.max) + 1, dtype=np.int64)
+    deq = (np.float64(np.float32(s_in)) * (v - zp_in)).astype(np.float32)
+    y = np.asarray(fn(deq), np.float32).astype(np.float64) / np.float64(np.float32(s_out))
+    return np.clip(_round_away(y).astype(np.int64) + zp_out, info.min, info.max).astype(dtype)
+
+
 def lut_table(qr: dict[str, Any]) -> np.ndarray:
     """The table of a ``lut`` record, from its function and parameters."""
     qi, qo = qr["inputs"][0], qr["output"]
     zp_in, zp_out = int(qi["zero_point"]), int(qo["zero_point"])
-    if qr["function"] == "hard_swish":
+    if qr["function"] in ("hard_swish", "rsqrt"):
         info = np.iinfo(qo["dtype"])
-        return hard_swish(np.arange(int(info.min), int(info.max) + 1), zp_in, zp_out, qr["params"], qo["dtype"])
+        kernel = hard_swish if qr["function"] == "hard_swish" else rsqrt_int8
+        return kernel(np.arange(int(info.min), int(info.max) + 1), zp_in, zp_out, qr["params"], qo["dtype"])
     fn = qr["function"]
+    if fn in ISLANDS:
+        return island_table(ISLANDS[fn], qi["scale"], zp_in, qo["scale"], zp_out, qo["dtype"])
     if fn == "gelu" and (qr.get("params") or {}).get("approximate"):
         fn = "gelu_tanh"
     return lut_populate(FUNCTIONS[fn], qi["scale"], zp_in, qo["scale"], zp_out, qo["dtype"])
@@ -314,8 +414,22 @@ def recompute_batch_matmul(layer, inputs, params) -> np.ndarray:
     return np.clip(y + int(out["zero_point"]), lo, hi).astype(out["dtype"])
 
 
+def recompute_squared_difference(layer, inputs, params) -> np.ndarray:
+    """TFLite's int8 SQUARED_DIFFERENCE from its record."""
+    from irgen.plugin import multiply_by_quantized_multiplier as mbqm
+
+    qr = layer["quant"]
+    rq, out = qr["requant"], qr["output"]
+    a, b = (mbqm((x.astype(np.int64) - int(q["zero_point"])) << rq["left_shift"], m, s, rq["rounding"])
+            for x, q, m, s in zip(operands(qr, inputs), qr["inputs"], rq["input_multiplier"], rq["input_shift"]))
+    y = mbqm((a - b) * (a - b), rq["multiplier"], rq["shift"], rq["rounding"])
+    lo, hi = qr["clamp"]
+    return np.clip(y + int(out["zero_point"]), lo, hi).astype(out["dtype"])
+
+
 RECOMPUTE: dict[str, Callable] = {"lut": recompute_lut, "mul": recompute_mul, "add": recompute_add,
                                   "subtract": recompute_add, "batch_matmul": recompute_batch_matmul,
+                                  "squared_difference": recompute_squared_difference,
                                   "resize_bilinear": recompute_resize_bilinear}
 
 
@@ -362,6 +476,28 @@ def realize_gelu(qg, qb, comp, out, act, helpers):
     x, qx, dqx = helpers.int8_input(qg, comp.value.args[0], f"input of the GELU {qb.name!r}")
     approximate = comp.op == "relax.nn.gelu_tanh"
     return _lut_layer(qg, qb, x, qx, out, "gelu", [dqx, comp.name], {"approximate": approximate})
+
+
+def realize_rsqrt(qg, qb, comp, out, act, helpers):
+    """RSQRT of an int8 tensor: TFLite's fixed-point kernel, tabulated for each input value."""
+    from irgen.plugin import IrgenError
+
+    if act is not None:
+        raise IrgenError(f"{SCHEME}: a float activation after the rsqrt {qb.name!r}")
+    x, qx, dqx = helpers.int8_input(qg, comp.value.args[0], f"input of the rsqrt {qb.name!r}")
+    return _lut_layer(qg, qb, x, qx, out, "rsqrt", [dqx, comp.name], rsqrt_params(float(qx.scale[0]), float(out.scale[0])))
+
+
+def realize_island(qg, qb, comp, out, act, helpers):
+    """A float op between a DEQUANTIZE and a QUANTIZE of int8 tensors (:data:`ISLANDS`): a
+    function of the 256 input values, tabulated as TFLite computes each step."""
+    from irgen.plugin import IrgenError
+
+    fn = comp.op.removeprefix("relax.")
+    if act is not None:
+        raise IrgenError(f"{SCHEME}: a float activation after the {fn} {qb.name!r}")
+    x, qx, dqx = helpers.int8_input(qg, comp.value.args[0], f"input of the {fn} {qb.name!r}")
+    return _lut_layer(qg, qb, x, qx, out, fn, [dqx, comp.name])
 
 
 def _const_float(expr) -> float | None:
@@ -424,6 +560,48 @@ def _product_multiplier(q1, q2, out) -> tuple[int, int]:
     return q.quantize_multiplier(float(real))
 
 
+def realize_squared_difference(qg, qb, comp, diff, out, act, helpers):
+    """SQUARED_DIFFERENCE of two int8 tensors (TVM imports it as ``d * d``, ``d = a - b`` of the
+    dequantized inputs): each input shifted left by 7 and scaled to twice the larger input
+    scale, the difference squared, then rescaled by ``(2 s_max)^2 / (2^14 s_y)``."""
+    from tvm.relax import op
+
+    import irgen.plugin as q
+    from irgen.plugin import IrgenError
+
+    ins = [helpers.operand(qg, a) for a in diff.value.args]
+    if act is not None or any(i is None for i in ins):
+        raise IrgenError(f"{SCHEME}: the squared difference {qb.name!r} is not of two dequantized int8 tensors")
+    (x1, q1, d1), (x2, q2, d2) = ins
+    left_shift = 7
+    s1, s2 = np.float32(q1.scale[0]), np.float32(q2.scale[0])
+    twice_max = np.float64(np.float32(2) * max(s1, s2))
+    (m1, sh1), (m2, sh2) = (q.quantize_multiplier(float(np.float64(s) / twice_max)) for s in (s1, s2))
+    mo, sho = q.quantize_multiplier(float(twice_max * twice_max / np.float64(np.float32(1 << 14) * np.float32(out.scale[0]))))
+    ndim = len(comp.var.ty.shape.values)
+    e, ls = qg.emit, q.rx_const(left_shift, "int32")
+    a1 = q.rx_multiply_by_quantized_multiplier(e, e(op.left_shift(helpers.offset(qg, x1, int(q1.zero_point[0])), ls)),
+                                               np.array([m1]), np.array([sh1]), -1, ndim)
+    a2 = q.rx_multiply_by_quantized_multiplier(e, e(op.left_shift(helpers.offset(qg, x2, int(q2.zero_point[0])), ls)),
+                                               np.array([m2]), np.array([sh2]), -1, ndim)
+    d = e(op.subtract(a1, a2))
+    y = q.rx_multiply_by_quantized_multiplier(e, e(op.multiply(d, d)), np.array([mo]), np.array([sho]), -1, ndim)
+    lo, hi, last = helpers.clamp(qg, qb.name, out.dtype, act, out)
+    rec = {"scheme": SCHEME, "kind": "squared_difference", "inputs": [q1.record(), q2.record()], "output": out.record(),
+           "requant": {"left_shift": left_shift, "input_multiplier": [int(m1), int(m2)],
+                       "input_shift": [int(sh1), int(sh2)], "multiplier": int(mo), "shift": int(sho),
+                       "rounding": q.DOUBLE, "rounding_rule": q.ROUNDING_RULES[q.DOUBLE]},
+           "clamp": [lo, hi]}
+    consts = constants_record(x1, x2)
+    if consts:
+        rec["constants"] = consts
+    picks = operands_record(x1, x2)
+    if picks:
+        rec["operands"] = picks
+    drop = [d_ for d_ in (d1, d2) if d_ is not None] + [diff.name, comp.name]
+    return drop + helpers.tail(qb, act, last), helpers.finish(qg, y, out, lo, hi), rec
+
+
 def realize_mul(qg, qb, comp, out, act, helpers):
     from tvm import relax
     from tvm.relax import op
@@ -431,6 +609,10 @@ def realize_mul(qg, qb, comp, out, act, helpers):
     import irgen.plugin as q
     from irgen.plugin import IrgenError
 
+    a, b = comp.value.args
+    diff = qg.producer(a) if isinstance(a, relax.Var) and isinstance(b, relax.Var) and a.name == b.name else None
+    if diff is not None and diff.op == "relax.subtract" and qg.n_users(diff.name) == 2:
+        return realize_squared_difference(qg, qb, comp, diff, out, act, helpers)
     ins = [helpers.operand(qg, a) for a in comp.value.args]
     if any(i is None for i in ins):
         raise IrgenError(f"{SCHEME}: an input of the multiply {qb.name!r} is not a dequantized int8 tensor")
@@ -601,6 +783,8 @@ SPANS: dict[str, Callable] = {
     "relax.sigmoid": realize_logistic,
     "relax.nn.gelu": realize_gelu,
     "relax.nn.gelu_tanh": realize_gelu,
+    "relax.rsqrt": realize_rsqrt,
+    "relax.negative": realize_island,
     "relax.divide": realize_hard_swish,
     "relax.multiply": realize_mul,
     "relax.image.resize2d": realize_resize_bilinear,
