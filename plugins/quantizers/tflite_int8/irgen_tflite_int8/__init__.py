@@ -293,12 +293,7 @@ def _realize_add(qg, qb, comp, out, act=None):
         },
         "clamp": [lo, hi],
     }
-    consts = kinds.constants_record(x1, x2)
-    if consts:
-        rec["constants"] = consts
-    picks = kinds.operands_record(x1, x2)
-    if picks:
-        rec["operands"] = picks
+    kinds.add_operand_records(rec, x1, x2)
     return [d for d in (d1, d2) if d is not None] + [comp.name] + _tail(qb, act, last), _finish(qg, y, out, lo, hi), rec
 
 

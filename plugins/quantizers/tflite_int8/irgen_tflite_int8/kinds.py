@@ -326,6 +326,17 @@ def _constant_record(value) -> dict[str, Any]:
     return {"values": arr.reshape(-1).tolist(), "shape": list(arr.shape)}
 
 
+def add_operand_records(rec: dict[str, Any], *operands) -> dict[str, Any]:
+    """``rec`` with its ``constants`` (:func:`constants_record`) and ``operands``
+    (:func:`operands_record`) entries, each only when there is something to say."""
+    consts, picks = constants_record(*operands), operands_record(*operands)
+    if consts:
+        rec["constants"] = consts
+    if picks:
+        rec["operands"] = picks
+    return rec
+
+
 def constants_record(*operands) -> dict[str, Any]:
     """``constants`` of a record: operand index -> values and shape of each constant operand."""
     from tvm import relax
@@ -592,12 +603,7 @@ def realize_squared_difference(qg, qb, comp, diff, out, act, helpers):
                        "input_shift": [int(sh1), int(sh2)], "multiplier": int(mo), "shift": int(sho),
                        "rounding": q.DOUBLE, "rounding_rule": q.ROUNDING_RULES[q.DOUBLE]},
            "clamp": [lo, hi]}
-    consts = constants_record(x1, x2)
-    if consts:
-        rec["constants"] = consts
-    picks = operands_record(x1, x2)
-    if picks:
-        rec["operands"] = picks
+    add_operand_records(rec, x1, x2)
     drop = [d_ for d_ in (d1, d2) if d_ is not None] + [diff.name, comp.name]
     return drop + helpers.tail(qb, act, last), helpers.finish(qg, y, out, lo, hi), rec
 
@@ -633,12 +639,7 @@ def realize_mul(qg, qb, comp, out, act, helpers):
                             "M, shift = QuantizeMultiplier(s1 * s2 / s_y)"},
         "clamp": [lo, hi],
     }
-    consts = constants_record(x1, x2)
-    if consts:
-        rec["constants"] = consts
-    picks = operands_record(x1, x2)
-    if picks:
-        rec["operands"] = picks
+    add_operand_records(rec, x1, x2)
     drop = [d for d in (d1, d2) if d is not None] + [comp.name]
     return drop + helpers.tail(qb, act, last), helpers.finish(qg, y, out, lo, hi), rec
 
