@@ -361,6 +361,52 @@ def test_if_with_a_condition_computed_at_run_time_is_refused(tmp_path):
 # ------------------------------------------------------------------ 4. SSA
 
 
+def _gather_model(idx=None) -> onnx.ModelProto:
+    """x[4,3] + d -> Gather(axis 0) by the constant indices ``idx``, or by input i[3] (None)."""
+    inputs = [("x", TensorProto.FLOAT, [4, 3])]
+    inits = [("d", np.arange(12, dtype=np.float32).reshape(4, 3))]
+    if idx is None:
+        inputs.append(("i", TensorProto.INT64, [3]))
+    else:
+        inits.append(("i", np.asarray(idx, np.int64)))
+    nodes = [helper.make_node("Add", ["x", "d"], ["a"]), helper.make_node("Gather", ["a", "i"], ["y"], axis=0, name="pick")]
+    return graph_model(nodes, inputs, [("y", TensorProto.FLOAT, [3, 3])], inits)
+
+
+@pytest.mark.parametrize("idx, bad", [([0, 7, 1], 7), ([1, 2, 99], 99)])
+def test_gather_of_constant_indices_out_of_range_is_refused(tmp_path, idx, bad):
+    """TVM's gathers read an index out of range out of bounds (another buffer's bytes in the
+    golden data); a constant one is refused, as onnxruntime refuses it."""
+    path = save(_gather_model(idx), tmp_path / "g.onnx")
+    np.save(tmp_path / "x.npy", np.zeros((4, 3), np.float32))
+    out = tmp_path / "out"
+    assert_refused(irgen("run", path, "-o", out, "--input", tmp_path / "x.npy", "--no-progress"), out,
+                   "'pick' (Gather)", f"index {bad} is out of range for an axis of size 4")
+
+
+def test_gather_of_computed_indices_stays_inside_the_tensor(tmp_path):
+    """Indices given at run time: in range (negative ones too) the values equal onnxruntime's;
+    out of range, where the run read other memory or crashed (exit -11), they are wrapped."""
+    ort = pytest.importorskip("onnxruntime")
+    path = save(_gather_model(), tmp_path / "g.onnx")
+    x = np.linspace(-1, 1, 12, dtype=np.float32).reshape(4, 3)
+    np.save(tmp_path / "x.npy", x)
+    table = x + np.arange(12, dtype=np.float32).reshape(4, 3)
+    sess = ort.InferenceSession(path.read_bytes(), providers=["CPUExecutionProvider"])
+    for k, idx in enumerate([[0, -1, 2], [3, -4, 1], [100000, -7, 2]]):
+        i = np.asarray(idx, np.int64)
+        np.save(tmp_path / f"i{k}.npy", i)
+        out = tmp_path / f"out{k}"
+        proc = irgen("run", path, "-o", out, "--input", f"x={tmp_path / 'x.npy'}", "--input", f"i={tmp_path / f'i{k}.npy'}",
+                     "--no-progress")
+        assert proc.returncode == 0, proc.stderr
+        ir = json.loads((out / "ir.json").read_text())
+        got = np.load(out / ir["outputs"][0]["file"])
+        np.testing.assert_array_equal(got, np.take(table, i, axis=0, mode="wrap"))
+        if k < 2:
+            np.testing.assert_array_equal(got, sess.run(["y"], {"x": x, "i": i})[0])
+
+
 def test_two_nodes_writing_one_tensor(tmp_path):
     m = conv_model()
     m.graph.node.append(helper.make_node("Sigmoid", ["c"], ["y"], name="second"))

@@ -396,6 +396,45 @@ def fold_data_movement(mod: tvm.IRModule) -> tvm.IRModule:
 # Batch-norm folding: conv2d (+ bias) -> batch_norm -> [0]  ==>  conv2d' + bias'
 
 
+def guard_gathers(mod: tvm.IRModule, provenance: Provenance) -> tvm.IRModule:
+    """Every gather (``relax.take``) memory-safe, before anything runs or folds one.
+
+    TVM's importers emit ``take`` in mode ``fast``, which reads an index out of range out of
+    bounds: a model file could put another buffer's bytes into the golden data, or crash the
+    run. A gather of constant indices is checked (:func:`check_gather_indices`); one of
+    computed indices is taken in mode ``wrap``, which gives the same value for every index
+    in range, negative ones included, and stays inside the tensor for any other."""
+    _, bindings = main_bindings(mod)
+    check_gather_indices(bindings, provenance)
+    out, changed = [], False
+    for b in bindings:
+        if b.op == "relax.take" and str(b.value.attrs.mode) == "fast" and not isinstance(b.value.args[1], Constant):
+            b = Binding(b.name, b.var, relax.op.take(*b.value.args[:2], axis=b.value.attrs.axis, mode="wrap"))
+            changed = True
+        out.append(b)
+    return rebuild_main(mod, out) if changed else mod
+
+
+def check_gather_indices(bindings: list[Binding], provenance: Provenance) -> None:
+    """A gather of constant indices (at import, or once folding made them constant) reads
+    only indices in ``[-n, n)``, as every source runtime requires; else the import stops,
+    naming the source node."""
+    for b in bindings:
+        if b.op != "relax.take" or not isinstance(b.value.args[1], Constant) or str(b.value.attrs.mode) == "clip":
+            continue
+        data, axis = b.value.args[0], b.value.attrs.axis
+        shape = tensor_type(data)
+        n = None if shape is None else (int(np.prod(shape[0])) if axis is None else shape[0][int(axis)])
+        values = const_np(b.value.args[1]).astype(np.int64).reshape(-1)
+        bad = values[(values < -n) | (values >= n)] if n is not None else values
+        if bad.size:
+            src = provenance.by_var.get(b.name)
+            where = f"node {src[0]!r} ({src[1]})" if src else f"tensor {b.name!r}"
+            why = (f"index {int(bad[0])} is out of range for an axis of size {n}" if n is not None
+                   else "the size of the gathered axis is not known")
+            raise IrgenError(f"{where}: gather {why}; the model is malformed")
+
+
 def fold_batch_norm(mod: tvm.IRModule, provenance: Provenance) -> tvm.IRModule:
     """Fold inference batch norms that follow a convolution into its weight and bias.
 

@@ -232,12 +232,14 @@ def _form_layers(host, imported: ImportedModel, be: Backend, quantizer: str | No
     """Fold batch norms, realize the quantization scheme (if any), cut ``main`` into layers."""
     from tvm import relax
 
-    from irgen.graph import (cut_layers, flatten_tuples, fold_batch_norm, fold_constants, form_layers, fuse_quantized_layers,
-                             main_bindings, merge_quantized_rolls, static_shapes, tuple_output_outside_dataflow)
+    from irgen.graph import (check_gather_indices, cut_layers, flatten_tuples, fold_batch_norm, fold_constants,
+                             form_layers, fuse_quantized_layers, guard_gathers, main_bindings, merge_quantized_rolls,
+                             static_shapes, tuple_output_outside_dataflow)
     from irgen.quant import QGraph
 
     progress.stage("form layers")
-    mod = fold_batch_norm(tuple_output_outside_dataflow(imported.mod), imported.provenance)
+    mod = guard_gathers(tuple_output_outside_dataflow(imported.mod), imported.provenance)
+    mod = fold_batch_norm(mod, imported.provenance)
     quant: dict[str, dict] = {}
     qg = QGraph(mod, frontend=imported.frontend, dialect=imported.dialect)
     scheme = pick_quantizer(host, qg, quantizer)
@@ -255,6 +257,7 @@ def _form_layers(host, imported: ImportedModel, be: Backend, quantizer: str | No
         mod = flatten_tuples(static_shapes(mod), imported.provenance)
         mod = canonicalize(fold_data_movement(mod), imported.provenance)
     func, bindings = main_bindings(fold_constants(mod))
+    check_gather_indices(bindings, imported.provenance)  # indices folding made constant
     main_out = func.body.body
     if scheme is not None:
         layers = merge_quantized_rolls(cut_layers(bindings, imported.provenance, main_out), bindings, main_out)

@@ -854,6 +854,15 @@ def _bool(fn: Callable) -> Callable:
     return lambda args, attrs: fn(*(np.asarray(a) for a in args))
 
 
+def _take(args, attrs):
+    """A gather in TVM's index mode: ``wrap`` (irgen's for computed indices) and ``clip`` as
+    numpy's; ``fast`` (indices checked in range) as numpy's default, which refuses others."""
+    mode = str(attrs.get("mode") or "fast")
+    axis = attrs.get("axis")
+    return np.take(np.asarray(args[0]), np.asarray(args[1]).astype(np.int64), axis=None if axis is None else int(axis),
+                   mode=mode if mode in ("wrap", "clip") else "raise")
+
+
 OPS: dict[str, Callable[[list[Any], dict], Any]] = {
     "relax.nn.conv2d": lambda args, attrs: conv2d(args[0], args[1], attrs),
     "relax.matmul": lambda args, attrs: _matmul(args[0], args[1], attrs),
@@ -968,8 +977,7 @@ OPS: dict[str, Callable[[list[Any], dict], Any]] = {
     "relax.nn.dropout": _dropout,
     "relax.floor": lambda args, attrs: np.floor(args[0]),
     "relax.round": lambda args, attrs: np.rint(args[0]),  # half to even, as TVM's round on CPU
-    "relax.take": lambda args, attrs: np.take(np.asarray(args[0]), np.asarray(args[1]).astype(np.int64),
-                                              axis=int(attrs.get("axis") or 0)),
+    "relax.take": _take,
     "relax.quantize": _quantize,
     "relax.dequantize": _dequantize,
     "relax.erf": _unary_f(_erf),
