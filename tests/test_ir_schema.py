@@ -49,7 +49,7 @@ def _ir(out: Path) -> dict:
 def _assert_valid(out: Path) -> dict:
     ir = _ir(out)
     assert validate_ir(ir) == []
-    assert ir["ir_version"] == IR_VERSION == "2.2.0"
+    assert ir["ir_version"] == IR_VERSION == "2.3.0"
     return ir
 
 
@@ -173,12 +173,12 @@ def test_many_violations_name_ten(float_out, tmp_path, capsys):
 
 def test_ir_version_is_semver_and_the_old_integer_reads(float_out):
     ir = _ir(float_out)
-    assert ir_version(ir) == "2.2.0"
+    assert ir_version(ir) == "2.3.0"
     assert validate_ir({**ir, "ir_version": 1}) == []
     assert ir_version({**ir, "ir_version": 1}) == "1.0.0"
     assert validate_ir({**ir, "ir_version": "1.0.3"}) == [] == validate_ir({**ir, "ir_version": "1.1.2"})
-    assert validate_ir({**ir, "ir_version": "2.0.7"}) == [] == validate_ir({**ir, "ir_version": "2.1.3"}) == validate_ir({**ir, "ir_version": "2.2.1"})
-    for bad in ("3.0.0", "2.3.0", "1.2.0", "0.9.0"):
+    assert validate_ir({**ir, "ir_version": "2.0.7"}) == [] == validate_ir({**ir, "ir_version": "2.1.3"}) == validate_ir({**ir, "ir_version": "2.2.1"}) == validate_ir({**ir, "ir_version": "2.3.2"})
+    for bad in ("3.0.0", "2.4.0", "1.2.0", "0.9.0"):
         problems = validate_ir({**ir, "ir_version": bad})
         assert len(problems) == 1 and problems[0].startswith(f"ir_version: '{bad}' is not readable by this irgen"), problems
     for bad in (True, 2, "1.0", "v1.0.0", None):
@@ -196,7 +196,7 @@ def test_an_old_integer_version_folder_verifies(float_out, tmp_path, capsys):
     assert main(["inspect", str(out), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["ir_version"] == "1.0.0"
     assert main(["inspect", str(float_out)]) == 0
-    assert "; IR 2.2.0, irgen " in capsys.readouterr().out.splitlines()[0]
+    assert "; IR 2.3.0, irgen " in capsys.readouterr().out.splitlines()[0]
 
 
 # ------------------------------------------------------------------ irgen schema
@@ -263,3 +263,29 @@ def test_leaves_invalid_through_a_fixture(folder):
     assert "FAILED test_inner.py::test_leaves_invalid_through_a_fixture - " in proc.stdout, proc.stdout
     assert "test_leaves_invalid0/o/ir.json" in proc.stdout, proc.stdout
     assert "layers[0]: 'op' is a required property" in proc.stdout, proc.stdout
+
+
+
+def test_a_non_finite_literal_is_written_as_a_string(tmp_path):
+    """A clamp with a lower bound only (torch.clamp(x, min=...), Swin V2) is a clip whose upper
+    bound is +inf, a literal JSON cannot hold (irgen stopped with an internal error): ir.json
+    says ``"inf"``, the file stays valid, verify recomputes the layer from it and the output
+    equals torch's."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("irgen_torch")
+
+    class Net(torch.nn.Module):
+        def forward(self, x):
+            return torch.clamp(x * 2.0, min=-0.5)
+
+    x = torch.linspace(-1, 1e30, 8).reshape(1, 8)
+    path = tmp_path / "clamp.pt2"
+    torch.export.save(torch.export.export(Net(), (x,)), str(path))
+    np.save(tmp_path / "x.npy", x.numpy())
+    out = tmp_path / "out"
+    assert main(["run", str(path), "-o", str(out), "--input", str(tmp_path / "x.npy"), "--no-progress"]) == 0
+    text = (out / "ir.json").read_text()
+    assert '"inf"' in text and "Infinity" not in text
+    ir = _assert_valid(out)
+    np.testing.assert_array_equal(np.load(out / ir["outputs"][0]["file"]), Net()(x).numpy())
+    assert main(["verify", str(out), "--no-progress", "--no-report"]) == 0

@@ -12,6 +12,8 @@ the executed module by those names.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field, replace as _replace
 from typing import Any, Callable
 
@@ -77,6 +79,10 @@ def attrs_to_dict(attrs: Any) -> dict[str, Any]:
 
 
 def to_json(value: Any) -> Any:
+    # a float JSON cannot hold (a clip without an upper bound, a -inf fill) is written as the
+    # string "inf", "-inf" or "nan"; irgen.reference.from_json_number reads it back
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, (list, tuple)) or type(value).__name__ == "Array":

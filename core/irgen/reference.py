@@ -1015,13 +1015,26 @@ def _resolve(ref: Any, layer: str, op: str, inputs: list, params: dict, results:
         if "shape" in ref:
             return ref
         if "value" in ref:
-            v = ref["value"]
+            v = from_json_number(ref["value"])
             if isinstance(v, str):
                 raise UnsupportedLayer(layer, op, f"non-numeric literal {v!r}")
             return v if not isinstance(v, list) else np.asarray(v)
     if isinstance(ref, list):
         return [_resolve(r, layer, op, inputs, params, results) for r in ref]
     raise UnsupportedLayer(layer, op, f"unknown argument form {ref!r}")
+
+
+#: the strings ``ir.json`` writes for floats JSON cannot hold (``irgen.graph.to_json``)
+NON_FINITE = {"inf": float("inf"), "-inf": float("-inf"), "nan": float("nan")}
+
+
+def from_json_number(value: Any) -> Any:
+    """A literal of ``ir.json`` with the strings of :data:`NON_FINITE` made floats again (in lists too)."""
+    if isinstance(value, str):
+        return NON_FINITE.get(value, value)
+    if isinstance(value, list):
+        return [from_json_number(v) for v in value]
+    return value
 
 
 def run_layer(layer: dict, inputs: list[np.ndarray], params: dict[str, np.ndarray]) -> list[np.ndarray]:
