@@ -513,3 +513,37 @@ def test_a_crashing_source_runtime_is_reported_not_fatal(onnx_float, tmp_path, c
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert code == 2 and len(lines) == 1, lines
     assert lines[0].startswith("irgen: error:") and "SIGABRT" in lines[0] and "crashy" in lines[0], lines
+
+
+def test_single_scales_its_absolute_tolerance_with_the_magnitude(tmp_path):
+    """A convolution of large values: outputs that cancel to near zero are off by float32's
+    eps times the terms (up to ~1e-7 of the largest output here), which an absolute 1e-5 in
+    ``single`` failed though irgen's kernel is right; scaled by max|golden| (as ``entire``
+    and ``source`` are) single passes, and a real error of 1e-3 of the peak still fails."""
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(7)
+    w = numpy_helper.from_array((rng.standard_normal((16, 64, 3, 3)) * 100).astype(np.float32), "w")
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 8, 8])], [w])
+    path = tmp_path / "big.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+    np.save(tmp_path / "x.npy", (rng.standard_normal((1, 64, 8, 8)) * 100).astype(np.float32))
+    out = tmp_path / "out"
+    assert irgen_main(["run", str(path), "-o", str(out), "--input", str(tmp_path / "x.npy"), "--no-progress"]) == 0
+    result = verify_output(out, modes=["single"])
+    assert result["passed"], result["problems"]
+    ir = json.loads((out / "ir.json").read_text())
+    (layer,) = ir["layers"]
+    golden = np.load(out / layer["outputs"][0]["file"])
+    from irgen.reference import load_layer_params, run_layer
+
+    (recomputed,) = run_layer(layer, [np.load(out / ir["inputs"][0]["file"])], load_layer_params(out, layer))
+    th = Thresholds()
+    assert compare(recomputed, golden, integer=False, th=th)["status"] == "fail"  # the former unscaled rule
+    assert compare(recomputed, golden, integer=False, th=th, scaled=True)["status"] == "pass"
+    wrong = golden.copy()
+    wrong.flat[0] += np.float32(1e-3 * np.abs(golden).max())
+    assert compare(recomputed, wrong, integer=False, th=th, scaled=True)["status"] == "fail"

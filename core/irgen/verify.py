@@ -16,10 +16,11 @@ Integer layers (``quant`` record, or an integer output dtype) are recomputed wit
 must match exactly in ``single`` and ``entire``; their ``fused_ops`` program is
 also run with :func:`irgen.reference.run_layer` in ``single`` and must agree.
 Float layers run ``fused_ops`` and must satisfy, elementwise,
-``|got - golden| <= atol * s + rtol * |golden|`` where ``s`` is 1 in ``single``
-and ``max(1, max|golden|)`` in ``entire`` and ``source`` (float error grows
-along a deep chain, so there the absolute part scales with the tensor's
-magnitude). Source comparison of integer tensors allows ``max_lsb`` units.
+``|got - golden| <= atol * s + rtol * |golden|`` where ``s`` is
+``max(1, max|golden|)``: a float sum's rounding error scales with the magnitude of
+its terms (a value near zero after cancelling large ones is off by eps times
+them, even recomputed from the same inputs), and grows along a deep chain, so the
+absolute part scales with the tensor's magnitude. Source comparison of integer tensors allows ``max_lsb`` units.
 In a quantized model the ``source`` verdict is per layer (``local``): the layer
 recomputed from the runtime's own input tensors against the runtime's output;
 the chained golden values against the runtime are reported beside it as
@@ -845,7 +846,7 @@ class _VerifyRun:
             elif not self.refused(layer, "single"):
                 got = self.attempt(layer, "single", lambda: [self.files.load(r) for r in layer.get("inputs") or []])
                 if got is not None:
-                    self.compare_outputs(layer, "single", *got, scaled=False)
+                    self.compare_outputs(layer, "single", *got, scaled=True)
             self.step("layers", i, len(layers))
 
     def entire(self) -> None:
