@@ -139,3 +139,31 @@ def test_transformer_against_onnxruntime(name, per_channel, tmp_path, capsys):
         gather = [q for q in quant if q.get("op") == "take" and not q["inputs"]]
         assert len(gather) == 1 and gather[0]["table"]["dtype"] == gather[0]["output"]["dtype"]
         assert any(q.get("kind") == "add" and q.get("constants") for q in quant)
+
+
+@pytest.mark.parametrize("n", [1, 2, 16])
+def test_softmax_over_few_elements_equals_onnxruntime(n, tmp_path, capsys):
+    """QLinearSoftmax over an axis of 1 (MobileViT's attention over one patch): its table
+    entry is FLT_MAX / e^5, so the float32 product e * floor(1 / s_y) overflowed and irgen
+    wrote -1 where ONNX Runtime gives floor(1 / s_y) + zp (126 here); 2 and 16 elements as before."""
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    inits = [numpy_helper.from_array(np.float32(1.4151e-4), "sx"), numpy_helper.from_array(np.int8(-3), "zx"),
+             numpy_helper.from_array(np.float32(1 / 255), "sy"), numpy_helper.from_array(np.int8(-128), "zy")]
+    nodes = [helper.make_node("DequantizeLinear", ["x", "sx", "zx"], ["d"]),
+             helper.make_node("Softmax", ["d"], ["s"], axis=-1), helper.make_node("QuantizeLinear", ["s", "sy", "zy"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.INT8, [4, n])],
+                              [helper.make_tensor_value_info("y", TensorProto.INT8, [4, n])], inits)
+    path = tmp_path / "softmax.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+    x = np.random.default_rng(n).integers(-60, 60, (4, n)).astype(np.int8)
+    np.save(tmp_path / "x.npy", x)
+    out = tmp_path / "out"
+    _run(path, "-o", out, "--input", tmp_path / "x.npy")
+    ir = json.loads((out / "ir.json").read_text())
+    assert [la["quant"]["kind"] for la in ir["layers"]] == ["softmax"]
+    want = inference_session(path.read_bytes(), quantized=True).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(np.load(out / ir["outputs"][0]["file"]), want)
+    code, result = _verify_json(capsys, out)
+    assert code == 0 and result["passed"], result["problems"]

@@ -428,7 +428,10 @@ def _realize_softmax(qg, qb, comp, out):
     ex = e(op.take(relax.const(table), idx, axis=0, mode="clip"))  # idx is in 0..255
     total = e(op.sum(ex, axis=[-1], keepdims=True))
     ys = float(np.floor(np.float32(1.0) / np.float32(out.scale[0])))
-    v = e(op.divide(e(op.multiply(ex, q.rx_const(ys, "float32"))), total))
+    if shape[-1] == 1:  # one element: e == sum, the quotient is ys (e * ys would overflow float32)
+        v = e(op.multiply(e(op.divide(ex, total)), q.rx_const(ys, "float32")))
+    else:
+        v = e(op.divide(e(op.multiply(ex, q.rx_const(ys, "float32"))), total))
     vq = e(op.add(e(op.astype(e(op.round(v)), "int32")), q.rx_const(int(out.zero_point[0]), "int32")))
     if signed:
         vq = e(op.where(e(op.greater(vq, q.rx_const(255, "int32"))), q.rx_const(255, "int32"), vq))

@@ -385,7 +385,10 @@ def ort_softmax_table(x_scale: float, reduce_len: int, signed: bool) -> np.ndarr
 def ort_softmax(x, table, y_scale: float, y_zero_point: int, dtype: str) -> np.ndarray:
     """ONNX Runtime's QLinearSoftmax over the last axis: ``e = table[x - max + 127 (int8)
     or + 255 (uint8)]``, a float32 sum in row order, ``rint(e * floor(1 / s_y) / sum) + zp``;
-    int8 results above 255 become -1 and 128 wraps to -128, as the kernel's casts do."""
+    int8 results above 255 become -1 and 128 wraps to -128, as the kernel's casts do. Over one
+    element the quotient is ``floor(1 / s_y)`` exactly: the table entry is then so large
+    (``FLT_MAX / e^5``) that the float32 product ``e * floor(1 / s_y)`` would overflow, and
+    ONNX Runtime's build gives that quotient (``rint(floor(1 / s_y)) + zp``)."""
     from irgen.reference import sum_in_order
 
     xi = np.asarray(x).astype(np.int64)
@@ -394,7 +397,10 @@ def ort_softmax(x, table, y_scale: float, y_zero_point: int, dtype: str) -> np.n
     e = np.asarray(table, np.float32)[idx]
     total = sum_in_order(e, axis=-1, keepdims=True)
     ys = np.floor(np.float32(1.0) / np.float32(y_scale))
-    vq = np.rint((e * ys) / total).astype(np.int64) + int(y_zero_point)
+    if xi.shape[-1] == 1:
+        vq = np.full(xi.shape, int(ys) + int(y_zero_point), np.int64)
+    else:
+        vq = np.rint((e * ys) / total).astype(np.int64) + int(y_zero_point)
     if signed:
         return np.where(vq > 255, 255, vq).astype(np.int8)  # wraps as static_cast<int8_t> does
     return np.minimum(vq, 255).astype(np.uint8)
