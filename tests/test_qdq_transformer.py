@@ -167,3 +167,34 @@ def test_softmax_over_few_elements_equals_onnxruntime(n, tmp_path, capsys):
     np.testing.assert_array_equal(np.load(out / ir["outputs"][0]["file"]), want)
     code, result = _verify_json(capsys, out)
     assert code == 0 and result["passed"], result["problems"]
+
+
+def test_pool_token_mixer_recomputes_from_its_fused_ops(tmp_path, capsys):
+    """PoolFormer / EfficientFormer's token mixer: a QDQ AveragePool 3x3, stride 1, pads 1,
+    count_include_pad=0. The golden data equalled onnxruntime's, but verify's single check
+    recomputed the layer's fused_ops with a float64 window sum and flipped ~0.1% of the
+    roundings ("fused_ops and the quant record compute different values"); the numpy
+    reference now sums a float window in float32, row by row, as the kernel does."""
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    inits = [numpy_helper.from_array(np.float32(0.00846), "s"), numpy_helper.from_array(np.int8(-128), "z")]
+    nodes = [helper.make_node("DequantizeLinear", ["x", "s", "z"], ["d"]),
+             helper.make_node("AveragePool", ["d"], ["p"], kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1],
+                              count_include_pad=0),
+             helper.make_node("QuantizeLinear", ["p", "s", "z"], ["y"])]
+    shape = [1, 16, 32, 32]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.INT8, shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.INT8, shape)], inits)
+    path = tmp_path / "pool.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+    x = np.random.default_rng(3).integers(-128, 128, shape).astype(np.int8)
+    np.save(tmp_path / "x.npy", x)
+    out = tmp_path / "out"
+    _run(path, "-o", out, "--input", tmp_path / "x.npy")
+    ir = json.loads((out / "ir.json").read_text())
+    assert [(la["op"], la["quant"]["kind"]) for la in ir["layers"]] == [("avg_pool2d", "avg_pool2d")]
+    want = inference_session(path.read_bytes(), quantized=True).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(np.load(out / ir["outputs"][0]["file"]), want)
+    code, result = _verify_json(capsys, out)
+    assert code == 0 and result["passed"], result["problems"]

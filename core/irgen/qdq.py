@@ -579,16 +579,20 @@ def _realize_avg_pool(qg, qb, comp, out):
     info = np.iinfo(out.dtype)
     if _is_torch(qg):  # torch: the window summed in row-major order in float32, / count, quantize_per_tensor
         expr = _rx_torch_quantize(qg, avg, out)
-    else:
-        f = e(op.divide(avg, q.rx_const(out.scale[0], "float32")))
-        expr = q.rx_round_to_int(e, f, int(out.zero_point[0]), int(info.min), int(info.max), out.dtype)
+    else:  # ORT's QLinearAveragePool: rint(y / s_y + zp_y) in float32, saturated
+        f = e(op.add(e(op.divide(avg, q.rx_const(out.scale[0], "float32"))),
+                     q.rx_const(float(out.zero_point[0]), "float32")))
+        expr = q.rx_clamp_cast(e, e(op.round(e(op.clip(f, float(info.min), float(info.max))))), int(info.min),
+                               int(info.max), out.dtype)
     rec = {"scheme": SCHEME, "kind": "avg_pool2d", "inputs": [qx.record()], "output": out.record(),
            **({"reference": "torch"} if _is_torch(qg) else {}),
            "pool": {"size": [int(v) for v in a.pool_size], "strides": [int(v) for v in a.strides],
                     "padding": [int(v) for v in a.padding], "count_include_pad": bool(a.count_include_pad),
                     "layout": "NCHW"},
            "requant": {"rounding": "half_to_even",
-                       "rounding_rule": "y = quantize(mean of float32 (x - zp_x) * s_x over the window)"},
+                       "rounding_rule": ("y = quantize(mean of float32 (x - zp_x) * s_x over the window)" if _is_torch(qg)
+                                         else "y = saturate(rint(m / s_y + zp_y)), m the float32 mean of (x - zp_x) * s_x "
+                                              "over the window's values in row order (ORT's QLinearAveragePool)")},
            "clamp": [int(info.min), int(info.max)]}
     return [dqx, comp.name, qb.name], expr, rec
 

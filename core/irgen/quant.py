@@ -130,6 +130,14 @@ def quantize_linear(x, scale, zero_point: int, dtype: str) -> np.ndarray:
     return (np.rint(f).astype(np.int64) + zero_point).astype(dtype)
 
 
+def quantize_value_ort(y, scale, zero_point: int, dtype: str) -> np.ndarray:
+    """ONNX Runtime's ``quantize_value`` of its QLinear pooling kernels: ``y / scale + zp`` in
+    float32 (the zero point added before rounding), rounded half to even, saturated."""
+    info = np.iinfo(dtype)
+    f = np.asarray(y, np.float32) / np.asarray(scale, np.float32) + np.float32(zero_point)
+    return np.clip(np.rint(f), info.min, info.max).astype(dtype)
+
+
 def accumulate(layer: dict[str, Any], inputs: list[np.ndarray], params: dict[str, np.ndarray]) -> np.ndarray:
     """The int64 accumulator of a quantized conv/dense layer: ``sum((x - zp_x) * w) + bias``."""
     from irgen.reference import conv2d
@@ -488,8 +496,9 @@ def recompute_qdq(layer: dict[str, Any], inputs: list[np.ndarray], params: dict[
     elif kind == "avg_pool2d":
         p = qr["pool"]
         deq = (inputs[0].astype(np.int32) - zp_in[0]).astype(np.float32) * np.float32(qr["inputs"][0]["scale"])
-        # the window's values summed in float32 in row-major order (TVM's avg_pool2d, ORT's kernel), / count
-        return quantize_linear(_avg_pool_in_order(deq, p), np.float32(out["scale"]), int(out["zero_point"]), out["dtype"])
+        # the window's values summed in float32 in row-major order (TVM's avg_pool2d, ORT's
+        # QLinearAveragePool), / count, then ORT's quantize_value (zp added before rounding)
+        return quantize_value_ort(_avg_pool_in_order(deq, p), out["scale"], int(out["zero_point"]), out["dtype"])
     elif kind == "softmax":  # QLinearSoftmax
         return ort_softmax(inputs[0], params["table"], out["scale"], int(out["zero_point"]), out["dtype"])
     elif kind == "mul":  # MLAS QLinearMul

@@ -165,16 +165,22 @@ def _pool2d_nchw(x: np.ndarray, attrs: dict, kind: str) -> np.ndarray:
         fill = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
         xp = np.pad(x, pads, constant_values=fill)
         return _windows(xp, kh, kw, sh, sw, dh, dw, oh, ow).max(axis=(4, 5)).astype(x.dtype)
-    acc = _acc_dtype(x.dtype)
+    # a float window is summed in x's own type, row by row, as TVM's kernel does: a quantized
+    # layer's float step (ORT's QDQ AveragePool) must round exactly as the golden data did
+    acc = x.dtype if x.dtype.kind == "f" else _acc_dtype(x.dtype)
     xp = np.pad(x.astype(acc), pads)
-    s = _windows(xp, kh, kw, sh, sw, dh, dw, oh, ow).sum(axis=(4, 5))
+    win = _windows(xp, kh, kw, sh, sw, dh, dw, oh, ow)
+    s = np.zeros(win.shape[:4], acc)
+    for i in range(kh):
+        for j in range(kw):
+            s += win[..., i, j]
     if attrs.get("count_include_pad", False):
         # padding counts, the ceil-mode overhang beyond it does not
         ones = np.pad(np.ones((1, 1, h + pt + pb, w + pl + pr), acc), ((0, 0), (0, 0), (0, eh), (0, ew)))
     else:
         ones = np.pad(np.ones((1, 1, h, w), acc), pads)
     cnt = _windows(ones, kh, kw, sh, sw, dh, dw, oh, ow).sum(axis=(4, 5))
-    y = s / np.maximum(cnt, 1)
+    y = s / np.maximum(cnt, 1).astype(acc)
     return y.astype(x.dtype)
 
 
