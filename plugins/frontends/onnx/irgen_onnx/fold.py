@@ -287,3 +287,53 @@ def fuse_erf_gelu(model) -> int:
     del g.node[:]
     g.node.extend(nodes)
     return len(replace)
+
+
+# ------------------------------------------------------------------ auto_pad as explicit pads
+
+#: ops whose ``auto_pad`` TVM's importer realizes as a ``call_tir`` of a TE pad (opaque to layer
+#: forming and to verify's numpy reference)
+_AUTO_PAD_OPS = frozenset({"Conv", "AveragePool", "MaxPool"})
+
+
+def explicit_auto_pads(model, specs) -> int:
+    """Every ``auto_pad`` (``SAME_UPPER``, ``SAME_LOWER``, ``VALID``) of a Conv or pool whose
+    input shape is known, written as the explicit ``pads`` ONNX defines for it: per spatial
+    axis ``total = max(0, (ceil(n / s) - 1) * s + (k - 1) * d + 1 - n)``, the odd one at the
+    end (``SAME_UPPER``) or at the start (``SAME_LOWER``). TVM then imports a plain padded
+    convolution or pool (timm's ConvMixer writes ``padding="same"`` convolutions this way).
+    Returns how many nodes changed."""
+    from onnx import helper
+
+    from .checks import infer, skeleton
+
+    todo = [n for n in model.graph.node if n.op_type in _AUTO_PAD_OPS and n.domain in ("", "ai.onnx")
+            and any(a.name == "auto_pad" and a.s in (b"SAME_UPPER", b"SAME_LOWER", b"VALID") for a in n.attribute)]
+    if not todo:
+        return 0
+    shapes = _static_shapes(infer(skeleton(model), specs), model, specs)
+    changed = 0
+    for node in todo:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        x = shapes.get(node.input[0])
+        kernel = attrs.get("kernel_shape")
+        if kernel is None and node.op_type == "Conv" and len(node.input) > 1 and node.input[1] in shapes:
+            kernel = shapes[node.input[1]][2:]
+        if x is None or kernel is None or len(x) != len(kernel) + 2:
+            continue
+        rank = len(kernel)
+        strides = attrs.get("strides") or [1] * rank
+        dilations = attrs.get("dilations") or [1] * rank
+        mode = attrs["auto_pad"].decode() if isinstance(attrs["auto_pad"], bytes) else str(attrs["auto_pad"])
+        begin, end = [0] * rank, [0] * rank
+        if mode != "VALID":
+            for i, (n, k, s, d) in enumerate(zip(x[2:], kernel, strides, dilations)):
+                total = max(0, (-(-n // s) - 1) * s + (k - 1) * d + 1 - n)
+                small, large = total // 2, total - total // 2
+                begin[i], end[i] = (small, large) if mode == "SAME_UPPER" else (large, small)
+        keep = [a for a in node.attribute if a.name not in ("auto_pad", "pads")]
+        del node.attribute[:]
+        node.attribute.extend(keep)
+        node.attribute.append(helper.make_attribute("pads", begin + end))
+        changed += 1
+    return changed

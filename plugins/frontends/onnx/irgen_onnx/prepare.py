@@ -9,7 +9,7 @@ from typing import Any
 from irgen.plugin import UnsupportedOpsError
 
 from . import checks, loader
-from .fold import fold_shape_computations, fuse_erf_gelu
+from .fold import explicit_auto_pads, fold_shape_computations, fuse_erf_gelu
 from .inline import inline_constant_ifs
 from .loader import all_graphs
 
@@ -25,8 +25,8 @@ def prepare(path: Path, options: dict[str, Any], for_tvm: bool = True):
     condition are replaced by their branch (:mod:`.inline`). ``for_tvm=False``
     (ONNX Runtime, which runs any op and any If) skips the op check and keeps
     an If with a condition computed at run time. For TVM, values computed from the
-    fixed input shapes are folded to constants and the erf form of GELU becomes one
-    ``Gelu`` node (:mod:`.fold`)."""
+    fixed input shapes are folded to constants, ``auto_pad`` becomes explicit ``pads``
+    and the erf form of GELU becomes one ``Gelu`` node (:mod:`.fold`)."""
     path = Path(path)
     limit = checks.default_limit(options)
     model = loader.load_model(path, limit)
@@ -43,6 +43,7 @@ def prepare(path: Path, options: dict[str, Any], for_tvm: bool = True):
     checks.check_sizes(model, checks.skeleton(model), specs, limit, path)
     if for_tvm:
         fold_shape_computations(model, specs)
+        explicit_auto_pads(model, specs)
         fuse_erf_gelu(model)
     return model, specs
 
