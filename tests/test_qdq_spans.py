@@ -19,6 +19,8 @@ onnxruntime) must pass:
 * ``identity``: a conv after ``nn.Identity`` (timm ResNet-18d);
 * ``hardswish``: MobileNetV3's HardSwish without ``quant_pre_process``
   (``x * clip(x + 3, 0, 6) / 6`` on one tensor: a table);
+* ``groupnorm``: PoolFormer's GroupNorm(1 group) (InstanceNormalization feeding a bias Add:
+  the whole span a float layer, as ORT runs it) and pool token mixer;
 * ``shuffle``: ShuffleNetV2's channel split (``chunk``, ``x[:, :c]``: Slice with
   begin/end computed from shapes), channel shuffle, ReduceMean without keepdims
   (a float layer, as ORT runs it).
@@ -109,9 +111,27 @@ class Shuffle(nn.Module):
         return torch.cat([y[:, :4], self.c2(y[:, 4:])], 1).mean([2, 3])  # ReduceMean without keepdims
 
 
+class GroupNorm(nn.Module):
+    """PoolFormer's GroupNorm with one group (exported as Reshape, InstanceNormalization with a
+    scale quantized at run time and an unquantized zero bias, Reshape, Mul, Add), then its
+    pool token mixer (AveragePool 3x3, count_include_pad=False, minus the input)."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1, self.gn, self.c2 = nn.Conv2d(3, 8, 3, padding=1), nn.GroupNorm(1, 8), nn.Conv2d(8, 8, 1)
+        self.pool = nn.AvgPool2d(3, 1, 1, count_include_pad=False)
+        with torch.no_grad():
+            self.gn.weight.uniform_(0.5, 1.5), self.gn.bias.uniform_(-0.3, 0.3)
+
+    def forward(self, x):
+        y = self.gn(torch.relu(self.c1(x)))
+        return self.c2(self.pool(y) - y)
+
+
 MODELS = {"transformer": (Transformer, (1, 8, 16)), "densenet": (DenseNet, (1, 3, 8, 8)),
           "convnext": (ConvNeXt, (1, 3, 8, 8)), "identity": (Identity, (1, 3, 8, 8)),
-          "hardswish": (HardSwish, (1, 3, 8, 8)), "shuffle": (Shuffle, (1, 3, 8, 8))}
+          "hardswish": (HardSwish, (1, 3, 8, 8)), "shuffle": (Shuffle, (1, 3, 8, 8)),
+          "groupnorm": (GroupNorm, (1, 3, 8, 8))}
 SETTINGS = ("default", "per_channel", "pre_process")
 
 

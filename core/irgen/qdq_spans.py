@@ -85,6 +85,11 @@ def operand(qg, expr, tensor: str, what: str = "an input"):
         try:
             arr, qt, chain = p._const_chain(qg, expr, tensor, what)
         except IrgenError:
+            pb = qg.producer(expr) if isinstance(expr, relax.Var) else None
+            if pb is not None and pb.op not in ("relax.dequantize", "relax.quantize") and constant_tensor(qg, expr) is None:
+                # computed in float from dequantized tensors (an InstanceNormalization before its bias
+                # add): ORT runs the whole span in float
+                raise IrgenError(f"{p.SCHEME}: {what} of {tensor!r} is computed in float; no integer kernel") from None
             raise IrgenError(f"{p.SCHEME}: {what} of {tensor!r} is not a dequantized integer tensor") from None
     if qt.scale.size != 1:
         raise IrgenError(f"{p.SCHEME}: {what} of {tensor!r} is a per-channel constant; no integer kernel")
