@@ -413,8 +413,12 @@ def _realize_softmax(qg, qb, comp, out):
         raise IrgenError(f"{SCHEME}: a quantized softmax ({tensor!r}) in a torch graph is not supported")
     x, qx, dqx = _need(qg, comp.value.args[0], "the input", tensor)
     shape = [int(d) for d in x.ty.shape.values]
-    if int(comp.value.attrs.axis) not in (-1, len(shape) - 1):
-        raise IrgenError(f"{SCHEME}: softmax {tensor!r} is not over the last axis; not supported")
+    axis = int(comp.value.attrs.axis) % len(shape)
+    perm = None
+    if axis != len(shape) - 1:  # ORT's opset-13 kernel transposes the axis last, and back
+        perm = [d for d in range(len(shape)) if d != axis] + [axis]
+        x = qg.emit(op.permute_dims(x, perm))
+        shape = [shape[d] for d in perm]
     if qx.dtype != out.dtype:
         raise IrgenError(f"{SCHEME}: softmax {tensor!r} changes the integer type ({qx.dtype} -> {out.dtype})")
     signed = out.dtype == "int8"
@@ -437,7 +441,10 @@ def _realize_softmax(qg, qb, comp, out):
         vq = e(op.where(e(op.greater(vq, q.rx_const(255, "int32"))), q.rx_const(255, "int32"), vq))
     else:
         vq = e(op.minimum(vq, q.rx_const(255, "int32")))
-    rec = {"scheme": SCHEME, "kind": "softmax", "axis": -1, "inputs": [qx.record()], "output": out.record(),
+    if perm is not None:
+        vq = e(op.permute_dims(vq, [perm.index(d) for d in range(len(perm))]))
+    rec = {"scheme": SCHEME, "kind": "softmax", "axis": -1 if perm is None else axis, "inputs": [qx.record()],
+           "output": out.record(),
            "table": "parameter 'table' (float32[256]): exp((i - 255 + b) * s_x), b = max(0, log(FLT_MAX / n) - 5) / s_x",
            "requant": {"rounding": "half_to_even",
                        "rounding_rule": "y = rint(table[x - max + 127 (int8) | 255 (uint8)] * floor(1 / s_y) / sum) + zp_y, "

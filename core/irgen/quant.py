@@ -499,8 +499,11 @@ def recompute_qdq(layer: dict[str, Any], inputs: list[np.ndarray], params: dict[
         # the window's values summed in float32 in row-major order (TVM's avg_pool2d, ORT's
         # QLinearAveragePool), / count, then ORT's quantize_value (zp added before rounding)
         return quantize_value_ort(_avg_pool_in_order(deq, p), out["scale"], int(out["zero_point"]), out["dtype"])
-    elif kind == "softmax":  # QLinearSoftmax
-        return ort_softmax(inputs[0], params["table"], out["scale"], int(out["zero_point"]), out["dtype"])
+    elif kind == "softmax":  # QLinearSoftmax; another axis than the last is moved there and back, as ORT does
+        axis = int(qr.get("axis", -1))
+        x = np.moveaxis(inputs[0], axis, -1)
+        y = ort_softmax(x, params["table"], out["scale"], int(out["zero_point"]), out["dtype"])
+        return np.moveaxis(y, -1, axis)
     elif kind == "mul":  # MLAS QLinearMul
         prod = (inputs[0].astype(np.int32) - zp_in[0]) * (inputs[1].astype(np.int32) - zp_in[1])
         f = prod.astype(np.float32) * np.float32(rq["scale"]) + np.float32(out["zero_point"])
