@@ -103,6 +103,19 @@ def _vit():
     return model, {"x": (1, 3, 32, 32)}
 
 
+def _timm(name: str, size: int = 64) -> Callable:
+    """A timm model (``timm.create_model``, random weights, batch norms randomized)."""
+    def build():
+        import_torchvision()  # timm imports it
+        import timm
+
+        model = timm.create_model(name, pretrained=False, num_classes=10)
+        _randomize_bn(model)
+        return model, {"x": (1, 3, size, size)}
+
+    return build
+
+
 def _tv_vit_b_16():
     """torchvision's ViT-B/16 (86 M parameters) on a 32x32 image (2x2 patches)."""
     tv = import_torchvision()
@@ -170,10 +183,13 @@ TORCH_MODELS: dict[str, Callable] = {
     "vit_b_16": _tv_vit_b_16,
     "swin_t": _tv("swin_t"),
     "gpt2": _gpt2,
+    "poolformer_s12": _timm("poolformer_s12"),  # GroupNorm(1) as InstanceNormalization, pool token mixer
+    "mobilevit_xxs": _timm("mobilevit_xxs"),  # attention over one patch per position (softmax over 1)
 }
 #: the torch models that are also quantized (the others are float only)
 QUANTIZED_TORCH_MODELS = ("resnet18", "mobilenet_v2", "mobilenet_v3_small", "efficientnet_b0", "squeezenet1_1",
-                          "shufflenet_v2_x0_5", "googlenet", "densenet121", "convnext_tiny", "vit", "bert")
+                          "shufflenet_v2_x0_5", "googlenet", "densenet121", "convnext_tiny", "vit", "bert",
+                          "poolformer_s12", "mobilevit_xxs")
 
 # ------------------------------------------------------------------ keras models
 
@@ -183,6 +199,8 @@ KERAS_MODELS: dict[str, tuple[str, int]] = {
     "EfficientNetB0": ("EfficientNetB0", 64),
     "ResNet50": ("ResNet50", 64),
     "DenseNet121": ("DenseNet121", 64),
+    "EfficientNetV2B0": ("EfficientNetV2B0", 64),  # Normalization (int8 SUB)
+    "ConvNeXtTiny": ("ConvNeXtTiny", 64),  # LayerNormalization, GELU (int8: tables, SQUARED_DIFFERENCE, RSQRT)
 }
 
 
