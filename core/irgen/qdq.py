@@ -589,8 +589,7 @@ def _realize_avg_pool(qg, qb, comp, out):
     else:  # ORT's QLinearAveragePool: rint(y / s_y + zp_y) in float32, saturated
         f = e(op.add(e(op.divide(avg, q.rx_const(out.scale[0], "float32"))),
                      q.rx_const(float(out.zero_point[0]), "float32")))
-        expr = q.rx_clamp_cast(e, e(op.round(e(op.clip(f, float(info.min), float(info.max))))), int(info.min),
-                               int(info.max), out.dtype)
+        expr = q.rx_round_to_int(e, f, 0, int(info.min), int(info.max), out.dtype)  # zp already in f, as _realize_mul
     rec = {"scheme": SCHEME, "kind": "avg_pool2d", "inputs": [qx.record()], "output": out.record(),
            **({"reference": "torch"} if _is_torch(qg) else {}),
            "pool": {"size": [int(v) for v in a.pool_size], "strides": [int(v) for v in a.strides],
