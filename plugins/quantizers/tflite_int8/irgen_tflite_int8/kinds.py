@@ -468,47 +468,39 @@ def _lut_layer(qg, qb, x, qx, out, function: str, drop: list[str], params: dict 
     return drop + [qb.name], expr, rec
 
 
-def realize_logistic(qg, qb, comp, out, act, helpers):
+def _unary_table(qg, qb, comp, out, act, helpers, function: str, what: str, params=None):
+    """A unary op on one dequantized int8 tensor realized as the table of ``function``: the op's
+    (names, expr, record); ``params(qx)`` gives the record's parameters from the input's."""
     from irgen.plugin import IrgenError
 
     if act is not None:
-        raise IrgenError(f"{SCHEME}: a float activation after the logistic {qb.name!r}")
-    x, qx, dqx = helpers.int8_input(qg, comp.value.args[0], f"input of the logistic {qb.name!r}")
-    return _lut_layer(qg, qb, x, qx, out, "logistic", [dqx, comp.name])
+        raise IrgenError(f"{SCHEME}: a float activation after the {what} {qb.name!r}")
+    x, qx, dqx = helpers.int8_input(qg, comp.value.args[0], f"input of the {what} {qb.name!r}")
+    return _lut_layer(qg, qb, x, qx, out, function, [dqx, comp.name], None if params is None else params(qx))
+
+
+def realize_logistic(qg, qb, comp, out, act, helpers):
+    return _unary_table(qg, qb, comp, out, act, helpers, "logistic", "logistic")
 
 
 def realize_gelu(qg, qb, comp, out, act, helpers):
     """GELU (``nn.gelu``, or ``nn.gelu_tanh`` for ``approximate``) on a dequantized int8
     tensor: TFLite's int8 kernel is a table of its float32 transform."""
-    from irgen.plugin import IrgenError
-
-    if act is not None:
-        raise IrgenError(f"{SCHEME}: a float activation after the GELU {qb.name!r}")
-    x, qx, dqx = helpers.int8_input(qg, comp.value.args[0], f"input of the GELU {qb.name!r}")
     approximate = comp.op == "relax.nn.gelu_tanh"
-    return _lut_layer(qg, qb, x, qx, out, "gelu", [dqx, comp.name], {"approximate": approximate})
+    return _unary_table(qg, qb, comp, out, act, helpers, "gelu", "GELU", lambda qx: {"approximate": approximate})
 
 
 def realize_rsqrt(qg, qb, comp, out, act, helpers):
     """RSQRT of an int8 tensor: TFLite's fixed-point kernel, tabulated for each input value."""
-    from irgen.plugin import IrgenError
-
-    if act is not None:
-        raise IrgenError(f"{SCHEME}: a float activation after the rsqrt {qb.name!r}")
-    x, qx, dqx = helpers.int8_input(qg, comp.value.args[0], f"input of the rsqrt {qb.name!r}")
-    return _lut_layer(qg, qb, x, qx, out, "rsqrt", [dqx, comp.name], rsqrt_params(float(qx.scale[0]), float(out.scale[0])))
+    return _unary_table(qg, qb, comp, out, act, helpers, "rsqrt", "rsqrt",
+                        lambda qx: rsqrt_params(float(qx.scale[0]), float(out.scale[0])))
 
 
 def realize_island(qg, qb, comp, out, act, helpers):
     """A float op between a DEQUANTIZE and a QUANTIZE of int8 tensors (:data:`ISLANDS`): a
     function of the 256 input values, tabulated as TFLite computes each step."""
-    from irgen.plugin import IrgenError
-
     fn = comp.op.removeprefix("relax.")
-    if act is not None:
-        raise IrgenError(f"{SCHEME}: a float activation after the {fn} {qb.name!r}")
-    x, qx, dqx = helpers.int8_input(qg, comp.value.args[0], f"input of the {fn} {qb.name!r}")
-    return _lut_layer(qg, qb, x, qx, out, fn, [dqx, comp.name])
+    return _unary_table(qg, qb, comp, out, act, helpers, fn, fn)
 
 
 def _const_float(expr) -> float | None:
