@@ -172,3 +172,50 @@ def test_auto_pad_becomes_explicit_pads(tmp_path):
     want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     assert_close(np.load(out / ir["outputs"][0]["file"]), want, "output")
     assert irgen_main(["verify", str(out), "--no-progress", "--no-report"]) == 0
+
+
+def test_quantized_size_arithmetic_is_folded_but_not_the_data():
+    """``quantize_static`` quantizes float size arithmetic too (timm's TF "same" padding:
+    ``Shape`` → ... → Q → DQ → ``Cast`` → ``Pad``) and appends its Q/DQ nodes out of order.
+    Such pairs fold to constants where their value only ever becomes a size; a weight's
+    DequantizeLinear and a quantized constant that meets the activations (``x * DQ(Q(0.5))``)
+    stay for the quantization scheme."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from irgen_onnx.checks import input_specs
+    from irgen_onnx.fold import fold_shape_computations
+
+    inits = [numpy_helper.from_array(np.array(v, dt), n) for n, v, dt in [
+        ("s", 0.05, np.float32), ("z", 0, np.int8), ("idx", 1, np.int64), ("ax0", [0], np.int64),
+        ("w", np.arange(6).reshape(1, 6) - 3, np.int8), ("one", [1], np.int64)]]
+    data = [helper.make_node("DequantizeLinear", ["w", "s", "z"], ["wf"], name="w_dq"),
+            helper.make_node("Constant", [], ["half"], name="half", value=numpy_helper.from_array(np.array(0.5, np.float32))),
+            helper.make_node("Mul", ["x", "half_dq"], ["m"], name="mul"),
+            helper.make_node("Add", ["m", "wf"], ["a"], name="add"),
+            helper.make_node("Reshape", ["a", "shape"], ["y"], name="reshape")]
+    sizes = [helper.make_node("Shape", ["x"], ["sh"], name="shape_of_x"),
+             helper.make_node("Gather", ["sh", "idx"], ["n"], name="gather"),
+             helper.make_node("Cast", ["n"], ["nf"], name="to_float", to=TensorProto.FLOAT),
+             helper.make_node("Unsqueeze", ["nf", "ax0"], ["nu"], name="unsqueeze"),
+             helper.make_node("Cast", ["nq_dq"], ["ni"], name="to_int", to=TensorProto.INT64),
+             helper.make_node("Concat", ["one", "ni"], ["shape"], name="concat", axis=0)]
+    # the quantizer's nodes, appended after their users
+    qdq = [helper.make_node("QuantizeLinear", ["nu", "s1", "z"], ["nq"], name="size_q"),
+           helper.make_node("DequantizeLinear", ["nq", "s1", "z"], ["nq_dq"], name="size_dq"),
+           helper.make_node("QuantizeLinear", ["half", "s", "z"], ["half_q"], name="half_q"),
+           helper.make_node("DequantizeLinear", ["half_q", "s", "z"], ["half_dq"], name="half_dq")]
+    inits.append(numpy_helper.from_array(np.array(6 / 127, np.float32), "s1"))
+    graph = helper.make_graph(data + sizes + qdq, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": np.ones((1, 6), np.float32)})[0]
+    assert want.shape == (1, 6)  # DQ(Q(6)) = 6.0000005 -> 6: the size ORT computes
+
+    fold_shape_computations(model, input_specs(model, {}, 1 << 30, Path("g.onnx")))
+    ops = {n.name: n.op_type for n in model.graph.node}
+    assert ops["size_q"] == ops["size_dq"] == ops["to_int"] == ops["concat"] == "Constant"
+    shape = next(n for n in model.graph.node if n.output[0] == "shape")
+    assert numpy_helper.to_array(shape.attribute[0].t).tolist() == [1, 6]
+    assert (ops["w_dq"], ops["half_q"], ops["half_dq"], ops["mul"]) == (
+        "DequantizeLinear", "QuantizeLinear", "DequantizeLinear", "Mul")

@@ -14,6 +14,15 @@ with the same name and output, so provenance keeps the source names. Only
 small integer/shape-sized values are folded (at most :data:`MAX_ELEMENTS`
 elements each); the model's float data flow is left to TVM.
 
+A quantizer may quantize that arithmetic too: ONNX Runtime's ``quantize_static``
+puts a ``QuantizeLinear``/``DequantizeLinear`` pair after every float node it
+calibrated, the size computations of TF-style "same" padding included (timm's
+``tf_efficientnet_lite0``: ``Unsqueeze`` → Q → DQ → ``Concat`` → Q → DQ → ``Cast``
+→ ``Pad``). Such a pair is folded too, as the reference evaluator computes it, but
+only where every use of its value ends in a size operand (:func:`_size_only`):
+a ``DequantizeLinear`` of a weight, or of a constant that meets the activations
+(``x * DQ(Q(0.5))``), stays for the quantization scheme.
+
 The erf form of GELU, which exporters write as five nodes (Div, Erf, Add, Mul,
 Mul), becomes one ``Gelu`` node (:func:`fuse_erf_gelu`): one layer, ``relax.nn.gelu``.
 """
@@ -34,6 +43,55 @@ _SHAPE_OPS = frozenset({
     "Or", "Reshape", "ConstantOfShape", "Range", "Expand", "ReduceProd", "ReduceSum", "ReduceMax", "ReduceMin",
     "Min", "Max", "Abs", "Neg", "Identity", "Flatten", "Tile", "Sign", "Clip", "Transpose", "Split",
 })
+
+
+#: the operands of an op that are sizes, axes or a pad value (a constant for TVM's importer)
+_SIZE_OPERANDS: dict[str, frozenset[int]] = {
+    "Pad": frozenset({1, 2, 3}), "Reshape": frozenset({1}), "Slice": frozenset({1, 2, 3, 4}),
+    "Resize": frozenset({1, 2, 3}), "Upsample": frozenset({1}), "Expand": frozenset({1}), "Tile": frozenset({1}),
+    "ConstantOfShape": frozenset({0}), "Unsqueeze": frozenset({1}), "Squeeze": frozenset({1}),
+    "Split": frozenset({1}), "TopK": frozenset({1}), "OneHot": frozenset({1}), "Range": frozenset({0, 1, 2}),
+    "ReduceSum": frozenset({1}), "ReduceMean": frozenset({1}), "ReduceMax": frozenset({1}),
+    "ReduceMin": frozenset({1}), "ReduceProd": frozenset({1}),
+}
+_QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
+
+
+def _size_only(model) -> set[int]:
+    """The indices of the nodes whose every output is used only as a size operand
+    (:data:`_SIZE_OPERANDS`) or by other such nodes of :data:`_SHAPE_OPS` or Q/DQ:
+    the nodes whose values matter only as sizes (or not at all: a value left unused
+    once its ``Shape`` was folded). A graph output is not. (The
+    largest such set: every candidate starts in it and leaves when a use of its
+    value does not qualify, which may disqualify its producers in turn; quantizers
+    write unsorted graphs, so no node order is assumed.)"""
+    nodes = model.graph.node
+    producer: dict[str, int] = {}
+    uses: dict[str, list[tuple[int, int]]] = {}
+    for i, node in enumerate(nodes):
+        for name in node.output:
+            if name:
+                producer[name] = i
+        for k, name in enumerate(node.input):
+            if name:
+                uses.setdefault(name, []).append((i, k))
+    graph_outputs = {o.name for o in model.graph.output}
+    size_only = {i for i, n in enumerate(nodes) if n.op_type in _SHAPE_OPS or n.op_type in _QDQ_OPS}
+
+    def qualifies(i: int) -> bool:
+        outs = [o for o in nodes[i].output if o]
+        return bool(outs) and all(
+            o not in graph_outputs and
+            all(k in _SIZE_OPERANDS.get(nodes[j].op_type, ()) or j in size_only for j, k in uses.get(o, ()))
+            for o in outs)
+
+    work = list(size_only)
+    while work:
+        i = work.pop()
+        if i in size_only and not qualifies(i):
+            size_only.discard(i)
+            work.extend(producer[x] for x in nodes[i].input if x in producer and producer[x] in size_only)
+    return size_only
 
 
 def _static_shapes(inferred, model, specs) -> dict[str, list[int]]:
@@ -106,6 +164,28 @@ def _evaluate(node, vals: list, opsets) -> list | None:
     return out if all(_small(r) for r in out) else None
 
 
+def _qdq(node, vals: list) -> list | None:
+    """A per-tensor QuantizeLinear/DequantizeLinear of a constant, as ONNX Runtime computes
+    it in float32 (``rint(x / scale) + zero_point``, saturated; ``(q - zero_point) * scale``).
+    The reference evaluator has no kernel before opset 19. Per-axis or other types: None."""
+    x, scale = vals[0], vals[1]
+    zp = vals[2] if len(vals) > 2 else np.zeros((), np.uint8)
+    if scale.size != 1 or zp.size != 1 or scale.dtype != np.float32 or len(node.output) != 1:
+        return None
+    scale, zpv = np.float32(scale.reshape(())), int(zp.reshape(()))
+    if node.op_type == "DequantizeLinear":
+        if x.dtype.kind not in "iu":
+            return None
+        return [((x.astype(np.int64) - zpv).astype(np.float32) * scale).astype(np.float32)]
+    if x.dtype != np.float32 or zp.dtype not in (np.dtype(np.int8), np.dtype(np.uint8)):
+        return None
+    info = np.iinfo(zp.dtype)
+    q = np.rint(x / scale).astype(np.float64) + zpv
+    if not np.isfinite(q).all():
+        return None
+    return [np.clip(q, info.min, info.max).astype(zp.dtype)]
+
+
 def fold_shape_computations(model, specs, max_rounds: int = 32) -> int:
     """Replace, in ``model`` (top-level graph), every node computable from the fixed input
     shapes by a ``Constant`` of its value; returns how many nodes were replaced. Shape
@@ -118,6 +198,32 @@ def fold_shape_computations(model, specs, max_rounds: int = 32) -> int:
         if n == 0:
             break
     return total
+
+
+def _topological(nodes) -> list[int]:
+    """The indices of ``nodes`` with every producer before its users (quantizers append their
+    Q/DQ nodes out of order); a node in a cycle or fed by a missing name keeps its place at the end."""
+    producer = {name: i for i, n in enumerate(nodes) for name in n.output if name}
+    waiting = [sum(1 for x in set(n.input) if x in producer) for n in nodes]
+    users: dict[int, list[int]] = {}
+    for i, n in enumerate(nodes):
+        for x in set(n.input):
+            if x in producer:
+                users.setdefault(producer[x], []).append(i)
+    ready = [i for i in range(len(nodes)) if waiting[i] == 0]
+    ready.reverse()
+    order: list[int] = []
+    while ready:
+        i = ready.pop()
+        order.append(i)
+        for j in users.get(i, ()):
+            waiting[j] -= 1
+            if waiting[j] == 0:
+                ready.append(j)
+    if len(order) < len(nodes):
+        seen = set(order)
+        order += [i for i in range(len(nodes)) if i not in seen]
+    return order
 
 
 def _fold_once(model, specs) -> int:
@@ -135,7 +241,9 @@ def _fold_once(model, specs) -> int:
             except Exception:  # noqa: BLE001
                 pass
     replaced: dict[int, list[Any]] = {}
-    for i, node in enumerate(model.graph.node):
+    size_only = None
+    for i in _topological(model.graph.node):
+        node = model.graph.node[i]
         if node.domain not in ("", "ai.onnx"):
             continue
         if node.op_type == "Constant":
@@ -146,7 +254,12 @@ def _fold_once(model, specs) -> int:
                     except Exception:  # noqa: BLE001
                         pass
             continue
-        if node.op_type not in _SHAPE_OPS or any(a.type in (5, 10) for a in node.attribute):  # no subgraphs
+        if node.op_type in _QDQ_OPS:
+            if node.input and node.input[0] in consts:
+                size_only = _size_only(model) if size_only is None else size_only
+            if not node.input or node.input[0] not in consts or i not in size_only:
+                continue
+        elif node.op_type not in _SHAPE_OPS or any(a.type in (5, 10) for a in node.attribute):  # no subgraphs
             continue
         if node.op_type in ("Shape", "Size"):
             if not node.input or node.input[0] not in shapes:
@@ -164,7 +277,7 @@ def _fold_once(model, specs) -> int:
             vals = [consts[x] for x in ins]
             if not _bounded(node, vals):
                 continue
-            values = _evaluate(node, vals, model.opset_import)
+            values = _qdq(node, vals) if node.op_type in _QDQ_OPS else _evaluate(node, vals, model.opset_import)
             if values is None:
                 continue
         for name, v in zip(node.output, values):
