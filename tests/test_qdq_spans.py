@@ -21,6 +21,13 @@ onnxruntime) must pass:
   (``x * clip(x + 3, 0, 6) / 6`` on one tensor: a table);
 * ``groupnorm``: PoolFormer's GroupNorm(1 group) (InstanceNormalization feeding a bias Add:
   the whole span a float layer, as ORT runs it) and pool token mixer;
+* ``linear_attention``: timm's TF "same" padding computed from the input size
+  (``tf_efficientnet_lite0``, EfficientViT), arithmetic ``quantize_static`` quantizes
+  (Q/DQ pairs inside the pad sizes, the pad value a quantized Constant: folded before
+  import); EfficientViT's ReLU linear attention: ``relu(qkv[..., :4])``, a slice whose
+  output parameters differ from its input's (a table, then the slice), and
+  ``out[..., :-1] / (out[..., -1:] + eps)`` whose quantized denominator is zero where
+  the numerator is too (0/0: NaN, which ORT's QuantizeLinear makes the type's minimum);
 * ``shuffle``: ShuffleNetV2's channel split (``chunk``, ``x[:, :c]``: Slice with
   begin/end computed from shapes), channel shuffle, ReduceMean without keepdims
   (a float layer, as ORT runs it).
@@ -128,10 +135,35 @@ class GroupNorm(nn.Module):
         return self.c2(self.pool(y) - y)
 
 
+def _same_padding(size, k: int, s: int):
+    """timm's ``get_same_padding``: on a traced size, float arithmetic in the graph."""
+    if isinstance(size, torch.Tensor):
+        return torch.clamp(((size / s).ceil() - 1) * s + k - size, min=0)
+    return max((-(-size // s) - 1) * s + k - size, 0)
+
+
+class LinearAttention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c1, self.qkv, self.proj = nn.Conv2d(3, 8, 3, stride=2), nn.Conv2d(8, 12, 1), nn.Conv2d(4, 8, 1)
+
+    def forward(self, x):
+        ih, iw = x.size()[-2:]
+        ph, pw = _same_padding(ih, 3, 2), _same_padding(iw, 3, 2)
+        x = torch.relu(self.c1(nn.functional.pad(x, (pw // 2, pw - pw // 2, ph // 2, ph - ph // 2))))
+        b, _, h, w = x.shape
+        qkv = self.qkv(x).reshape(b, -1, 12, h * w).transpose(-1, -2)
+        q, k, v = torch.relu(qkv[..., :4]), torch.relu(qkv[..., 4:8]), qkv[..., 8:]
+        v = nn.functional.pad(v, (0, 1), mode="constant", value=1.0)
+        out = q @ (k.transpose(-1, -2) @ v)
+        out = out[..., :-1] / (out[..., -1:] + 1e-15)
+        return self.proj(out.transpose(-1, -2).reshape(b, 4, h, w)) + x
+
+
 MODELS = {"transformer": (Transformer, (1, 8, 16)), "densenet": (DenseNet, (1, 3, 8, 8)),
           "convnext": (ConvNeXt, (1, 3, 8, 8)), "identity": (Identity, (1, 3, 8, 8)),
           "hardswish": (HardSwish, (1, 3, 8, 8)), "shuffle": (Shuffle, (1, 3, 8, 8)),
-          "groupnorm": (GroupNorm, (1, 3, 8, 8))}
+          "groupnorm": (GroupNorm, (1, 3, 8, 8)), "linear_attention": (LinearAttention, (1, 3, 17, 15))}
 SETTINGS = ("default", "per_channel", "pre_process")
 
 
@@ -204,5 +236,10 @@ def test_run_and_verify_against_onnxruntime(name, setting, tmp_path, capsys):
     for f in floats:
         q = f["quant"]
         assert q["inputs"] and q["output"]["scale"] and q["program"], q
+    if name == "linear_attention":
+        assert any(q.get("kind") == "lut" and q.get("op") == "strided_slice"
+                   for q in (layer["quant"] or {} for layer in ir["layers"])), kinds
+        div = next(layer for layer in ir["layers"] if layer["name"].startswith("Div"))
+        assert np.isnan(np.load(out / div["outputs"][0]["file"])).any()  # the 0/0 the next quantize sees
     if name == "shuffle" and setting != "pre_process":
         assert any((layer["quant"] or {}).get("op") == "strided_slice" for layer in ir["layers"])

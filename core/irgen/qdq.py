@@ -689,16 +689,21 @@ def _realize_move(qg, qb, comp, out):
     tensor = qb.name
     x, qx, dqx = _need(qg, comp.value.args[0], "the input", tensor)
     differ = qx.scale[0] != out.scale[0] or qx.zero_point[0] != out.zero_point[0] or qx.dtype != out.dtype
-    if differ and _is_torch(qg) and comp.op != "relax.nn.max_pool2d":
-        # torch reference: dequantize -> reshape/flatten... -> quantize with new parameters: a table, then the move
-        table = _table(qx, out, torch_rule=True)
+    torch = _is_torch(qg)
+    if differ and not (torch and comp.op == "relax.nn.max_pool2d"):
+        # dequantize -> the move in float -> quantize with other parameters: per element, so a table then
+        # the move on the integers. ORT runs such a node unit in float (its integer Slice/Transpose/MaxPool
+        # need equal parameters); a max pool commutes with the table, which never decreases.
+        table = _table(qx, out, torch_rule=torch)
         xt = qg.emit(_lut(qg, x, table, qx.dtype))
         v = comp.value
         expr = relax.Call(v.op, [xt] + list(v.args[1:]), v.attrs, v.sinfo_args if hasattr(v, "sinfo_args") else None)
-        rec = {"scheme": SCHEME, "kind": "lut", "reference": "torch", "op": comp.op.removeprefix("relax."),
-               "inputs": [qx.record()], "output": out.record(), "table": [int(t) for t in table],
-               "requant": {"rounding": "half_to_even", "rounding_rule":
-                           "table[i - min] = quantize_per_tensor(dequantize(i)) (torch), then the data movement"}}
+        rule = ("table[i - min] = quantize_per_tensor(dequantize(i)) (torch), then the data movement" if torch else
+                "table[i - min] = quantize(dequantize(i)) in float32 (DequantizeLinear, QuantizeLinear), then the "
+                "data movement")
+        rec = {"scheme": SCHEME, "kind": "lut", **({"reference": "torch"} if torch else {}),
+               "op": comp.op.removeprefix("relax."), "inputs": [qx.record()], "output": out.record(),
+               "table": [int(t) for t in table], "requant": {"rounding": "half_to_even", "rounding_rule": rule}}
         return [dqx, comp.name, qb.name], expr, rec
     if differ:
         raise IrgenError(f"{SCHEME}: {comp.op.removeprefix('relax.')} at {tensor!r} changes quantization parameters "
@@ -720,9 +725,11 @@ def _realize_quantize(qg, qb, out):
         return [qb.name], _rx_torch_quantize(qg, x, out), rec
     info = np.iinfo(out.dtype)
     f = qg.emit(op.divide(x, q.rx_const(out.scale[0], "float32")))
-    expr = q.rx_round_to_int(qg.emit, f, int(out.zero_point[0]), int(info.min), int(info.max), out.dtype)
+    expr = q.rx_round_to_int(qg.emit, f, int(out.zero_point[0]), int(info.min), int(info.max), out.dtype,
+                             nan_to_lo=True)
     rec = {"scheme": SCHEME, "kind": "quantize", "inputs": [], "output": out.record(),
-           "requant": {"rounding": "half_to_even", "rounding_rule": "y = saturate(round_half_even(x / scale) + zp)"}}
+           "requant": {"rounding": "half_to_even",
+                       "rounding_rule": "y = saturate(round_half_even(x / scale) + zp); NaN -> the type's minimum"}}
     return [qb.name], expr, rec
 
 

@@ -123,9 +123,11 @@ def requantize_float(acc, scale, zero_point: int, lo: int, hi: int, dtype: str) 
 
 def quantize_linear(x, scale, zero_point: int, dtype: str) -> np.ndarray:
     """ONNX QuantizeLinear as ONNX Runtime computes it: ``x / scale`` in float32,
-    rounded half to even, plus the zero point, saturated."""
+    rounded half to even, plus the zero point, saturated; NaN becomes the type's minimum
+    (MLAS clamps with max-then-min, which takes the bound)."""
     info = np.iinfo(dtype)
     f = np.asarray(x, np.float32) / np.asarray(scale, np.float32)
+    f = np.where(np.isnan(f), np.float32(info.min - zero_point), f)
     f = np.clip(f, np.float32(info.min - zero_point), np.float32(info.max - zero_point))
     return (np.rint(f).astype(np.int64) + zero_point).astype(dtype)
 
@@ -509,10 +511,11 @@ def recompute_qdq(layer: dict[str, Any], inputs: list[np.ndarray], params: dict[
         f = prod.astype(np.float32) * np.float32(rq["scale"]) + np.float32(out["zero_point"])
         lo, hi = qr["clamp"]
         return np.clip(np.rint(f), lo, hi).astype(out["dtype"])
-    elif kind == "lut":
+    elif kind == "lut":  # a table (then, for a requantizing Slice, Transpose, MaxPool..., the data movement)
         table = np.asarray(qr["table"], qr["output"]["dtype"])
         lo = np.iinfo(qr["inputs"][0]["dtype"]).min
-        return table[inputs[0].astype(np.int64) - lo]
+        t = table[inputs[0].astype(np.int64) - lo]
+        return move_after_table(layer, t, inputs, params) if qr.get("op") in MOVES else t
     elif kind == "concatenate":  # operands[k]: the layer input that is operand k (default: input k)
         parts = []
         for k, at in enumerate(qr.get("operands") or range(len(qr["tables"]))):
@@ -525,6 +528,27 @@ def recompute_qdq(layer: dict[str, Any], inputs: list[np.ndarray], params: dict[
         i = qr["inputs"][0]
         return (inputs[0].astype(np.int32) - int(i["zero_point"])).astype(np.float32) * np.float32(i["scale"])
     raise NotImplementedError(f"qdq quant kind {kind!r}")
+
+
+#: the data movements a ``lut`` record may name: the table is applied, then the move (the layer's
+#: last op, with its attributes) moves the integers
+MOVES = frozenset({"nn.max_pool2d", "reshape", "permute_dims", "flatten", "squeeze", "expand_dims", "take",
+                   "strided_slice"})
+
+
+def move_after_table(layer: dict[str, Any], t: np.ndarray, inputs: list[np.ndarray],
+                     params: dict[str, np.ndarray]) -> np.ndarray:
+    """The data movement of a ``lut`` layer applied to its table's output ``t``: the layer's last
+    op (which must be that move) with ``t`` as its data operand."""
+    from irgen.reference import UnsupportedLayer, run_layer
+
+    op = layer["quant"]["op"]
+    ops = layer.get("fused_ops") or []
+    last = dict(ops[-1]) if ops else {}
+    if (last.get("relax_op") or last.get("op")) != f"relax.{op}" or not last.get("args"):
+        raise UnsupportedLayer(layer.get("name", "?"), op, "the table's data movement is not the layer's last op")
+    last["args"] = ["input:0", *last["args"][1:]]
+    return run_layer({"name": layer.get("name", "?"), "fused_ops": [last]}, [t, *inputs[1:]], params)[0]
 
 
 def _avg_pool_in_order(deq: np.ndarray, p: dict) -> np.ndarray:
@@ -584,6 +608,8 @@ def _recompute_torch(layer: dict[str, Any], inputs: list[np.ndarray], params: di
         t = np.asarray(qr["table"], out["dtype"])[inputs[0].astype(np.int64) - lo_in]
         if qr.get("op") in ("reshape", "flatten", "squeeze", "expand_dims"):
             t = t.reshape(layer["outputs"][-1]["shape"])
+        elif qr.get("op") in MOVES:
+            t = move_after_table(layer, t, inputs, params)
         elif qr.get("op") not in ("nn.relu", "sigmoid", "tanh", "clip"):
             raise NotImplementedError(f"torch-reference table before {qr.get('op')!r}")
         return t
@@ -654,10 +680,13 @@ def rx_requantize_float(emit, acc, scale, zero_point: int, lo: int, hi: int, dty
     return rx_round_to_int(emit, f, zero_point, lo, hi, dtype)
 
 
-def rx_round_to_int(emit, f, zero_point: int, lo: int, hi: int, dtype: str):
-    """float32 ``f`` clamped to ``[lo - zp, hi - zp]``, rounded half to even, ``+ zp``, cast."""
+def rx_round_to_int(emit, f, zero_point: int, lo: int, hi: int, dtype: str, nan_to_lo: bool = False):
+    """float32 ``f`` clamped to ``[lo - zp, hi - zp]``, rounded half to even, ``+ zp``, cast.
+    ``nan_to_lo``: a NaN becomes ``lo`` (ONNX Runtime's QuantizeLinear); else what the clip makes of it."""
     from tvm.relax import op
 
+    if nan_to_lo:
+        f = emit(op.where(emit(op.isnan(f)), rx_const(float(lo - zero_point), "float32"), f))
     f = emit(op.clip(f, float(lo - zero_point), float(hi - zero_point)))
     r = emit(op.astype(emit(op.round(f)), "int32"))
     return op.astype(emit(op.add(r, rx_const(int(zero_point), "int32"))), dtype)
