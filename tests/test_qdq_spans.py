@@ -43,6 +43,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("onnxruntime")
+onnx = pytest.importorskip("onnx")
 from torch import nn  # noqa: E402
 
 from test_verify import _assert_source_checked, _run, _verify_json  # noqa: E402
@@ -243,3 +244,42 @@ def test_run_and_verify_against_onnxruntime(name, setting, tmp_path, capsys):
         assert np.isnan(np.load(out / div["outputs"][0]["file"])).any()  # the 0/0 the next quantize sees
     if name == "shuffle" and setting != "pre_process":
         assert any((layer["quant"] or {}).get("op") == "strided_slice" for layer in ir["layers"])
+
+
+def test_a_constant_gathered_in_float_before_its_quantize(tmp_path, capsys):
+    """EfficientViT-M (and LeViT) index their attention biases twice, ``biases[:, idxs][h]``;
+    ``quantize_static`` left ``DQ(int8 biases) -> Gather -> Gather -> Q`` without a Q between the
+    gathers, so ONNX Runtime dequantizes the constant and gathers in float. irgen refused the
+    dequantize of a constant that no quantized op reads; then the QLinearAdd reading the result
+    (a literal after folding) lost its operand in verify's recompute. Both now as ORT computes them."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(3)
+    inits = [numpy_helper.from_array(a, n) for n, a in [
+        ("biases", rng.integers(-100, 100, (2, 6), dtype=np.int8)), ("s_b", np.array(0.01, np.float32)),
+        ("z_b", np.array(0, np.int8)), ("idxs", np.array([[0, 1, 2, 3], [5, 4, 3, 2], [1, 3, 5, 0], [2, 2, 4, 4]], np.int64)),
+        ("head", np.array(1, np.int64)), ("s_x", np.array(0.02, np.float32)), ("z_x", np.array(3, np.int8)),
+        ("s_g", np.array(0.008, np.float32)), ("s_y", np.array(0.03, np.float32)), ("z_y", np.array(-2, np.int8))]]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s_x", "z_x"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "s_x", "z_x"], ["xd"]),
+             helper.make_node("DequantizeLinear", ["biases", "s_b", "z_b"], ["bd"]),
+             helper.make_node("Gather", ["bd", "idxs"], ["g1"], axis=1),  # [2, 4, 4]
+             helper.make_node("Gather", ["g1", "head"], ["g2"], axis=0),  # [4, 4]
+             helper.make_node("QuantizeLinear", ["g2", "s_g", "z_b"], ["gq"]),
+             helper.make_node("DequantizeLinear", ["gq", "s_g", "z_b"], ["gd"]),
+             helper.make_node("Add", ["xd", "gd"], ["a"]),
+             helper.make_node("QuantizeLinear", ["a", "s_y", "z_y"], ["aq"]),
+             helper.make_node("DequantizeLinear", ["aq", "s_y", "z_y"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 4])], inits)
+    path = tmp_path / "gathered.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+    np.save(tmp_path / "x.npy", rng.standard_normal((1, 4, 4)).astype(np.float32))
+    out = tmp_path / "out"
+    _run(path, "-o", out, "--input", tmp_path / "x.npy")
+    ir = json.loads((out / "ir.json").read_text())
+    code, r = _verify_json(capsys, out)
+    assert code == 0, r["problems"]
+    assert _assert_source_checked(r, ir, integer_exact=True) == len(ir["layers"])
+    add = next(layer for layer in ir["layers"] if (layer["quant"] or {}).get("kind") == "add")
+    assert add["quant"]["constants"], add["quant"]  # the gathered biases, as the add's operand

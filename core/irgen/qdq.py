@@ -998,8 +998,8 @@ def _commit(qg, names: list[str], expr, rec) -> None:
 
 
 def _dequantize_rest(qg) -> None:
-    """The dequantizes left (of activations feeding float ops or the model output) in integer
-    arithmetic; a quantize or a read dequantize of a constant left is an error."""
+    """The dequantizes left (of activations or, in ONNX, per-tensor constants feeding float ops or
+    the model output) in integer arithmetic; a quantize left is an error."""
     relax, op, q, _ = _ops()
     if not _is_torch(qg):
         _spans().drop_dead(qg)
@@ -1012,8 +1012,14 @@ def _dequantize_rest(qg) -> None:
         if not isinstance(src, relax.Var):
             if qg.n_users(b.name) == 0:
                 continue
-            raise IrgenError(f"{SCHEME}: constant {b.name!r} is dequantized for a float op that is not quantized")
-        qx = _qparams(qg, b.value, src.name)
+            if _is_torch(qg):
+                raise IrgenError(f"{SCHEME}: constant {b.name!r} is dequantized for a float op that is not quantized")
+        # a constant too (ONNX): ORT dequantizes it in float for the float op that reads it
+        # (EfficientViT-M's attention biases, gathered twice before their quantize)
+        qx = _qparams(qg, b.value, getattr(src, "name", b.name))
+        if qx.scale.size != 1:
+            raise IrgenError(f"{SCHEME}: constant {b.name!r} is dequantized per channel for a float op that is not "
+                             "quantized; not supported")
         xs = _offset(qg, src, int(qx.zero_point[0]))
         expr = op.multiply(qg.emit(op.astype(xs, "float32")), q.rx_const(qx.scale[0], "float32"))
         rec = {"scheme": SCHEME, "kind": "dequantize", "inputs": [qx.record()],

@@ -100,7 +100,8 @@ def operand(qg, expr, tensor: str, what: str = "an input"):
 
 def constant_tensor(qg, expr):
     """The value of a tensor computed from constants alone (a realized gather of an embedding table
-    by constant positions, a quantized class token), evaluated with irgen's numpy reference; else
+    by constant positions, a quantized class token, a dequantized constant gathered in float),
+    evaluated with irgen's numpy reference; else
     None. TVM folds such layers into literals, so the layers reading them record the values."""
     from tvm import relax
 
@@ -120,7 +121,8 @@ def constant_tensor(qg, expr):
                 continue
             return None
         b = qg.producer(e)
-        if b is None or b.op in ("relax.quantize", "relax.dequantize"):
+        if b is None or b.op == "relax.quantize" or (b.op == "relax.dequantize" and not all(
+                isinstance(a, Constant) for a in b.value.args)):
             return None
         if b.name in members:
             continue
@@ -158,6 +160,14 @@ def constant_tensor(qg, expr):
             args.extend([val(f) for f in a.fields] if isinstance(a, relax.Tuple) else [val(a)])
         if b.op == "relax.shape_to_tensor":
             values[b.name] = np.asarray(args[0], np.int64)
+            continue
+        if b.op == "relax.dequantize":  # of a constant: float32(q - zp) * scale, per tensor or per axis
+            q, scale, zp = args
+            shape = [1] * q.ndim
+            if np.asarray(scale).size > 1:
+                shape[int(v.attrs.axis) % q.ndim] = -1
+            offset = q.astype(np.int32) - np.asarray(zp, np.int32).reshape(shape or ())
+            values[b.name] = offset.astype(np.float32) * np.asarray(scale, np.float32).reshape(shape or ())
             continue
         try:
             values[b.name] = run_op(b.op, args, attrs_to_dict(v.attrs) if v.attrs is not None else {}, b.name)
