@@ -262,3 +262,48 @@ def test_unsupported_ops_listed_at_once(tmp_path):
     torch.export.save(ep, str(tmp_path / "odd.pt2"))
     r = _irgen(["run", "odd.pt2", "-o", "out", "--no-progress"], tmp_path)
     _assert_error(r, tmp_path / "out", "unsupported ops", "aten.special_bessel_j0.default", "aten.special_erfcx.default")
+
+
+class _Autocast(torch.nn.Module):
+    """timm's EfficientViT linear attention keeps its matmuls out of autocast (``torch.autocast(
+    "cpu", enabled=False)``); ``enabled`` True would run them in bfloat16."""
+
+    def __init__(self, enabled: bool):
+        super().__init__()
+        self.enabled = enabled
+        self.c = torch.nn.Conv2d(3, 4, 1)
+
+    def forward(self, x):
+        q = torch.relu(self.c(x)).flatten(2)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.enabled):
+            out = q.float() @ (q.transpose(-1, -2).float() @ q.float())
+            out = out[..., :-1] / (out[..., -1:] + 1e-5)
+        return out * 2
+
+
+def test_autocast_region_disabled_is_inlined(tmp_path, capsys):
+    """``torch.export`` keeps the region as one ``wrap_with_autocast`` node, which TVM's importer
+    had no converter for (irgen refused timm efficientvit_b0's ``.pt2``); with autocast off it is
+    its body, and the layers match torch's run of the program (its body's nodes included)."""
+    x = torch.randn(1, 3, 5, 5, generator=torch.Generator().manual_seed(1))
+    ep = torch.export.export(_Autocast(False).eval(), (x,))
+    assert any("wrap_with_autocast" in str(n.target) for n in ep.graph.nodes)
+    torch.export.save(ep, str(tmp_path / "m.pt2"))
+    np.save(tmp_path / "x.npy", x.numpy())
+    out = tmp_path / "out"
+    assert irgen_main(["run", str(tmp_path / "m.pt2"), "-o", str(out), "--input", str(tmp_path / "x.npy"),
+                       "--no-progress"]) == 0
+    ir = json.loads((out / "ir.json").read_text())
+    ref = record_nodes(torch.export.load(str(tmp_path / "m.pt2")), x)
+    assert_layers_match(out, ir, ref, "autocast", lambda layer, src: None)
+    with torch.no_grad():
+        assert_close(np.load(out / ir["outputs"][0]["file"]), ep.module()(x).numpy(), "model output")
+    assert irgen_main(["verify", str(out), "--no-progress", "--no-report"]) == 0
+
+
+def test_autocast_region_enabled_is_refused(tmp_path):
+    x = torch.randn(1, 3, 5, 5)
+    ep = torch.export.export(_Autocast(True).eval(), (x,))
+    torch.export.save(ep, str(tmp_path / "m.pt2"))
+    r = _irgen(["run", "m.pt2", "-o", "out", "--no-progress"], tmp_path)
+    _assert_error(r, tmp_path / "out", "torch.autocast('cpu', torch.bfloat16)", "export the model without autocast")

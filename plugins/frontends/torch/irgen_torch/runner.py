@@ -8,14 +8,19 @@ from typing import Any
 
 from irgen.plugin import IrgenError, regular_file
 
+from .hops import inline_autocast
 from .loader import load_pt2, load_pth
 from .translate import user_inputs
 
 
 def record_nodes(ep, inputs: list) -> dict[str, Any]:
     """Every FX node's tensor value (by node name) when ``ep``'s graph runs on ``inputs``
-    (the user inputs in order), through ``torch.fx.Interpreter``."""
+    (the user inputs in order), through ``torch.fx.Interpreter``. Autocast regions switched
+    off are inlined first (in ``ep``), as ``irgen run`` imports them, so their nodes have
+    values under the names the layers' provenance gives."""
     import torch
+
+    inline_autocast(ep, "torch source")
 
     seen: dict[str, Any] = {}
 

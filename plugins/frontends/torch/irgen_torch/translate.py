@@ -30,6 +30,7 @@ from irgen.plugin import (
 
 from .converters import CONVERTERS, Context
 from .fold import constant_nodes
+from .hops import inline_autocast
 from .loader import load_pt2, load_pth
 
 # ---------------------------------------------------------------- the graph signature
@@ -265,6 +266,7 @@ def _finish(ep, mod, ctx: Context, specs: list[InputSpec]) -> ImportedModel:
 
 def translate(ep, where: str, input_names: list[str] | None = None) -> ImportedModel:
     """``ep`` (an ``ExportedProgram``) as a Relax module; ``input_names`` rename the user inputs."""
+    inline_autocast(ep, where)  # autocast switched off around a region: its body's nodes
     specs = user_inputs(ep)
     if input_names:
         specs = _named(ep, specs, input_names, where)
