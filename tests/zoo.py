@@ -185,11 +185,14 @@ TORCH_MODELS: dict[str, Callable] = {
     "gpt2": _gpt2,
     "poolformer_s12": _timm("poolformer_s12"),  # GroupNorm(1) as InstanceNormalization, pool token mixer
     "mobilevit_xxs": _timm("mobilevit_xxs"),  # attention over one patch per position (softmax over 1)
+    # TF "same" padding computed in the graph (quantized by quantize_static), requantizing slices, 0/0 before
+    # a quantize, torch.autocast(enabled=False) in the .pt2
+    "efficientvit_b0": _timm("efficientvit_b0"),
 }
 #: the torch models that are also quantized (the others are float only)
 QUANTIZED_TORCH_MODELS = ("resnet18", "mobilenet_v2", "mobilenet_v3_small", "efficientnet_b0", "squeezenet1_1",
                           "shufflenet_v2_x0_5", "googlenet", "densenet121", "convnext_tiny", "vit", "bert",
-                          "poolformer_s12", "mobilevit_xxs")
+                          "poolformer_s12", "mobilevit_xxs", "efficientvit_b0")
 
 # ------------------------------------------------------------------ keras models
 
