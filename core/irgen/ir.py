@@ -141,6 +141,8 @@ def _quant_op(quant: dict[str, Any], members: list[Binding]) -> str:
     if kind == "lut":
         fn = str(quant.get("function") or quant.get("op") or "")
         return source_op_name(fn.removeprefix("nn.")) if fn and "+" not in fn else "lut"
+    if kind == "global_avg_pool_float":  # torch's float32 spatial mean, then its quantize
+        return "global_avg_pool2d"
     if kind == "mean":  # realized as a sum: its axes are in the record
         first = members[0].value
         t = tensor_type(first.args[0]) if isinstance(first, relax.Call) and first.args else None

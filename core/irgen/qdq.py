@@ -730,6 +730,21 @@ def _realize_move(qg, qb, comp, out):
     return [dqx, comp.name, qb.name], expr, rec
 
 
+def _realize_requantize(qg, qb, comp, out):
+    """A dequantize straight into a quantize (torch's reference graph around an op the importer
+    drops, such as an eval-mode dropout that torch's FX quantization observed on its own; an ONNX
+    DQ -> Q pair): per element, so a table, with the frontend's quantize rule."""
+    x, qx, dqx = _need(qg, comp.var, "the input", qb.name)
+    torch = _is_torch(qg)
+    table = _table(qx, out, torch_rule=torch)
+    rule = ("table[i - min] = quantize_per_tensor(dequantize(i)) (torch)" if torch else
+            "table[i - min] = quantize(dequantize(i)) in float32 (DequantizeLinear, QuantizeLinear)")
+    rec = {"scheme": SCHEME, "kind": "lut", **({"reference": "torch"} if torch else {}), "op": "requantize",
+           "inputs": [qx.record()], "output": out.record(), "table": [int(t) for t in table],
+           "requant": {"rounding": "half_to_even", "rounding_rule": rule}}
+    return [dqx, qb.name], _lut(qg, x, table, qx.dtype), rec
+
+
 def _realize_quantize(qg, qb, out):
     _, op, q, _ = _ops()
     x = qb.value.args[0]
@@ -983,6 +998,7 @@ _REALIZERS = {
     "relax.dynamic_strided_slice": (_slice,),
     "relax.nn.softmax": (_float_fed, _kernel(_realize_softmax)),
     "relax.multiply": (_mul,),
+    "relax.dequantize": (_kernel(_realize_requantize),),
 }
 
 

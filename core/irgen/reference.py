@@ -240,12 +240,20 @@ def _adaptive_avg_pool2d(x: np.ndarray, attrs: dict) -> np.ndarray:
     out = attrs.get("output_size")
     n, c, h, w = x.shape
     oh, ow = (h, w) if out is None else _pair(out)
-    y = np.empty((n, c, oh, ow), np.float64)
+    acc = np.float32 if x.dtype == np.float32 else np.float64
+    y = np.empty((n, c, oh, ow), acc)
     for i in range(oh):
         h0, h1 = (i * h) // oh, -((-(i + 1) * h) // oh)
         for j in range(ow):
             w0, w1 = (j * w) // ow, -((-(j + 1) * w) // ow)
-            y[:, :, i, j] = x[:, :, h0:h1, w0:w1].astype(np.float64).mean(axis=(2, 3))
+            # the window summed in row-major order in the tensor's float type, then / count, as
+            # TVM's kernel does (a float64 mean differed by one LSB after the quantize of torch's
+            # quantized MobileNetV2's global pool)
+            total = np.zeros((n, c), acc)
+            for r in range(h0, h1):
+                for k in range(w0, w1):
+                    total = total + x[:, :, r, k].astype(acc)
+            y[:, :, i, j] = total / acc((h1 - h0) * (w1 - w0))
     return y.astype(x.dtype)
 
 
