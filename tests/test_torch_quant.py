@@ -496,3 +496,46 @@ def test_requantizing_dropout_and_global_pool(tmp_path, capsys):
                 np.testing.assert_array_equal(np.load(r["out"] / rec["file"]), r["ref"][src], layer["name"])
     capsys.readouterr()
     assert irgen_main(["verify", str(r["out"]), "--no-progress", "--no-report"]) == 0, capsys.readouterr().out[-2000:]
+
+
+class _SqueezeExcite(nn.Module):
+    """EfficientNet's MBConv tail and RegNetY's squeeze-excitation: SiLU (quantized around it by
+    the qnnpack mapping), a global pool, two 1x1 convs, sigmoid, and the channel scaling
+    ``x * s``: a multiply of two quantized activations."""
+
+    def __init__(self):
+        super().__init__()
+        self.c, self.r, self.e = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 4, 1), nn.Conv2d(4, 8, 1)
+
+    def forward(self, x):
+        y = nn.functional.silu(self.c(x))
+        s = torch.sigmoid(self.e(nn.functional.silu(self.r(nn.functional.adaptive_avg_pool2d(y, 1)))))
+        return y * s
+
+
+def test_silu_and_squeeze_excite_multiply(tmp_path, capsys):
+    """irgen refused both in torch graphs ("cannot realize relax.nn.silu", "a quantized multiply
+    ... in a torch graph is not supported"): torchvision EfficientNet-B0 and RegNetY-400MF PTQ.
+    SiLU is now a table of torch's own kernel; the multiply ``quantize(deq(a) * deq(b))`` in
+    float32, as torch's reference graph computes it. Those layers equal torch's values."""
+    import warnings
+
+    from torch.ao.quantization import get_default_qconfig_mapping
+    from torch.ao.quantization.quantize_fx import _convert_to_reference_decomposed_fx, prepare_fx
+
+    warnings.simplefilter("ignore")
+    torch.manual_seed(0)
+    x = torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+    p = prepare_fx(_SqueezeExcite().eval(), get_default_qconfig_mapping("qnnpack").set_global(_qconfigs(False)), (x,))
+    with torch.no_grad():
+        for s in _samples(4, (1, 3, 8, 8)):
+            p(s)
+    r = _irgen(_convert_to_reference_decomposed_fx(p), x, tmp_path)
+    layers = r["ir"]["layers"]
+    mine = [la for la in layers if (la["quant"] or {}).get("kind") == "mul" or (la["quant"] or {}).get("op") == "nn.silu"]
+    assert {la["op"] for la in mine} == {"multiply", "silu"}, [la["op"] for la in layers]
+    for layer in mine:
+        src = layer["source"]["outputs"][0]
+        np.testing.assert_array_equal(np.load(r["out"] / layer["outputs"][0]["file"]), r["ref"][src], layer["name"])
+    capsys.readouterr()
+    assert irgen_main(["verify", str(r["out"]), "--no-progress", "--no-report"]) == 0, capsys.readouterr().out[-2000:]

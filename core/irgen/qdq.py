@@ -186,12 +186,19 @@ def _float_bias(qg, expr):
     return arr.reshape(-1), chain
 
 
+#: unary ops a torch reference graph quantizes around, tabulated with torch's own kernel (ONNX Runtime
+#: has no integer kernel for them: an ONNX span of one is a float span)
+_TORCH_ONLY_UNARY = {"relax.nn.silu": "silu", "relax.nn.gelu": "gelu"}
+
+
 def _torch_fn(op_name: str):
     """The float function torch runs for a unary op (its own vectorized kernels: numpy's
     ``exp`` differs from torch's sigmoid in the last bit for ~1 value in 6)."""
     import torch
 
-    fn = {"relax.sigmoid": torch.sigmoid, "relax.tanh": torch.tanh, "relax.nn.relu": torch.relu}[op_name]
+    fn = {**_TORCH_ONLY_UNARY, "relax.sigmoid": torch.sigmoid, "relax.tanh": torch.tanh,
+          "relax.nn.relu": torch.relu}[op_name]
+    fn = getattr(torch.nn.functional, fn) if isinstance(fn, str) else fn
     return lambda v: fn(torch.from_numpy(np.ascontiguousarray(v, np.float32))).numpy()
 
 
@@ -349,6 +356,25 @@ def _realize_add_torch(qg, qb, ins, comp, acts, out):
     return [d1, d2, comp.name] + [b.name for b in acts] + [qb.name], _rx_torch_quantize(qg, f, out, lo, hi), rec
 
 
+def _realize_mul_torch(qg, qb, ins, comp, out):
+    """torch reference: ``quantize_per_tensor(dequantize(a) * dequantize(b))`` in float32 (RegNet's and
+    EfficientNet's squeeze-excitation scaling)."""
+    _, op, q, _ = _ops()
+    (x1, q1, d1), (x2, q2, d2) = ins
+    e = qg.emit
+    a, b = (e(op.astype(_dequantize_torch(qg, x, qx), "float64")) for x, qx in ((x1, q1), (x2, q2)))
+    f = e(op.astype(e(op.multiply(a, b)), "float32"))  # float64 holds the exact product: one rounding, to float32
+    info = np.iinfo(out.dtype)
+    lo, hi = int(info.min), int(info.max)
+    inv = float(np.float32(1.0 / float(np.float32(out.scale[0]))))
+    rec = {"scheme": SCHEME, "kind": "mul", "reference": "torch", "inputs": [q1.record(), q2.record()],
+           "output": out.record(), "requant": {"inverse_output_scale": inv, "rounding": "half_to_even",
+           "rounding_rule": "y = clamp(round_half_even(float32(deq(a) * deq(b)) * inverse_output_scale) + zp_y, clamp); "
+                            "deq(x) = float32(x - zp_x) * s_x (torch: dequantize, float multiply, quantize_per_tensor)"},
+           "clamp": [lo, hi]}
+    return [d1, d2, comp.name, qb.name], _rx_torch_quantize(qg, f, out, lo, hi), rec
+
+
 def _qlinear_add_constant(ra, rb, zp_a, zp_b, zp_y) -> np.float32:
     """MLAS's QLinearAdd fixed part, ``zp_y - (ratio_a * zp_a + ratio_b * zp_b)`` in float32
     as its AVX2 build computes it (the first product contracted into an fma)."""
@@ -400,7 +426,7 @@ def _realize_mul(qg, qb, comp, out):
     _, op, q, _ = _ops()
     tensor = qb.name
     if _is_torch(qg):
-        raise IrgenError(f"{SCHEME}: a quantized multiply ({tensor!r}) in a torch graph is not supported")
+        return _realize_mul_torch(qg, qb, [_need(qg, a, "an input", tensor) for a in comp.value.args], comp, out)
     from irgen.qdq_spans import constants_record, operand
 
     (x1, q1, d1, c1), (x2, q2, d2, c2) = [operand(qg, a, tensor) for a in comp.value.args]
@@ -973,6 +999,13 @@ def _slice(s: _Span):
     return None
 
 
+def _torch_unary(s: _Span):
+    """silu, gelu in a torch reference graph: a table of torch's kernel (ONNX: no answer, a float span)."""
+    if not s.torch or (s.comp.op == "relax.nn.gelu" and getattr(s.comp.value.attrs, "approximate", "none") != "none"):
+        return None
+    return _realize_unary(s.qg, s.b, s.comp, s.out)
+
+
 def _mul(s: _Span):
     """Mul (QLinearMul), or the float span."""
     return _or_float(s.qg, s.b, s.f, s.out, _realize_mul, s.comp)
@@ -999,6 +1032,7 @@ _REALIZERS = {
     "relax.nn.softmax": (_float_fed, _kernel(_realize_softmax)),
     "relax.multiply": (_mul,),
     "relax.dequantize": (_kernel(_realize_requantize),),
+    **{kind: (_torch_unary,) for kind in _TORCH_ONLY_UNARY},  # torch: SiLU, GELU tables
 }
 
 

@@ -596,6 +596,8 @@ def _recompute_torch(layer: dict[str, Any], inputs: list[np.ndarray], params: di
         return torch_quantize(m, out["scale"], int(out["zero_point"]), lo, hi, out["dtype"])
     if kind == "add":  # dequantize, float32 add, (relu: the clamp), quantize
         return torch_quantize(deq[0] + deq[1], out["scale"], int(out["zero_point"]), lo, hi, out["dtype"])
+    if kind == "mul":  # dequantize, float32 multiply, quantize
+        return torch_quantize(deq[0] * deq[1], out["scale"], int(out["zero_point"]), lo, hi, out["dtype"])
     if kind == "avg_pool2d":  # torch's CPU kernel: the window's in-bounds values summed in row-major order, / count
         return torch_quantize(_avg_pool_in_order(deq[0], qr["pool"]), out["scale"], int(out["zero_point"]),
                               lo, hi, out["dtype"])
@@ -610,7 +612,7 @@ def _recompute_torch(layer: dict[str, Any], inputs: list[np.ndarray], params: di
             t = t.reshape(layer["outputs"][-1]["shape"])
         elif qr.get("op") in MOVES:
             t = move_after_table(layer, t, inputs, params)
-        elif qr.get("op") not in ("nn.relu", "sigmoid", "tanh", "clip", "requantize"):
+        elif qr.get("op") not in ("nn.relu", "sigmoid", "tanh", "clip", "requantize", "nn.silu", "nn.gelu"):
             raise NotImplementedError(f"torch-reference table before {qr.get('op')!r}")
         return t
     raise NotImplementedError(f"torch-reference quant kind {kind!r}")
