@@ -453,6 +453,24 @@ def test_qat_conv_bn_simulation_refused(tmp_path, capsys):
              "_convert_to_reference_decomposed_fx")
 
 
+def _ptq_qnnpack(model, d: Path):
+    """``model`` quantized by FX PTQ with the qnnpack mapping (our observers elsewhere), calibrated
+    on four samples, then through irgen (:func:`_irgen`) on a [1, 3, 8, 8] input."""
+    import warnings
+
+    from torch.ao.quantization import get_default_qconfig_mapping
+    from torch.ao.quantization.quantize_fx import _convert_to_reference_decomposed_fx, prepare_fx
+
+    warnings.simplefilter("ignore")
+    torch.manual_seed(0)
+    x = torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+    p = prepare_fx(model.eval(), get_default_qconfig_mapping("qnnpack").set_global(_qconfigs(False)), (x,))
+    with torch.no_grad():
+        for s in _samples(4, (1, 3, 8, 8)):
+            p(s)
+    return _irgen(_convert_to_reference_decomposed_fx(p), x, d)
+
+
 class _Head(nn.Module):
     """torchvision MobileNetV2's classifier head: ReLU6, global average pool (2x2 here), flatten,
     eval-mode Dropout, Linear. The qnnpack mapping gives the dropout its own output observer, so
@@ -474,19 +492,7 @@ def test_requantizing_dropout_and_global_pool(tmp_path, capsys):
     ``requantize`` table with torch's rounding. verify's float64 adaptive-pool mean then disagreed
     with TVM's float32 row-order sum by one LSB after the pool's quantize (MobileNetV2: 3 of 1280
     values); the numpy reference now sums as TVM does. Every layer equals torch's value."""
-    import warnings
-
-    from torch.ao.quantization import get_default_qconfig_mapping
-    from torch.ao.quantization.quantize_fx import _convert_to_reference_decomposed_fx, prepare_fx
-
-    warnings.simplefilter("ignore")
-    torch.manual_seed(0)
-    x = torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(1))
-    p = prepare_fx(_Head().eval(), get_default_qconfig_mapping("qnnpack").set_global(_qconfigs(False)), (x,))
-    with torch.no_grad():
-        for s in _samples(4, (1, 3, 8, 8)):
-            p(s)
-    r = _irgen(_convert_to_reference_decomposed_fx(p), x, tmp_path)
+    r = _ptq_qnnpack(_Head(), tmp_path)
     ops = [layer["op"] for layer in r["ir"]["layers"]]
     assert "requantize" in ops and "global_avg_pool2d" in ops, ops
     for layer in r["ir"]["layers"]:
@@ -518,19 +524,7 @@ def test_silu_and_squeeze_excite_multiply(tmp_path, capsys):
     ... in a torch graph is not supported"): torchvision EfficientNet-B0 and RegNetY-400MF PTQ.
     SiLU is now a table of torch's own kernel; the multiply ``quantize(deq(a) * deq(b))`` in
     float32, as torch's reference graph computes it. Those layers equal torch's values."""
-    import warnings
-
-    from torch.ao.quantization import get_default_qconfig_mapping
-    from torch.ao.quantization.quantize_fx import _convert_to_reference_decomposed_fx, prepare_fx
-
-    warnings.simplefilter("ignore")
-    torch.manual_seed(0)
-    x = torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(1))
-    p = prepare_fx(_SqueezeExcite().eval(), get_default_qconfig_mapping("qnnpack").set_global(_qconfigs(False)), (x,))
-    with torch.no_grad():
-        for s in _samples(4, (1, 3, 8, 8)):
-            p(s)
-    r = _irgen(_convert_to_reference_decomposed_fx(p), x, tmp_path)
+    r = _ptq_qnnpack(_SqueezeExcite(), tmp_path)
     layers = r["ir"]["layers"]
     mine = [la for la in layers if (la["quant"] or {}).get("kind") == "mul" or (la["quant"] or {}).get("op") == "nn.silu"]
     assert {la["op"] for la in mine} == {"multiply", "silu"}, [la["op"] for la in layers]
