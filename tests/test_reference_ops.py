@@ -402,3 +402,14 @@ def test_adaptive_avg_pool_is_bit_equal_to_tvm(size):
     call, (want,) = run_tvm(lambda v: nn_.adaptive_avg_pool2d(v, size), [x])
     got = reference.run_op(call.op.name, [x], attrs_to_dict(call.attrs))
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("axis,keepdims", [([2, 3], True), ([2, 3], False), ([1], False), ([-1], True), (None, False)])
+def test_mean_is_bit_equal_to_tvm(axis, keepdims):
+    """``mean`` on float32 as TVM computes it: the reduced elements added in row-major order, then
+    divided by their count (torch's quantized ShuffleNetV2 head: a float64 mean put verify one LSB
+    off the golden data after the quantize)."""
+    x = (R.standard_normal((2, 24, 7, 9)) * 100).astype(np.float32)
+    call, (want,) = run_tvm(lambda v: op.mean(v, axis, keepdims), [x])
+    got = reference.run_op(call.op.name, [x], attrs_to_dict(call.attrs))
+    np.testing.assert_array_equal(got, want)

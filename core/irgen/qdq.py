@@ -405,12 +405,62 @@ def _chain_fn(chain, start: str):
     return lambda v: run_layer(layer, [np.asarray(v, np.float32)], {})[0].astype(np.float32)
 
 
+def _torch_compound(chain, start: str):
+    """``(name, torch function)`` when ``chain`` is how TVM's importer writes torch's hardsigmoid
+    (``clip(x + 3, 0, 6) / 6``) or hardswish (``x * that``), else None. The table is then
+    torch's own kernel: its hardswish rounds otherwise than those four float ops (16% of
+    float32 inputs differ in the last bit)."""
+    import torch
+
+    relax, _, _, _ = _ops()
+
+    def scalar(e):  # a constant, a scalar literal or a PrimValue, as a float
+        v = getattr(e, "value", None)
+        v = v.numpy() if hasattr(v, "numpy") else getattr(v, "value", v)
+        try:
+            a = np.asarray(v, np.float64)
+        except (TypeError, ValueError):
+            return None
+        return float(a.reshape(-1)[0]) if a.size == 1 else None
+
+    def is_var(e, name: str) -> bool:
+        return isinstance(e, relax.Var) and e.name == name
+
+    ops = [b.op for b in chain]
+    if ops[:3] != ["relax.add", "relax.clip", "relax.divide"] or len(ops) > 4:
+        return None
+    add, clip, div = chain[:3]
+    if not (is_var(add.value.args[0], start) and scalar(add.value.args[1]) == 3.0
+            and is_var(clip.value.args[0], add.name) and scalar(clip.value.args[1]) == 0.0
+            and scalar(clip.value.args[2]) == 6.0 and is_var(div.value.args[0], clip.name)
+            and scalar(div.value.args[1]) == 6.0):
+        return None
+    if len(ops) == 3:
+        name = "hardsigmoid"
+    elif ops[3] == "relax.multiply" and sorted(getattr(a, "name", "") for a in chain[3].value.args) == sorted(
+            [start, div.name]):
+        name = "hardswish"
+    else:
+        return None
+    f = getattr(torch.nn.functional, name)
+    return name, lambda v: f(torch.from_numpy(np.ascontiguousarray(v, np.float32))).numpy()
+
+
 def _realize_table_chain(qg, qb, found, out):
     """An elementwise float chain between a dequantize and the quantize, as a 256-entry table:
     ONNX Runtime runs such ops in float on the dequantized values, one value at a time."""
     (x, qx, dqx), chain = found
     if _is_torch(qg):
-        raise IrgenError(f"{SCHEME}: the float ops before {qb.name!r} in a torch graph are not supported")
+        compound = _torch_compound(chain, dqx)
+        if compound is None:
+            raise IrgenError(f"{SCHEME}: the float ops before {qb.name!r} in a torch graph are not supported")
+        name, fn = compound
+        table = _table(qx, out, fn, torch_rule=True)
+        rec = {"scheme": SCHEME, "kind": "lut", "reference": "torch", "op": name, "inputs": [qx.record()],
+               "output": out.record(), "table": [int(v) for v in table],
+               "requant": {"rounding": "half_to_even", "rounding_rule":
+                           f"table[i - min] = quantize_per_tensor(torch.nn.functional.{name}(dequantize(i))) (torch)"}}
+        return [dqx] + [b.name for b in chain] + [qb.name], _lut(qg, x, table, qx.dtype), rec
     table = _table(qx, out, _chain_fn(chain, dqx))
     ops = "+".join(b.op.removeprefix("relax.") for b in chain)
     rec = {"scheme": SCHEME, "kind": "lut", "op": ops, "inputs": [qx.record()], "output": out.record(),
@@ -923,8 +973,9 @@ def _table_chain(s: _Span):
 
 
 def _split_item(s: _Span):
-    """One item of a Split (ONNX)."""
-    if not s.torch and _spans().split_item(s.qg, s.f) is not None:
+    """One item of a Split (ONNX; torch's ``chunk``: quantize_per_tensor of a dequantized value with
+    the same parameters gives the integers back, so the item is a slice of them too)."""
+    if _spans().split_item(s.qg, s.f) is not None:
         return _spans().realize_split_item(s.qg, s.b, s.f, s.out)
     return None
 
@@ -1066,8 +1117,9 @@ def _dequantize_rest(qg) -> None:
     """The dequantizes left (of activations or, in ONNX, per-tensor constants feeding float ops or
     the model output) in integer arithmetic; a quantize left is an error."""
     relax, op, q, _ = _ops()
-    if not _is_torch(qg):
-        _spans().drop_dead(qg)
+    # what realized spans left unread: a dequantize a span read twice (hardswish's x and x * ...), a
+    # split whose items are realized, shape computations of realized slices
+    _spans().drop_dead(qg)
     for b in list(qg.bindings):
         if b.op == "relax.quantize":
             raise IrgenError(f"{SCHEME}: quantize at tensor {b.name!r} is left after folding")

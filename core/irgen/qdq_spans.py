@@ -598,8 +598,12 @@ def realize_split_item(qg, qb, f, out):
     p = _pkg()
     tensor = qb.name
     sb, x, qx, _ = split_item(qg, f)
+    table = None
     if qx.scale[0] != out.scale[0] or qx.zero_point[0] != out.zero_point[0] or qx.dtype != out.dtype:
-        raise IrgenError(f"{p.SCHEME}: the split at {tensor!r} changes quantization parameters; not supported")
+        # each item quantized with its own parameters (torchvision ShuffleNetV2's chunk under FX PTQ; ORT
+        # runs such a Split in float): a table, then the slice, as a requantizing Slice is
+        torch = p._is_torch(qg)
+        table = p._table(qx, out, torch_rule=torch)
     shape = [int(d) for d in x.ty.shape.values]
     a = sb.value.attrs
     axis = int(a.axis) % len(shape)
@@ -613,10 +617,14 @@ def realize_split_item(qg, qb, f, out):
     edges = [0] + bounds + [shape[axis]]
     k = int(f.value.index)
     begin, end = edges[k], edges[k + 1]
-    expr = op.strided_slice(x, [axis], [begin], [end], [1])
     rec = {"scheme": p.SCHEME, "kind": "integer", "op": "strided_slice", "inputs": [qx.record()], "output": out.record(),
            "slice": {"axes": [axis], "begin": [begin], "end": [end], "strides": [1]}}
-    return [f.name, qb.name], expr, rec
+    if table is not None:
+        x = qg.emit(p._lut(qg, x, table, qx.dtype))
+        rec.update(kind="lut", table=[int(t) for t in table], **({"reference": "torch"} if torch else {}),
+                   requant={"rounding": "half_to_even", "rounding_rule": "table[i - min] = quantize(dequantize(i)), "
+                            "then the slice"})
+    return [f.name, qb.name], op.strided_slice(x, [axis], [begin], [end], [1]), rec
 
 
 def gathered_table(qg, comp):

@@ -612,7 +612,8 @@ def _recompute_torch(layer: dict[str, Any], inputs: list[np.ndarray], params: di
             t = t.reshape(layer["outputs"][-1]["shape"])
         elif qr.get("op") in MOVES:
             t = move_after_table(layer, t, inputs, params)
-        elif qr.get("op") not in ("nn.relu", "sigmoid", "tanh", "clip", "requantize", "nn.silu", "nn.gelu"):
+        elif qr.get("op") not in ("nn.relu", "sigmoid", "tanh", "clip", "requantize", "nn.silu", "nn.gelu",
+                                   "hardswish", "hardsigmoid"):
             raise NotImplementedError(f"torch-reference table before {qr.get('op')!r}")
         return t
     raise NotImplementedError(f"torch-reference quant kind {kind!r}")

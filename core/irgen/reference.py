@@ -213,8 +213,19 @@ def _batch_norm(x, gamma, beta, mean, var, attrs: dict):
 
 def _mean(x: np.ndarray, attrs: dict) -> np.ndarray:
     axis = attrs.get("axis")
-    axis = None if axis is None else tuple(int(a) for a in axis)
-    return np.mean(x.astype(np.float64), axis=axis, keepdims=bool(attrs.get("keepdims", False))).astype(x.dtype)
+    axis = None if axis is None else tuple(int(a) % max(x.ndim, 1) for a in axis)
+    keepdims = bool(attrs.get("keepdims", False))
+    if x.dtype != np.float32 or x.ndim == 0:
+        return np.mean(x.astype(np.float64), axis=axis, keepdims=keepdims).astype(x.dtype)
+    # float32 as TVM's kernel: the reduced elements added in row-major order, then / count (a float64
+    # mean differed in the last bit, and after a quantize by one LSB: torch's quantized ShuffleNetV2)
+    axes = tuple(range(x.ndim)) if axis is None else tuple(sorted(set(axis)))
+    rest = [a for a in range(x.ndim) if a not in axes]
+    flat = np.transpose(x, rest + list(axes)).reshape([x.shape[a] for a in rest] + [-1])
+    y = sum_in_order(flat, axis=-1) / np.float32(flat.shape[-1])
+    if keepdims:
+        y = y.reshape([1 if a in axes else x.shape[a] for a in range(x.ndim)])
+    return np.asarray(y, np.float32)
 
 
 def _reduce(fn, x: np.ndarray, attrs: dict) -> np.ndarray:
