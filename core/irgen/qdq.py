@@ -248,7 +248,6 @@ def _check_conv_bias_scale(qx, qw, bq, n_out: int, tensor: str) -> None:
 def _realize_conv(qg, qb, comp, bias_b, acts, out, requant=None):
     relax, op, q, Constant = _ops()
     tensor = qb.name
-    _torch_graph = _is_torch(qg)
     x, qx, dqx = _need(qg, comp.value.args[0], "the input", tensor)
     w, qw, wchain = _const_chain(qg, comp.value.args[1], tensor, "weights")
     w, w_offset = _weights_less_zero_point(w, qw, tensor)
@@ -289,7 +288,7 @@ def _realize_conv(qg, qb, comp, bias_b, acts, out, requant=None):
                              "(ORT runs the node unit in float)")
         if np.any(bq.zero_point != 0):
             raise IrgenError(f"{SCHEME}: bias of {tensor!r} has a non-zero zero point")
-        if kind != "dense" and not _torch_graph:
+        if kind != "dense" and not _is_torch(qg):
             _check_conv_bias_scale(qx, qw, bq, n_out, tensor)
         acc = qg.emit(op.add(acc, relax.const(q.per_axis(bias.reshape(-1), ch_axis, ndim).astype(np.int32))))
         drop += _drop(qg, bchain) + [bias_b.name]
@@ -339,40 +338,25 @@ def _dequantize_torch(qg, x, qx):
     return e(op.astype(e(op.multiply(f, q.rx_const(np.float64(np.float32(qx.scale[0])), "float64"))), "float32"))
 
 
-def _realize_add_torch(qg, qb, ins, comp, acts, out):
-    """torch reference: ``quantize_per_tensor(relu?(dequantize(a) + dequantize(b)))`` in float32."""
+def _realize_binary_torch(qg, qb, ins, comp, acts, out, kind: str):
+    """torch reference: ``quantize_per_tensor(relu?(dequantize(a) <op> dequantize(b)))`` in float32,
+    ``kind`` ``add`` or ``mul`` (RegNet's and EfficientNet's squeeze-excitation scaling)."""
     _, op, q, _ = _ops()
+    rx_op, sym, word = {"add": (op.add, "+", "add"), "mul": (op.multiply, "*", "multiply")}[kind]
     (x1, q1, d1), (x2, q2, d2) = ins
     e = qg.emit
     a, b = (e(op.astype(_dequantize_torch(qg, x, qx), "float64")) for x, qx in ((x1, q1), (x2, q2)))
-    f = e(op.astype(e(op.add(a, b)), "float32"))  # float64 holds the float32 sum's exact value before the cast
+    # float64 holds the float32 operands' exact sum or product: one rounding, the cast to float32
+    f = e(op.astype(e(rx_op(a, b)), "float32"))
     lo, hi = _clamp_of(acts, out.dtype, out)
     inv = float(np.float32(1.0 / float(np.float32(out.scale[0]))))
-    rec = {"scheme": SCHEME, "kind": "add", "reference": "torch", "inputs": [q1.record(), q2.record()],
+    rec = {"scheme": SCHEME, "kind": kind, "reference": "torch", "inputs": [q1.record(), q2.record()],
            "output": out.record(), "requant": {"inverse_output_scale": inv, "rounding": "half_to_even",
-           "rounding_rule": "y = clamp(round_half_even(float32(deq(a) + deq(b)) * inverse_output_scale) + zp_y, clamp); "
-                            "deq(x) = float32(x - zp_x) * s_x (torch: dequantize, float add, relu, quantize_per_tensor)"},
+           "rounding_rule": f"y = clamp(round_half_even(float32(deq(a) {sym} deq(b)) * inverse_output_scale) + zp_y, "
+                            f"clamp); deq(x) = float32(x - zp_x) * s_x (torch: dequantize, float {word}"
+                            f"{', relu' if kind == 'add' else ''}, quantize_per_tensor)"},
            "clamp": [lo, hi]}
     return [d1, d2, comp.name] + [b.name for b in acts] + [qb.name], _rx_torch_quantize(qg, f, out, lo, hi), rec
-
-
-def _realize_mul_torch(qg, qb, ins, comp, out):
-    """torch reference: ``quantize_per_tensor(dequantize(a) * dequantize(b))`` in float32 (RegNet's and
-    EfficientNet's squeeze-excitation scaling)."""
-    _, op, q, _ = _ops()
-    (x1, q1, d1), (x2, q2, d2) = ins
-    e = qg.emit
-    a, b = (e(op.astype(_dequantize_torch(qg, x, qx), "float64")) for x, qx in ((x1, q1), (x2, q2)))
-    f = e(op.astype(e(op.multiply(a, b)), "float32"))  # float64 holds the exact product: one rounding, to float32
-    info = np.iinfo(out.dtype)
-    lo, hi = int(info.min), int(info.max)
-    inv = float(np.float32(1.0 / float(np.float32(out.scale[0]))))
-    rec = {"scheme": SCHEME, "kind": "mul", "reference": "torch", "inputs": [q1.record(), q2.record()],
-           "output": out.record(), "requant": {"inverse_output_scale": inv, "rounding": "half_to_even",
-           "rounding_rule": "y = clamp(round_half_even(float32(deq(a) * deq(b)) * inverse_output_scale) + zp_y, clamp); "
-                            "deq(x) = float32(x - zp_x) * s_x (torch: dequantize, float multiply, quantize_per_tensor)"},
-           "clamp": [lo, hi]}
-    return [d1, d2, comp.name, qb.name], _rx_torch_quantize(qg, f, out, lo, hi), rec
 
 
 def _qlinear_add_constant(ra, rb, zp_a, zp_b, zp_y) -> np.float32:
@@ -476,7 +460,8 @@ def _realize_mul(qg, qb, comp, out):
     _, op, q, _ = _ops()
     tensor = qb.name
     if _is_torch(qg):
-        return _realize_mul_torch(qg, qb, [_need(qg, a, "an input", tensor) for a in comp.value.args], comp, out)
+        return _realize_binary_torch(qg, qb, [_need(qg, a, "an input", tensor) for a in comp.value.args], comp, [],
+                                     out, "mul")
     from irgen.qdq_spans import constants_record, operand
 
     (x1, q1, d1, c1), (x2, q2, d2, c2) = [operand(qg, a, tensor) for a in comp.value.args]
@@ -565,7 +550,7 @@ def _realize_add(qg, qb, comp, acts, out):
     tensor = qb.name
     if _is_torch(qg):
         ins = [_need(qg, a, "an input", tensor) for a in comp.value.args]
-        return _realize_add_torch(qg, qb, ins, comp, acts, out)
+        return _realize_binary_torch(qg, qb, ins, comp, acts, out, "add")
     from irgen.qdq_spans import constants_record, operand
 
     (x1, q1, d1, c1), (x2, q2, d2, c2) = [operand(qg, a, tensor) for a in comp.value.args]
