@@ -391,6 +391,24 @@ def test_layers_recompute_from_quant_and_fused_ops(run):
         assert_layer_recomputes(out, layer)
 
 
+def test_verify_compares_every_fake_quant_layer_with_torch(run, capsys):
+    """``irgen verify``'s source check finds torch's value for every layer of a fake-quant
+    graph: an integer layer's input and output are ``<fake-quant node>_q``, which torch's run
+    answers with the integers behind the fake-quant output (they were ``missing`` and the check
+    compared the one float layer)."""
+    if not any("fake_quant" in str(n.target) for n in run["ep"].graph.nodes):
+        pytest.skip("no fake-quant nodes (a reference-quantized graph)")
+    capsys.readouterr()
+    rc = irgen_main(["verify", str(run["out"]), "--mode", "source", "--json", "--no-report", "--no-progress"])
+    result = json.loads(capsys.readouterr().out)
+    assert rc == 0 and result["source"]["ran"], result["problems"]
+    statuses = {row["name"]: row["checks"]["source"]["status"] for row in result["layers"]}
+    assert set(statuses.values()) == {"pass"}, statuses
+    integer = [row for row in result["layers"] if row["integer"]]
+    assert integer and all(row["checks"]["source"]["tensor"] for row in integer)
+    assert any(row["checks"]["source"].get("source_tensor", "").endswith("_q") for row in integer), integer[0]
+
+
 # ---------------------------------------------------------------- refusals
 
 

@@ -13,6 +13,31 @@ from .loader import load_pt2, load_pth
 from .translate import user_inputs
 
 
+def fake_quant_integers(out, *args, target: str):
+    """The integers behind a per-tensor fake-quant node's output ``out`` (``(q - zp) * s``), as
+    ``irgen run`` names them ``<node>_q`` (the input of the layer's integer ops): ``rint(out / s)
+    + zp``, exact for 8-bit ``q`` (``|q - zp| * 2**-23`` is far below half a step), with the
+    dtype ``[qmin, qmax]`` names. None for a per-channel node (a weight) or one whose fake quant
+    is off."""
+    import numpy as np
+
+    if "fused_moving_avg_obs_fake_quant" in target:
+        # (x, observer_on, fake_quant_on, running_min, running_max, scale, zp, avg, qmin, qmax, ch_axis, per_row, sym)
+        if int(np.asarray(args[2]).reshape(-1)[0]) == 0:
+            return None
+        scale, zp, qmin = args[5], args[6], args[8]
+    elif "per_channel" in target:
+        return None
+    else:  # (x, scale, zp, qmin, qmax)
+        scale, zp, qmin = args[1], args[2], args[3]
+    s = np.asarray(scale, np.float32).reshape(-1)
+    z = np.asarray(zp).astype(np.int64).reshape(-1)
+    if s.size != 1 or z.size != 1:
+        return None
+    steps = np.rint(out.detach().numpy().astype(np.float64) / float(s[0])).astype(np.int64)
+    return (steps + int(z[0])).astype("uint8" if int(qmin) >= 0 else "int8")
+
+
 def record_nodes(ep, inputs: list) -> dict[str, Any]:
     """Every FX node's tensor value (by node name) when ``ep``'s graph runs on ``inputs``
     (the user inputs in order), through ``torch.fx.Interpreter``. Autocast regions switched
@@ -29,6 +54,10 @@ def record_nodes(ep, inputs: list) -> dict[str, Any]:
             out = super().run_node(n)
             if isinstance(out, torch.Tensor):
                 seen[n.name] = out.detach().numpy().copy()
+                if n.op == "call_function" and "fake_quant" in str(n.target):
+                    q = fake_quant_integers(out, *self.fetch_args_kwargs_from_env(n)[0], target=str(n.target))
+                    if q is not None:
+                        seen[f"{n.name}_q"] = q
             return out
 
     state = {**ep.state_dict, **dict(ep.named_buffers()), **ep.constants}
