@@ -602,3 +602,41 @@ def test_chunk_items_with_their_own_parameters(tmp_path, capsys):
     items = [la for la in layers if (la["quant"] or {}).get("op") == "strided_slice"]
     assert items and all(la["quant"]["kind"] in ("lut", "integer") for la in items), [la["op"] for la in layers]
     _equal_to_torch_and_verified(r, [la for la in layers if la["outputs"][0]["dtype"] in ("uint8", "int8")], capsys)
+
+
+class _FloatSpans(nn.Module):
+    """DenseNet's pre-activation after a concatenation (BatchNorm and ReLU between a dequantize and
+    a quantize: FX fuses BatchNorm only into a conv before it) and ConvNeXt's channels-last
+    LayerNorm and layer scale: ops the qnnpack mapping leaves in float between quantized tensors."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1, self.c2 = nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(3, 4, 1)
+        self.bn, self.c3 = nn.BatchNorm2d(8), nn.Conv2d(8, 8, 1)
+        self.ln, self.fc = nn.LayerNorm(8, eps=1e-6), nn.Linear(8, 8)
+        self.gamma = nn.Parameter(torch.linspace(0.5, 1.5, 8))
+        with torch.no_grad():
+            self.bn.running_mean.uniform_(-0.5, 0.5), self.bn.running_var.uniform_(0.5, 2.0)
+            self.bn.weight.uniform_(0.5, 1.5), self.bn.bias.uniform_(-0.2, 0.2)
+
+    def forward(self, x):
+        y = self.c3(torch.relu(self.bn(torch.cat([self.c1(x), self.c2(x)], 1))))
+        z = self.fc(self.ln(y.permute(0, 2, 3, 1)))
+        return y + (self.gamma * z).permute(0, 3, 1, 2)
+
+
+def test_float_spans_as_torch_runs_them(tmp_path, capsys):
+    """irgen refused both in torch graphs ("the input of ... is not a dequantized integer tensor",
+    "cannot realize relax.nn.layer_norm"; torchvision DenseNet-121 and ConvNeXt-Tiny PTQ). torch
+    runs every op between a dequantize and a quantize in float; they are now float layers (the
+    float ops in float64, rounded once to float32, then torch's quantize_per_tensor), each equal
+    to torch's values here, recomputed from its record, and verified."""
+    r = _ptq_qnnpack(_FloatSpans(), tmp_path)
+    layers = r["ir"]["layers"]
+    spans = [la for la in layers if (la["quant"] or {}).get("kind") == "float"]
+    ops = " ".join(la["quant"]["op"] for la in spans)
+    assert "batch_norm" in ops and "layer_norm" in ops, [la["op"] for la in layers]
+    assert all(la["quant"]["reference"] == "torch" for la in spans)
+    for layer in spans:
+        assert_layer_recomputes(r["out"], layer)
+    _equal_to_torch_and_verified(r, spans, capsys)

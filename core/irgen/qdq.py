@@ -1073,17 +1073,25 @@ _REALIZERS = {
 
 
 def _no_kernel(s: _Span):
-    """A span no realizer answers: refused in a torch graph; in ONNX (no integer kernel in ONNX
-    Runtime) dequantize, the float ops, quantize."""
-    if s.torch:
-        raise IrgenError(f"{SCHEME}: cannot realize {s.comp.op or s.comp.kind} at tensor {s.b.name!r} in integer arithmetic")
+    """A span no realizer answers: dequantize, the float ops, quantize (ONNX: ORT has no integer
+    kernel for it; torch: its reference graph runs every op between them in float)."""
     return _spans().realize_float(s.qg, s.b, s.f, s.out)
+
+
+#: why an integer realizer declines a torch span whose operand is computed in float (a BatchNorm
+#: after a concatenation, a layer scale): torch runs the span in float, so the float span follows
+_FLOAT_OPERAND = ("is not a dequantized integer tensor", "no integer kernel")
 
 
 def _realize_span(s: _Span):
     """``(names, expr, rec)``: the bindings the span replaces, its integer expression and record."""
     for realizer in (*_ANY_KIND, *_REALIZERS.get(s.comp.op, ())):
-        found = realizer(s)
+        try:
+            found = realizer(s)
+        except IrgenError as err:
+            if not s.torch or not any(w in str(err) for w in _FLOAT_OPERAND):
+                raise
+            return _no_kernel(s)
         if found is not None:
             return found
     return _no_kernel(s)

@@ -314,7 +314,12 @@ def recompute_float(layer, inputs, params=None) -> np.ndarray:
            for x, i in zip(inputs, qr["inputs"])]
     prog = qr["program"]
     y = run_layer({"name": layer.get("name", "?"), "fused_ops": prog, "results": [f"op:{len(prog) - 1}"]}, deq, {})[0]
-    return quantize_linear(np.asarray(y).astype(np.float32), np.float32(out["scale"]), int(out["zero_point"]), out["dtype"])
+    y = np.asarray(y).astype(np.float32)
+    if qr.get("reference") == "torch":
+        from irgen.qdq import torch_quantize
+
+        return torch_quantize(y, out["scale"], int(out["zero_point"]), out["dtype"])
+    return quantize_linear(y, np.float32(out["scale"]), int(out["zero_point"]), out["dtype"])
 
 
 def _dequantized_constant(qg, b) -> np.ndarray:
@@ -333,7 +338,9 @@ def _dequantized_constant(qg, b) -> np.ndarray:
 
 def realize_float(qg, qb, last, out):
     """``DQ -> float ops -> Q`` as ORT runs it without an integer kernel: the float ops on the
-    dequantized inputs (float64 here, rounded once to float32), then QuantizeLinear."""
+    dequantized inputs (float64 here, rounded once to float32), then QuantizeLinear. In a torch
+    reference graph (torch runs every op between its dequantize and quantize in float32) the
+    same float ops, then torch's quantize_per_tensor (multiply by the float32 inverse scale)."""
     from tvm import relax
     from tvm.relax import op
 
@@ -432,15 +439,22 @@ def realize_float(qg, qb, last, out):
         refs[pb.name] = f"op:{len(program) - 1}"
     y = e(op.astype(new[last.name], "float32"))
     info = np.iinfo(out.dtype)
-    expr = q.rx_round_to_int(e, e(op.divide(y, q.rx_const(out.scale[0], "float32"))), int(out.zero_point[0]),
-                             int(info.min), int(info.max), out.dtype)
+    torch = p._is_torch(qg)
+    if torch:
+        expr = p._rx_torch_quantize(qg, y, out)
+        rule = ("y = saturate(round_half_even(float32(program(float64(float32(x - zp_x) * s_x))) * float32(1 / s_y)) "
+                "+ zp_y) (torch: dequantize_per_tensor, the float ops, quantize_per_tensor)")
+    else:
+        expr = q.rx_round_to_int(e, e(op.divide(y, q.rx_const(out.scale[0], "float32"))), int(out.zero_point[0]),
+                                 int(info.min), int(info.max), out.dtype)
+        rule = ("y = saturate(round_half_even(float32(program(float64(float32(x - zp_x) * s_x))) / s_y) + zp_y); "
+                "constants dequantized as float32(q - zp) * s (ONNX Runtime: DequantizeLinear, the float "
+                "ops, QuantizeLinear)")
     ops = "+".join(b.op.removeprefix("relax.") for b in order if b.op)
     rec = {"scheme": p.SCHEME, "kind": "float", "realization": "float", "op": ops,
+           **({"reference": "torch"} if torch else {}),
            "inputs": [qx.record() for _, qx, _ in acts], "output": out.record(), "program": program,
-           "requant": {"rounding": "half_to_even", "rounding_rule":
-                       "y = saturate(round_half_even(float32(program(float64(float32(x - zp_x) * s_x))) / s_y) + zp_y); "
-                       "constants dequantized as float32(q - zp) * s (ONNX Runtime: DequantizeLinear, the float "
-                       "ops, QuantizeLinear)"},
+           "requant": {"rounding": "half_to_even", "rounding_rule": rule},
            "clamp": [int(info.min), int(info.max)]}
     return dqs + [b.name for b in order] + [qb.name], expr, rec
 
