@@ -128,8 +128,8 @@ class Pads(nn.Module):
 
 
 class ShuffleDiff(nn.Module):
-    """Depth-to-space (``pixel_shuffle``) after a convolution, and ``diff`` of an activation with
-    ``prepend`` (n=2)."""
+    """Depth-to-space (``pixel_shuffle``) after a convolution, ``diff`` of an activation with
+    ``prepend`` (n=2), and ``swapaxes`` / ``swapdims`` (MaxViT's window partition)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -137,7 +137,7 @@ class ShuffleDiff(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = F.pixel_shuffle(self.conv(x), 2)
-        return torch.diff(y * 2.0, n=2, dim=-1, prepend=y[..., :1])
+        return torch.diff(y * 2.0, n=2, dim=-1, prepend=y[..., :1]).swapaxes(1, -1).swapdims(0, 2)
 
 
 class GeluMLP(nn.Module):

@@ -17,6 +17,7 @@ and the provenance.
 - ``aten.pixel_shuffle``: relax.nn.pixel_shuffle has no legalization in TVM
   0.27 (no topi.nn.pixel_shuffle): torch's own definition, reshape / permute /
   reshape; ``aten.diff`` has no converter: slices and a subtract;
+  ``aten.swapaxes`` / ``swapdims`` have none either: a permute_dims;
 - torch quantization: ``quantized_decomposed`` Q/DQ ops (FX reference flow)
   and fake quant (QAT) become ``relax.quantize`` / ``relax.dequantize``;
   quantized weights are computed by torch at import time.
@@ -165,6 +166,19 @@ def convert_diff(imp, node):
         d = relax.op.subtract(hi, lo) if str(x.ty.dtype) != "bool" else relax.op.not_equal(hi, lo)
         x = d if step == n - 1 else bb.emit(d)
     return x
+
+
+def convert_swapaxes(imp, node):
+    # aten::swapaxes(x, axis0, axis1) / aten::swapdims(x, dim0, dim1): no converter in TVM 0.27
+    # (torchvision MaxViT's window partition); torch's transpose of two axes
+    from tvm import relax
+
+    x = imp.env[node.args[0]]
+    rank = len(x.ty.shape)
+    a, b = int(node.args[1]) % rank, int(node.args[2]) % rank
+    axes = list(range(rank))
+    axes[a], axes[b] = axes[b], axes[a]
+    return relax.op.permute_dims(x, axes)
 
 
 # ---------------------------------------------------------------- quantization: relax.quantize / relax.dequantize
@@ -321,6 +335,7 @@ CONVERTERS: dict[str, Callable[[Any, Any], Any]] = {
     "scaled_dot_product_attention.default": convert_sdpa,
     "pixel_shuffle.default": convert_pixel_shuffle,
     "diff.default": convert_diff,
+    **dict.fromkeys(("swapaxes.default", "swapdims.default"), convert_swapaxes),
     **dict.fromkeys(("quantize_per_tensor.default", "quantize_per_tensor.tensor", "quantize_per_channel.default"),
                     convert_quantize),
     **dict.fromkeys(("dequantize_per_tensor.default", "dequantize_per_tensor.tensor", "dequantize_per_channel.default"),
