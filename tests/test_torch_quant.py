@@ -604,6 +604,25 @@ def test_chunk_items_with_their_own_parameters(tmp_path, capsys):
     _equal_to_torch_and_verified(r, [la for la in layers if la["outputs"][0]["dtype"] in ("uint8", "int8")], capsys)
 
 
+def _window_linear(x, w, b):
+    """torchvision Swin's ``shifted_window_attention``: a function FX treats as a leaf
+    (``torch.fx.wrap``), so its pad and linear on the module's float weight stay in float."""
+    return nn.functional.linear(nn.functional.pad(x, (0, 0, 0, 0, 0, 1)), w, b)
+
+
+torch.fx.wrap("_window_linear")
+
+
+def _patch_merging(x):
+    """torchvision Swin's ``_patch_merging_pad`` (an FX leaf too): a pad, four strided slices,
+    concatenated; all in float between a dequantize and a quantize."""
+    x = nn.functional.pad(x, (0, 0, 0, x.shape[2] % 2, 0, x.shape[1] % 2))
+    return torch.cat([x[..., 0::2, 0::2, :], x[..., 1::2, 0::2, :], x[..., 0::2, 1::2, :], x[..., 1::2, 1::2, :]], -1)
+
+
+torch.fx.wrap("_patch_merging")
+
+
 class _FloatSpans(nn.Module):
     """DenseNet's pre-activation after a concatenation (BatchNorm and ReLU between a dequantize and
     a quantize: FX fuses BatchNorm only into a conv before it) and ConvNeXt's channels-last
@@ -615,6 +634,8 @@ class _FloatSpans(nn.Module):
         self.bn, self.c3 = nn.BatchNorm2d(8), nn.Conv2d(8, 8, 1)
         self.ln, self.fc = nn.LayerNorm(8, eps=1e-6), nn.Linear(8, 8)
         self.gamma = nn.Parameter(torch.linspace(0.5, 1.5, 8))
+        self.w, self.b = nn.Parameter(torch.randn(8, 8) * 0.3), nn.Parameter(torch.randn(8) * 0.1)
+        self.merge = nn.Linear(32, 8)
         with torch.no_grad():
             self.bn.running_mean.uniform_(-0.5, 0.5), self.bn.running_var.uniform_(0.5, 2.0)
             self.bn.weight.uniform_(0.5, 1.5), self.bn.bias.uniform_(-0.2, 0.2)
@@ -622,12 +643,18 @@ class _FloatSpans(nn.Module):
     def forward(self, x):
         y = self.c3(torch.relu(self.bn(torch.cat([self.c1(x), self.c2(x)], 1))))
         z = self.fc(self.ln(y.permute(0, 2, 3, 1)))
-        return y + (self.gamma * z).permute(0, 3, 1, 2)
+        y = y + (self.gamma * z).permute(0, 3, 1, 2)
+        y = self.merge(_patch_merging(self.fc(_window_linear(y.permute(0, 2, 3, 1), self.w, self.b))))
+        # the same outside a leaf: FX quantizes each window, all four read one float pad
+        y = nn.functional.pad(y, (0, 0, 0, y.shape[2] % 2, 0, y.shape[1] % 2))
+        return torch.cat([y[..., 0::2, 0::2, :], y[..., 1::2, 0::2, :], y[..., 0::2, 1::2, :], y[..., 1::2, 1::2, :]], -1)
 
 
 def test_float_spans_as_torch_runs_them(tmp_path, capsys):
-    """irgen refused both in torch graphs ("the input of ... is not a dequantized integer tensor",
-    "cannot realize relax.nn.layer_norm"; torchvision DenseNet-121 and ConvNeXt-Tiny PTQ). torch
+    """irgen refused these in torch graphs ("the input of ... is not a dequantized integer tensor",
+    "cannot realize relax.nn.layer_norm"; torchvision DenseNet-121 and ConvNeXt-Tiny PTQ; Swin-T and
+    ViT-B/16: a float linear whose importer writes ``out_dtype="float32"``; Swin's patch merging, a
+    concatenation the record's program wrote as a nested list verify's recompute misread). torch
     runs every op between a dequantize and a quantize in float; they are now float layers (the
     float ops in float64, rounded once to float32, then torch's quantize_per_tensor), each equal
     to torch's values here, recomputed from its record, and verified."""
@@ -635,8 +662,15 @@ def test_float_spans_as_torch_runs_them(tmp_path, capsys):
     layers = r["ir"]["layers"]
     spans = [la for la in layers if (la["quant"] or {}).get("kind") == "float"]
     ops = " ".join(la["quant"]["op"] for la in spans)
-    assert "batch_norm" in ops and "layer_norm" in ops, [la["op"] for la in layers]
+    assert "batch_norm" in ops and "layer_norm" in ops and "pad+" in ops and "matmul" in ops and "concat" in ops, ops
     assert all(la["quant"]["reference"] == "torch" for la in spans)
+    # weights, norm parameters: layer parameters that fused_ops and the record's program both name
+    # (Swin-T's attention spans wrote their weights inline in both: a 543 MiB ir.json)
+    for layer in spans:
+        args = [a for o in layer["quant"]["program"] + layer["fused_ops"] for a in o["args"]]
+        assert not [a for a in args if isinstance(a, dict) and isinstance(a.get("value"), list)], layer["name"]
+        assert {a for a in args if isinstance(a, str) and a.startswith("param:")} == \
+            {f"param:{role}" for role in layer["params"]}, layer["name"]
     for layer in spans:
         assert_layer_recomputes(r["out"], layer)
     _equal_to_torch_and_verified(r, spans, capsys)

@@ -254,6 +254,45 @@ def arg_ref(a: relax.Expr, names: dict[str, str], params: list[tuple[Constant, s
 _arg_ref = arg_ref  # the former private name (tests/test_reference_ops.py imports it)
 
 
+class ConstantRef:
+    """A tensor constant in a ``quant`` record's own program (a float span's ``program``), until
+    the layer record is built: then ``"param:<role>"``, the layer parameter it is, as ``fused_ops``
+    names it (:func:`resolve_constant_refs`), so the record does not repeat a weight inline."""
+
+    __slots__ = ("const",)
+
+    def __init__(self, const: Constant):
+        self.const = const
+
+    def __repr__(self) -> str:
+        return f"ConstantRef({tuple(self.const.value.shape)})"
+
+
+def program_arg(a: relax.Expr, refs: dict[str, str]) -> Any:
+    """An argument of a quant record's program: a variable by ``refs``, a tensor constant of more
+    than one value as a :class:`ConstantRef` (a layer parameter once the record is built), else as
+    :func:`arg_ref` writes it."""
+    if isinstance(a, relax.Var):
+        return refs[a.name]
+    if isinstance(a, relax.Tuple):
+        return [program_arg(f, refs) for f in a.fields]
+    if isinstance(a, Constant) and isinstance(a.ty, relax.TensorType) and a.value.numpy().size > 1:
+        return ConstantRef(a)
+    return arg_ref(a, {}, [])
+
+
+def resolve_constant_refs(value: Any, params: list[tuple[Constant, str]]) -> Any:
+    """``value`` (a quant record) with every :class:`ConstantRef` made ``"param:<role>"`` of the
+    layer parameter it is, or its value inline when it is none."""
+    if isinstance(value, ConstantRef):
+        return arg_ref(value.const, {}, params)
+    if isinstance(value, dict):
+        return {k: resolve_constant_refs(v, params) for k, v in value.items()}
+    if isinstance(value, list):
+        return [resolve_constant_refs(v, params) for v in value]
+    return value
+
+
 def build_layer_record(
     layer: Layer,
     by_name: dict[str, Binding],
@@ -282,6 +321,8 @@ def build_layer_record(
     anchor = by_name[layer.anchor]
     ext = _layer_inputs(members, set(layer.members))
     params, arrays = _layer_params(members, anchor, quant)
+    if quant is not None and quant.get("program") is not None:
+        quant = resolve_constant_refs(quant, params)
     ops, refs = _fused_ops(members, ext, params)
     attrs = _layer_attrs(layer, members, anchor, ops, quant)
     source = _layer_source(layer, provenance)
@@ -370,7 +411,10 @@ def _layer_params(members: list[Binding], anchor: Binding, quant: dict[str, Any]
 
     A scalar literal stays inline in its op's args; in a quantized layer only the
     conv/dense weight and bias and a table are parameters (the integer arithmetic
-    constants stay inline: ``quant`` explains them)."""
+    constants stay inline: ``quant`` explains them); in a float span (``kind: float``,
+    the float ops between a dequantize and a quantize) every constant of more than one
+    value: its weights, biases, norms' parameters, position tables."""
+    float_span = quant is not None and quant.get("kind") == "float"
     params: list[tuple[Constant, str]] = []
     arrays: dict[str, np.ndarray] = {}
     for b in members:
@@ -380,7 +424,10 @@ def _layer_params(members: list[Binding], anchor: Binding, quant: dict[str, Any]
                 if arr.ndim == 0 and b.op not in _WEIGHTED:
                     continue
                 role = _role(anchor, b, j)
-                if quant is not None and role != "table" and (
+                if float_span:
+                    if arr.size <= 1:
+                        continue
+                elif quant is not None and role != "table" and (
                     quant.get("kind") not in ("conv2d", "depthwise_conv2d", "dense")
                     or role not in ("weight", "bias") or role in arrays
                 ):
@@ -507,7 +554,7 @@ def _uniform_bias(record: dict[str, Any], arrays: dict[str, np.ndarray]) -> None
     """A bias parameter is stored as ``[C]`` whatever shape the graph broadcasts it in
     (``[1,C,1,1]`` after an NCHW conv, ``[1,1,1,C]`` after TFLite's, ``[1,N]`` after a
     dense): ``fused_ops`` gains a first step reshaping ``param:bias`` to that shape, and
-    the ops that read it read that step."""
+    the ops that read it read that step; so does a float span's ``quant.program``."""
     bias = arrays.get("bias")
     if bias is None or bias.ndim <= 1 or sum(d != 1 for d in bias.shape) > 1:
         return
@@ -520,6 +567,9 @@ def _uniform_bias(record: dict[str, Any], arrays: dict[str, np.ndarray]) -> None
 
     record["fused_ops"] = [step, *({**op, "args": [arg(a) for a in op["args"]]} for op in record["fused_ops"])]
     record["results"] = [_shift_refs(r, 1) for r in record["results"]]
+    quant = record.get("quant") or {}
+    if quant.get("program") is not None:
+        quant["program"] = [step, *({**op, "args": [arg(a) for a in op["args"]]} for op in quant["program"])]
 
 
 def _flat_args(v: relax.Expr) -> list[relax.Expr]:

@@ -313,7 +313,8 @@ def recompute_float(layer, inputs, params=None) -> np.ndarray:
     deq = [((x.astype(np.int32) - int(i["zero_point"])).astype(np.float32) * np.float32(i["scale"])).astype(np.float64)
            for x, i in zip(inputs, qr["inputs"])]
     prog = qr["program"]
-    y = run_layer({"name": layer.get("name", "?"), "fused_ops": prog, "results": [f"op:{len(prog) - 1}"]}, deq, {})[0]
+    y = run_layer({"name": layer.get("name", "?"), "fused_ops": prog, "results": [f"op:{len(prog) - 1}"]}, deq,
+                  params or {})[0]
     y = np.asarray(y).astype(np.float32)
     if qr.get("reference") == "torch":
         from irgen.qdq import torch_quantize
@@ -345,7 +346,7 @@ def realize_float(qg, qb, last, out):
     from tvm.relax import op
 
     from irgen.graph import Constant, attrs_to_dict
-    from irgen.ir import arg_ref
+    from irgen.ir import op_args, program_arg
 
     p = _pkg()
     _, _, q, _ = p._ops()
@@ -387,7 +388,9 @@ def realize_float(qg, qb, last, out):
             else:
                 stack.append(pb)
     names = set(members)
-    for n in names:
+    # torch: float ops another span reads too (a pad each of four sliced-and-quantized windows
+    # reads) are computed again in each span, the same values; they stay while read
+    for n in names if not p._is_torch(qg) else ():
         if n != last.name and not _users_inside(qg, n, names):
             raise IrgenError(f"{p.SCHEME}: the float ops before {tensor!r} are also used elsewhere ({n!r})")
     order = [b for b in qg.bindings if b.name in names]
@@ -413,6 +416,7 @@ def realize_float(qg, qb, last, out):
         return a
 
     start = len(qg._pending)
+    e = _folding(qg.emit)
     for b in order:
         v = b.value
         if isinstance(v, relax.TupleGetItem) and isinstance(new.get(v.tuple_value.name), list):
@@ -424,7 +428,7 @@ def realize_float(qg, qb, last, out):
         elif b.op in FLOAT64:
             new[b.name] = FLOAT64[b.op](e, [arg(a) for a in v.args], v.attrs)
         elif isinstance(v, relax.Call):
-            new[b.name] = e(relax.Call(v.op, [arg(a) for a in v.args], v.attrs, getattr(v, "sinfo_args", None)))
+            new[b.name] = e(relax.Call(v.op, [arg(a) for a in v.args], _float64_out(v.attrs), getattr(v, "sinfo_args", None)))
         else:
             raise IrgenError(f"{p.SCHEME}: cannot realize {b.kind} before {tensor!r}")
     # the program of the float ops as bound (the quant record's own copy of the arithmetic)
@@ -435,7 +439,7 @@ def realize_float(qg, qb, last, out):
             program.append({"relax_op": "tgi", "attrs": {"index": int(v.index)}, "args": [refs[v.tuple_value.name]]})
         else:
             program.append({"relax_op": str(v.op.name), "attrs": attrs_to_dict(v.attrs) if v.attrs is not None else {},
-                            "args": [refs[a.name] if isinstance(a, relax.Var) else arg_ref(a, {}, []) for a in v.args]})
+                            "args": [program_arg(a, refs) for a in op_args(v)]})
         refs[pb.name] = f"op:{len(program) - 1}"
     y = e(op.astype(new[last.name], "float32"))
     info = np.iinfo(out.dtype)
@@ -457,6 +461,49 @@ def realize_float(qg, qb, last, out):
            "requant": {"rounding": "half_to_even", "rounding_rule": rule},
            "clamp": [int(info.min), int(info.max)]}
     return dqs + [b.name for b in order] + [qb.name], expr, rec
+
+
+def _folding(emit):
+    """``emit``, except that a call of constants alone is evaluated now (irgen's numpy reference
+    ops) and returned as a constant: TVM would fold it after the span is realized (a weight's
+    transpose, a norm's ``sqrt(var + eps)``) into a new constant that the record's ``program``,
+    written now, could not name as the layer parameter it becomes."""
+    from tvm import relax
+
+    from irgen.graph import Constant, attrs_to_dict
+    from irgen.reference import UnsupportedLayer, run_op
+
+    def arg(a):
+        if isinstance(a, Constant):
+            return a.value.numpy()
+        if isinstance(a, relax.ShapeExpr):
+            return {"shape": [int(x) for x in a.values]}
+        raise TypeError
+
+    def folding(expr):
+        if not isinstance(expr, relax.Call) or not any(isinstance(a, Constant) for a in expr.args):
+            return emit(expr)
+        try:
+            args = [arg(a) for a in expr.args]
+            ty = relax.BlockBuilder().normalize(expr).ty
+            value = run_op(str(expr.op.name), args, attrs_to_dict(expr.attrs))
+        except (TypeError, UnsupportedLayer):
+            return emit(expr)
+        return relax.const(np.asarray(value).astype(str(ty.dtype)).reshape([int(d) for d in ty.shape]), str(ty.dtype))
+
+    return folding
+
+
+def _float64_out(attrs):
+    """A call's attributes with a float ``out_dtype`` (torch's importer writes ``float32`` on a float
+    matmul or conv; ONNX's leaves it unset) made ``float64``, so the float span stays in float64."""
+    import tvm
+
+    if attrs is None or str(getattr(attrs, "out_dtype", None) or "") not in ("float32", "float16"):
+        return attrs
+    info = type(attrs).__tvm_ffi_type_info__
+    fields = {f.name: getattr(attrs, f.name) for f in info.fields}
+    return tvm.ir.make_node(info.type_key, **{**fields, "out_dtype": "float64"})
 
 
 def _layer_norm64(e, args, attrs):
