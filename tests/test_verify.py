@@ -484,16 +484,13 @@ def irgen_register_frontends(register):
 '''
 
 
-def test_a_crashing_source_runtime_is_reported_not_fatal(onnx_float, tmp_path, capsys, plugin_file):
-    """The runtime runs in a child process: its abort becomes a note (default checks)
-    or a one-line error (``--mode source``), and irgen itself carries on."""
+def _as_frontend(out: Path, copy: Path, frontend: str) -> Path:
+    """A copy of output folder ``out`` whose ir.json names ``frontend`` (manifest updated)."""
     import hashlib
 
-    _, out = onnx_float
-    copy = tmp_path / "out"
     shutil.copytree(out, copy)
     ir = json.loads((copy / "ir.json").read_text())
-    ir["producer"]["frontend"] = "crashy"
+    ir["producer"]["frontend"] = frontend
     (copy / "ir.json").write_text(json.dumps(ir))
     manifest = json.loads((copy / "manifest.json").read_text())
     for f in manifest["files"]:
@@ -501,6 +498,13 @@ def test_a_crashing_source_runtime_is_reported_not_fatal(onnx_float, tmp_path, c
             f["sha256"] = hashlib.sha256((copy / "ir.json").read_bytes()).hexdigest()
             f["size"] = (copy / "ir.json").stat().st_size
     (copy / "manifest.json").write_text(json.dumps(manifest))
+    return copy
+
+
+def test_a_crashing_source_runtime_is_reported_not_fatal(onnx_float, tmp_path, capsys, plugin_file):
+    """The runtime runs in a child process: its abort becomes a note (default checks)
+    or a one-line error (``--mode source``), and irgen itself carries on."""
+    copy = _as_frontend(onnx_float[1], tmp_path / "out", "crashy")
     plugin = plugin_file("crashy_runtime", CRASHY)
 
     capsys.readouterr()
@@ -513,6 +517,41 @@ def test_a_crashing_source_runtime_is_reported_not_fatal(onnx_float, tmp_path, c
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert code == 2 and len(lines) == 1, lines
     assert lines[0].startswith("irgen: error:") and "SIGABRT" in lines[0] and "crashy" in lines[0], lines
+
+
+FORGETFUL = '''
+from irgen import hookimpl
+from irgen.api import Frontend
+
+
+def _runner(path, options):
+    def run(inputs, tensors):
+        return {}  # runs, and has none of the tensors the layers name
+
+    return run
+
+
+@hookimpl
+def irgen_register_frontends(register):
+    register(Frontend(name="forgetful", suffixes=(".forgetful",), load=lambda path, options: None, runner=_runner))
+'''
+
+
+def test_source_tensors_the_runtime_lacks_are_named_in_a_note(onnx_float, tmp_path, capsys, plugin_file):
+    """A source runtime that gives none of the tensors the IR names (torch's run of a QAT graph
+    lacked every ``<fake-quant node>_q``): the layers' source check is ``missing`` and the run
+    still passes on single and entire, so a note says how many tensors were not there."""
+    copy = _as_frontend(onnx_float[1], tmp_path / "out", "forgetful")
+    plugin = plugin_file("forgetful_runtime", FORGETFUL)
+    ir = json.loads((copy / "ir.json").read_text())
+    named = sorted({s for la in ir["layers"] for s in la["source"]["outputs"] if s is not None})
+    capsys.readouterr()
+    code = irgen_main(["--plugin", str(plugin), "verify", str(copy), "--json", "--no-progress", "--no-report"])
+    r = json.loads(capsys.readouterr().out)
+    assert code == 0 and r["source"]["ran"]
+    assert all(row["checks"]["source"]["status"] == "missing" for row in r["layers"])
+    note = [n for n in r["notes"] if n.startswith("source check: ")]
+    assert note and f"{len(named)} of {len(named)} tensors the layers name are not in the source runtime" in note[0], r["notes"]
 
 
 def test_single_scales_its_absolute_tolerance_with_the_magnitude(tmp_path):

@@ -786,6 +786,7 @@ class _VerifyRun:
         self.model_path = Path(model) if model is not None else None
         self.model_sha_ok: bool | None = None
         self.source_runner: Callable | None = None
+        self.source_unseen: list[str] = []  # source tensors the layers name that the runtime did not give
         # what the source check did: run (with which runtime and kernels), or skipped and why
         self.source_info: dict[str, Any] | None = {"ran": False, "skipped": None, "runtime": None, "seconds": None,
                                                    "end_to_end": None} if "source" in self.modes else None
@@ -925,6 +926,11 @@ class _VerifyRun:
         self.source_info["runtime"] = getattr(self.source_runner, "runtime", None)
         self.source_info["seconds"] = getattr(self.source_runner, "seconds", None)
         quantized = self.compare_to_source(values, feeds)
+        if self.source_unseen:  # the ir names them, the runtime did not give them: say so, not just "missing"
+            unseen = self.source_unseen
+            self.notes.append(f"source check: {len(unseen)} of {len(wanted)} tensors the layers name are not in the "
+                              f"source runtime's results ({', '.join(unseen[:3])}{' ...' if len(unseen) > 3 else ''}); "
+                              "those layers are checked by single and entire only")
         # a float model's source verdict is end to end already: drift is a quantized model's notion
         self.source_info["end_to_end"] = _drift(self.layers, self.checks, self.th) if quantized else None
 
@@ -1094,6 +1100,8 @@ class _VerifyRun:
                     self.record(layer, "source", _status_metric(
                         "missing", rec["name"],
                         f"source tensor {src!r} is not available in the source runtime" if src else "no source tensor"))
+                    if src is not None:
+                        self.source_unseen.append(src)
                     continue
                 self.source_metric(layer, k, rec, src, values, lookup, src_of, quantized)
             self.step("layers", i, len(layers))
