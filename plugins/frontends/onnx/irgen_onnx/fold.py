@@ -34,6 +34,8 @@ from typing import Any
 
 import numpy as np
 
+from irgen.plugin import quantize_linear
+
 #: the largest value (elements) folded
 MAX_ELEMENTS = 1 << 12
 #: ops that compute shapes and sizes (evaluated when all their inputs are known)
@@ -179,11 +181,9 @@ def _qdq(node, vals: list) -> list | None:
         return [((x.astype(np.int64) - zpv).astype(np.float32) * scale).astype(np.float32)]
     if x.dtype != np.float32 or zp.dtype not in (np.dtype(np.int8), np.dtype(np.uint8)):
         return None
-    info = np.iinfo(zp.dtype)
-    q = np.rint(x / scale).astype(np.float64) + zpv
-    if not np.isfinite(q).all():
+    if not np.isfinite(x / scale).all():  # a size operand never is; leave such a node to the run
         return None
-    return [np.clip(q, info.min, info.max).astype(zp.dtype)]
+    return [quantize_linear(x, scale, zpv, str(zp.dtype))]
 
 
 def fold_shape_computations(model, specs, max_rounds: int = 32) -> int:
