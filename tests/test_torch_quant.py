@@ -674,3 +674,55 @@ def test_float_spans_as_torch_runs_them(tmp_path, capsys):
     for layer in spans:
         assert_layer_recomputes(r["out"], layer)
     _equal_to_torch_and_verified(r, spans, capsys)
+
+
+class _PositionBias(nn.Module):
+    """A relative position bias (a parameter gathered by a constant index: torch computes it at
+    import) quantized, then added to a quantized activation."""
+
+    def __init__(self, channels: int = 4):
+        super().__init__()
+        self.c, self.o = nn.Conv2d(3, channels, 1), nn.Conv2d(4, 4, 1)
+        self.table = nn.Parameter(torch.randn(15, 4) * 0.5)
+        self.register_buffer("index", torch.randint(0, 15, (64,), generator=torch.Generator().manual_seed(3)))
+
+    def forward(self, x):
+        return self.o(self.c(x) + self.table[self.index].view(8, 8, 4).permute(2, 0, 1).unsqueeze(0))
+
+
+class _WindowAttention(_PositionBias):
+    """torchvision MaxViT's attention in small: ``chunk`` into q, k, v each reshaped (no quantize
+    between the chunk and the reshape), a softmax, a scaled-and-shifted value (an elementwise chain
+    that is no hardswish), and ``Tensor.t``."""
+
+    def __init__(self):
+        super().__init__(channels=12)
+
+    def forward(self, x):
+        q, k, v = self.c(x).chunk(3, dim=1)
+        q, k, v = q.reshape(1, 4, 2, 32), k.reshape(1, 4, 2, 32), v.reshape(1, 4, 2, 32)
+        a = torch.softmax(q * k + self.table[self.index].t().reshape(1, 4, 2, 32), dim=-1)
+        return self.o((a * (v * 0.5 + 1.0)).reshape(1, 4, 8, 8))
+
+
+def test_attention_spans_as_torch_runs_them(tmp_path, capsys):
+    """irgen refused MaxViT-T PTQ: ``aten.swapaxes`` (and here ``aten.t``) had no converter, a
+    quantized softmax and an elementwise chain other than hardswish were refused in torch graphs,
+    and a chunk read by three float spans left its tuple outside their layers ("layers whose
+    inputs are never bound"). The softmax and the chain are float spans, the chunk's items strided
+    slices inside them; every integer layer equals torch's values and verify passes."""
+    r = _ptq_qnnpack(_WindowAttention(), tmp_path)
+    layers = r["ir"]["layers"]
+    ops = " ".join((la["quant"] or {}).get("op") or "" for la in layers if (la["quant"] or {}).get("kind") == "float")
+    assert "nn.softmax" in ops and "split" in ops, [((la["quant"] or {}).get("kind"), la["op"]) for la in layers]
+    _equal_to_torch_and_verified(r, [la for la in layers if (la["quant"] or {}).get("kind") in ("conv2d", "mul")], capsys)
+
+
+def test_add_of_a_quantized_constant(tmp_path, capsys):
+    """The add's second operand is a quantized constant TVM folds into a literal: verify's
+    recompute found one input for two ("list index out of range"; MaxViT-T's attention). The
+    record keeps the constant's integers (``constants``), as ONNX Runtime's QLinearAdd records do."""
+    r = _ptq_qnnpack(_PositionBias(), tmp_path)
+    (add,) = [la for la in r["ir"]["layers"] if (la["quant"] or {}).get("kind") == "add"]
+    assert len(add["inputs"]) == 1 and list(add["quant"]["constants"]) == ["1"]
+    _equal_to_torch_and_verified(r, [add], capsys)

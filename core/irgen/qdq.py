@@ -350,7 +350,11 @@ def _realize_binary_torch(qg, qb, ins, comp, acts, out, kind: str):
     f = e(op.astype(e(rx_op(a, b)), "float32"))
     lo, hi = _clamp_of(acts, out.dtype, out)
     inv = float(np.float32(1.0 / float(np.float32(out.scale[0]))))
+    # an operand quantized from a constant (MaxViT's relative position bias, computed by torch at
+    # import): TVM folds it into a literal, so the record keeps its integers for the recompute
+    consts = [_spans().constant_tensor(qg, x) for x in (x1, x2)]
     rec = {"scheme": SCHEME, "kind": kind, "reference": "torch", "inputs": [q1.record(), q2.record()],
+           **({"constants": _spans().constants_record(consts)} if any(c is not None for c in consts) else {}),
            "output": out.record(), "requant": {"inverse_output_scale": inv, "rounding": "half_to_even",
            "rounding_rule": f"y = clamp(round_half_even(float32(deq(a) {sym} deq(b)) * inverse_output_scale) + zp_y, "
                             f"clamp); deq(x) = float32(x - zp_x) * s_x (torch: dequantize, float {word}"
@@ -436,8 +440,8 @@ def _realize_table_chain(qg, qb, found, out):
     (x, qx, dqx), chain = found
     if _is_torch(qg):
         compound = _torch_compound(chain, dqx)
-        if compound is None:
-            raise IrgenError(f"{SCHEME}: the float ops before {qb.name!r} in a torch graph are not supported")
+        if compound is None:  # torch runs the chain in float: a float span, as any other
+            return _spans().realize_float(qg, qb, qg.producer(qb.value.args[0]), out)
         name, fn = compound
         table = _table(qx, out, fn, torch_rule=True)
         rec = {"scheme": SCHEME, "kind": "lut", "reference": "torch", "op": name, "inputs": [qx.record()],
@@ -485,8 +489,8 @@ def _realize_softmax(qg, qb, comp, out):
     """ONNX Runtime's QLinearSoftmax (see ``irgen.quant.ort_softmax``)."""
     relax, op, q, _ = _ops()
     tensor = qb.name
-    if _is_torch(qg):
-        raise IrgenError(f"{SCHEME}: a quantized softmax ({tensor!r}) in a torch graph is not supported")
+    if _is_torch(qg):  # torch's softmax runs in float: the float span (no integer kernel)
+        return None
     x, qx, dqx = _need(qg, comp.value.args[0], "the input", tensor)
     shape = [int(d) for d in x.ty.shape.values]
     axis = int(comp.value.attrs.axis) % len(shape)

@@ -555,7 +555,25 @@ def _batch_norm64(e, args, attrs):
 
 
 #: float ops TVM computes only in float32 (or as tuples), as float64 elementary ops
-FLOAT64 = {"relax.nn.layer_norm": _layer_norm64, "relax.nn.batch_norm": _batch_norm64}
+def _split64(e, args, attrs):
+    """relax.split as one strided slice per item (a tuple-valued op inside a float layer would
+    leave its items outside the layer): the list of items."""
+    from tvm.relax import op
+
+    x = args[0]
+    shape = [int(d) for d in x.ty.shape.values]
+    axis = int(attrs.axis) % len(shape)
+    ios = attrs.indices_or_sections
+    if hasattr(ios, "value"):  # sections of equal size
+        step = -(-shape[axis] // int(ios.value))
+        cuts = list(range(step, shape[axis], step))
+    else:
+        cuts = [int(i) for i in ios]
+    bounds = [0, *cuts, shape[axis]]
+    return [e(op.strided_slice(x, [axis], [b], [max(b, n)])) for b, n in zip(bounds, bounds[1:])]
+
+
+FLOAT64 = {"relax.nn.layer_norm": _layer_norm64, "relax.nn.batch_norm": _batch_norm64, "relax.split": _split64}
 
 
 def drop_dead_items(qg) -> None:

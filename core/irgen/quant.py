@@ -470,13 +470,14 @@ def recompute_qdq(layer: dict[str, Any], inputs: list[np.ndarray], params: dict[
     out = qr["output"]
     zp_in = [int(np.asarray(i["zero_point"]).reshape(-1)[0]) for i in qr["inputs"]]
     rq = qr.get("requant") or {}
-    if qr.get("reference") == "torch":  # torch reference-quantized graphs (the torch frontend)
-        return _recompute_torch(layer, inputs, params)
-    if qr.get("constants"):  # integer constants as operands (QLinearAdd/QLinearMul with an initializer)
+    if qr.get("constants"):  # integer constants as operands (QLinearAdd/QLinearMul with an initializer;
+        # torch: an add of a quantized constant buffer)
         inputs, it = [], iter(inputs)
         for k in range(len(qr["inputs"])):
             c = qr["constants"].get(str(k))
             inputs.append(next(it) if c is None else np.asarray(c["values"], qr["inputs"][k]["dtype"]).reshape(c["shape"]))
+    if qr.get("reference") == "torch":  # torch reference-quantized graphs (the torch frontend)
+        return _recompute_torch(layer, inputs, params)
     if kind in ("conv2d", "depthwise_conv2d", "dense"):
         acc = accumulate(layer, inputs, params)
         axis = rq["axis"]

@@ -17,7 +17,7 @@ and the provenance.
 - ``aten.pixel_shuffle``: relax.nn.pixel_shuffle has no legalization in TVM
   0.27 (no topi.nn.pixel_shuffle): torch's own definition, reshape / permute /
   reshape; ``aten.diff`` has no converter: slices and a subtract;
-  ``aten.swapaxes`` / ``swapdims`` have none either: a permute_dims;
+  ``aten.swapaxes`` / ``swapdims`` and ``aten.t`` have none either: a permute_dims;
 - torch quantization: ``quantized_decomposed`` Q/DQ ops (FX reference flow)
   and fake quant (QAT) become ``relax.quantize`` / ``relax.dequantize``;
   quantized weights are computed by torch at import time.
@@ -166,6 +166,14 @@ def convert_diff(imp, node):
         d = relax.op.subtract(hi, lo) if str(x.ty.dtype) != "bool" else relax.op.not_equal(hi, lo)
         x = d if step == n - 1 else bb.emit(d)
     return x
+
+
+def convert_t(imp, node):
+    # aten::t(x): a matrix transposed, a vector or scalar as it is; no converter in TVM 0.27
+    from tvm import relax
+
+    x = imp.env[node.args[0]]
+    return relax.op.permute_dims(x, [1, 0]) if len(x.ty.shape) == 2 else x
 
 
 def convert_swapaxes(imp, node):
@@ -336,6 +344,7 @@ CONVERTERS: dict[str, Callable[[Any, Any], Any]] = {
     "pixel_shuffle.default": convert_pixel_shuffle,
     "diff.default": convert_diff,
     **dict.fromkeys(("swapaxes.default", "swapdims.default"), convert_swapaxes),
+    "t.default": convert_t,
     **dict.fromkeys(("quantize_per_tensor.default", "quantize_per_tensor.tensor", "quantize_per_channel.default"),
                     convert_quantize),
     **dict.fromkeys(("dequantize_per_tensor.default", "dequantize_per_tensor.tensor", "dequantize_per_channel.default"),
