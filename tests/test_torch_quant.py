@@ -726,3 +726,25 @@ def test_add_of_a_quantized_constant(tmp_path, capsys):
     (add,) = [la for la in r["ir"]["layers"] if (la["quant"] or {}).get("kind") == "add"]
     assert len(add["inputs"]) == 1 and list(add["quant"]["constants"]) == ["1"]
     _equal_to_torch_and_verified(r, [add], capsys)
+
+
+class _ClassToken(nn.Module):
+    """ViT's class token: a parameter quantized, concatenated before the patch embeddings."""
+
+    def __init__(self):
+        super().__init__()
+        self.c, self.fc = nn.Conv2d(3, 8, 4, stride=4), nn.Linear(8, 8)
+        self.token = nn.Parameter(torch.randn(1, 1, 8))
+
+    def forward(self, x):
+        token = self.token.expand(x.shape[0], -1, -1)  # as torchvision writes it (a quantized token)
+        return self.fc(torch.cat([token, self.c(x).flatten(2).transpose(1, 2)], dim=1))
+
+
+def test_concat_of_a_quantized_constant(tmp_path, capsys):
+    """torchvision ViT-B/16 PTQ: the class token, quantized at import and folded by TVM, left the
+    concatenation one input for two in verify's recompute; its integers are in the record now."""
+    r = _ptq_qnnpack(_ClassToken(), tmp_path)
+    (cat,) = [la for la in r["ir"]["layers"] if (la["quant"] or {}).get("kind") == "concatenate"]
+    assert len(cat["inputs"]) == 1 and list(cat["quant"]["constants"]) == ["0"], cat["quant"]
+    _equal_to_torch_and_verified(r, [cat], capsys)

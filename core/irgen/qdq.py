@@ -726,11 +726,11 @@ def _realize_concat(qg, qb, comp, out):
     for k, (x, qx, _) in enumerate(ins):
         if qx.dtype != out.dtype:
             raise IrgenError(f"{SCHEME}: concatenation {tensor!r} mixes {qx.dtype} and {out.dtype}")
-        c = given[k] if given[k] is not None or _is_torch(qg) else _spans().constant_tensor(qg, x)
+        c = given[k] if given[k] is not None else _spans().constant_tensor(qg, x)
         consts.append(None)
         if c is not None:  # computed from constants (ViT's class token): a literal, as TVM folds it
             if qx.scale[0] != out.scale[0] or qx.zero_point[0] != out.zero_point[0]:
-                c = _table(qx, out)[c.astype(np.int64) - int(np.iinfo(qx.dtype).min)]
+                c = _table(qx, out, torch_rule=_is_torch(qg))[c.astype(np.int64) - int(np.iinfo(qx.dtype).min)]
             consts[k] = c.astype(out.dtype)
             parts.append(relax.const(consts[k]))
             tables.append(None)

@@ -602,8 +602,9 @@ def _recompute_torch(layer: dict[str, Any], inputs: list[np.ndarray], params: di
     if kind == "avg_pool2d":  # torch's CPU kernel: the window's in-bounds values summed in row-major order, / count
         return torch_quantize(_avg_pool_in_order(deq[0], qr["pool"]), out["scale"], int(out["zero_point"]),
                               lo, hi, out["dtype"])
-    if kind == "concatenate":  # tables, as the qdq record
-        return recompute_qdq({**layer, "quant": {k: v for k, v in qr.items() if k != "reference"}}, inputs, params)
+    if kind == "concatenate":  # tables, as the qdq record (its constants are in ``inputs`` already)
+        return recompute_qdq({**layer, "quant": {k: v for k, v in qr.items() if k not in ("reference", "constants")}},
+                             inputs, params)
     if kind == "quantize":
         return torch_quantize(inputs[0], out["scale"], int(out["zero_point"]), lo, hi, out["dtype"])
     if kind == "lut":  # a table, then (for reshape/flatten...) the data movement
