@@ -72,6 +72,9 @@ class ImportedModel:
     output_names: list[str] = field(default_factory=list)
     #: what the graph's quantize/dequantize ops mean (default: the frontend's ``quant_dialect``)
     dialect: str | None = None
+    #: Relax variable of a quantize -> the integer range it clamps to, when narrower than its
+    #: dtype's (torch's ``reduce_range`` observers: uint8 values in [0, 127]); a scheme clamps there
+    quant_ranges: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
 #: The quantization dialects of the in-repository frontends: what a graph's

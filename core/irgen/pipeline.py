@@ -241,7 +241,7 @@ def _form_layers(host, imported: ImportedModel, be: Backend, quantizer: str | No
     mod = guard_gathers(tuple_output_outside_dataflow(imported.mod), imported.provenance)
     mod = fold_batch_norm(mod, imported.provenance)
     quant: dict[str, dict] = {}
-    qg = QGraph(mod, frontend=imported.frontend, dialect=imported.dialect)
+    qg = QGraph(mod, frontend=imported.frontend, dialect=imported.dialect, ranges=dict(imported.quant_ranges))
     scheme = pick_quantizer(host, qg, quantizer)
     if scheme is not None:
         progress.stage(f"quantization scheme {scheme.name}")

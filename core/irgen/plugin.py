@@ -206,7 +206,7 @@ from irgen.safeio import (
     regular_tree,
 )
 
-API_VERSION = "1.2"
+API_VERSION = "1.3"
 
 #: names whose module imports TVM: (module, name there), loaded by :func:`__getattr__`
 _LAZY = {

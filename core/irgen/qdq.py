@@ -79,7 +79,9 @@ def _qparams(qg, call, tensor: str, channels: int | None = None):
     if not isinstance(scale, Constant) or not isinstance(zp, Constant):
         raise IrgenError(f"{SCHEME}: tensor {tensor!r} has a scale or zero point that is not a constant")
     dtype = str(call.attrs.out_dtype) if str(call.op.name) == "relax.quantize" else str(call.args[0].ty.dtype)
-    return q.check_qparams(SCHEME, tensor, scale.value.numpy(), zp.value.numpy(), dtype, int(call.attrs.axis), channels)
+    qt = q.check_qparams(SCHEME, tensor, scale.value.numpy(), zp.value.numpy(), dtype, int(call.attrs.axis), channels)
+    qt.range = qg.ranges.get(tensor)  # torch's reduce_range: a quantize that clamps to [0, 127]
+    return qt
 
 
 def _dequantized(qg, expr):
@@ -118,9 +120,9 @@ def _drop(qg, chain):
 
 
 def _clamp_of(acts, dtype: str, out) -> tuple[int, int]:
-    """Integer clamp range of the output dtype narrowed by Relu/Clip inside the span."""
-    info = np.iinfo(dtype)
-    lo, hi = int(info.min), int(info.max)
+    """Integer clamp range of the output (its dtype's, or the quantize's narrower range) narrowed
+    by Relu/Clip inside the span."""
+    lo, hi = out.lo, out.hi
     s, z = np.float32(out.scale[0]), int(out.zero_point[0])
     from irgen.quant import quantize_linear
 
@@ -149,20 +151,21 @@ def _is_torch(qg) -> bool:
     return getattr(qg, "dialect", None) == "torch-qdq"
 
 
-def torch_quantize(x, scale, zero_point: int, dtype: str) -> np.ndarray:
-    """torch's quantized_decomposed.quantize_per_tensor: ``round_half_even(x * float32(1/scale)) + zp``, clamped."""
+def torch_quantize(x, scale, zero_point: int, dtype: str, lo: int | None = None, hi: int | None = None) -> np.ndarray:
+    """torch's quantized_decomposed.quantize_per_tensor: ``round_half_even(x * float32(1/scale)) + zp``,
+    clamped to [lo, hi] (default: the dtype's range)."""
     info = np.iinfo(dtype)
     inv = np.float32(1.0 / float(np.float32(scale)))
     f = np.asarray(x, np.float32) * inv
-    return np.clip(np.rint(f).astype(np.int64) + zero_point, info.min, info.max).astype(dtype)
+    lo, hi = info.min if lo is None else lo, info.max if hi is None else hi
+    return np.clip(np.rint(f).astype(np.int64) + zero_point, lo, hi).astype(dtype)
 
 
 def _rx_torch_quantize(qg, f, out, lo=None, hi=None):
     """Relax: float32 ``f`` quantized the way torch's reference ops do (multiply by the inverse scale)."""
     _, op, q, _ = _ops()
-    info = np.iinfo(out.dtype)
-    lo = int(info.min) if lo is None else lo
-    hi = int(info.max) if hi is None else hi
+    lo = out.lo if lo is None else lo
+    hi = out.hi if hi is None else hi
     inv = np.float32(1.0 / float(np.float32(out.scale[0])))
     # float32 * float32 rounded once: an exact float64 product then a cast
     g = qg.emit(op.multiply(qg.emit(op.astype(f, "float64")), q.rx_const(np.float64(inv), "float64")))
@@ -210,7 +213,8 @@ def _table(qin, qout, fn=lambda v: v, torch_rule: bool = False) -> np.ndarray:
     i = np.arange(info.min, info.max + 1, dtype=np.int32)
     v = (i - np.int32(qin.zero_point[0])).astype(np.float32) * np.float32(qin.scale[0])
     if torch_rule:
-        return torch_quantize(fn(v).astype(np.float32), np.float32(qout.scale[0]), int(qout.zero_point[0]), qout.dtype)
+        return torch_quantize(fn(v).astype(np.float32), np.float32(qout.scale[0]), int(qout.zero_point[0]), qout.dtype,
+                              qout.lo, qout.hi)
     return quantize_linear(fn(v).astype(np.float32), np.float32(qout.scale[0]), int(qout.zero_point[0]), qout.dtype)
 
 
@@ -815,7 +819,7 @@ def _realize_quantize(qg, qb, out):
     x = qb.value.args[0]
     if _is_torch(qg):
         rec = {"scheme": SCHEME, "kind": "quantize", "reference": "torch", "inputs": [], "output": out.record(),
-               "requant": {"rounding": "half_to_even",
+               "clamp": [out.lo, out.hi], "requant": {"rounding": "half_to_even",
                            "rounding_rule": "y = saturate(round_half_even(x * float32(1/scale)) + zp) (torch)"}}
         return [qb.name], _rx_torch_quantize(qg, x, out), rec
     info = np.iinfo(out.dtype)

@@ -319,7 +319,7 @@ def recompute_float(layer, inputs, params=None) -> np.ndarray:
     if qr.get("reference") == "torch":
         from irgen.qdq import torch_quantize
 
-        return torch_quantize(y, out["scale"], int(out["zero_point"]), out["dtype"])
+        return torch_quantize(y, out["scale"], int(out["zero_point"]), out["dtype"], *qr["clamp"])
     return quantize_linear(y, np.float32(out["scale"]), int(out["zero_point"]), out["dtype"])
 
 
@@ -459,7 +459,7 @@ def realize_float(qg, qb, last, out):
            **({"reference": "torch"} if torch else {}),
            "inputs": [qx.record() for _, qx, _ in acts], "output": out.record(), "program": program,
            "requant": {"rounding": "half_to_even", "rounding_rule": rule},
-           "clamp": [int(info.min), int(info.max)]}
+           "clamp": [out.lo, out.hi]}
     return dqs + [b.name for b in order] + [qb.name], expr, rec
 
 

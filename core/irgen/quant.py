@@ -579,7 +579,7 @@ def _recompute_torch(layer: dict[str, Any], inputs: list[np.ndarray], params: di
     qr = layer["quant"]
     kind, out, rq = qr["kind"], qr["output"], qr.get("requant") or {}
     info = np.iinfo(out["dtype"])
-    lo, hi = qr.get("clamp") or (int(info.min), int(info.max))
+    lo, hi = qr.get("clamp") or out.get("range") or (int(info.min), int(info.max))
     if kind in ("conv2d", "depthwise_conv2d", "dense"):
         acc = accumulate(layer, inputs, params)
         axis = rq["axis"]
@@ -765,15 +765,28 @@ class QTensor:
     zero_point: np.ndarray
     dtype: str
     axis: int | None = None  # per-channel axis, None when per tensor
+    range: tuple[int, int] | None = None  # the integer range when narrower than dtype's (torch's reduce_range)
+
+    @property
+    def lo(self) -> int:
+        """The smallest integer the tensor holds: ``range[0]``, else the dtype's minimum."""
+        return int(self.range[0]) if self.range else int(np.iinfo(self.dtype).min)
+
+    @property
+    def hi(self) -> int:
+        """The largest integer the tensor holds: ``range[1]``, else the dtype's maximum."""
+        return int(self.range[1]) if self.range else int(np.iinfo(self.dtype).max)
 
     def record(self) -> dict[str, Any]:
-        """``{"scale", "zero_point", "dtype", "axis"}``: lists when per channel, else scalars."""
+        """``{"scale", "zero_point", "dtype", "axis"}``: lists when per channel, else scalars;
+        ``"range": [lo, hi]`` too when the range is narrower than the dtype's."""
         per_channel = self.scale.size > 1
         return {
             "scale": [float(s) for s in self.scale.reshape(-1)] if per_channel else float(self.scale.reshape(-1)[0]),
             "zero_point": [int(z) for z in self.zero_point.reshape(-1)] if self.zero_point.size > 1 else int(self.zero_point.reshape(-1)[0]),
             "dtype": self.dtype,
             "axis": self.axis if per_channel else None,
+            **({"range": [self.lo, self.hi]} if self.range else {}),
         }
 
 
@@ -793,6 +806,8 @@ class QGraph:
       it (``"onnx-qdq"``, ``"torch-qdq"``, ``"tflite"``: :data:`irgen.api.QUANT_DIALECTS`);
       a scheme detects the dialects it realizes, never a frontend by name.
     * ``frontend``: the name of the frontend that imported the model (informative).
+    * ``ranges``: a quantized tensor's binding name -> its integer range, when narrower
+      than its dtype's (:attr:`irgen.api.ImportedModel.quant_ranges`).
     * ``bindings``: ``main``'s bindings in order, each an :class:`irgen.graph.Binding`
       (``name``, ``var``, ``value``; ``op`` is the Relax op name such as
       ``"relax.nn.conv2d"`` for a call, else None).
@@ -814,6 +829,7 @@ class QGraph:
     mod: Any
     frontend: str = ""
     dialect: str | None = None
+    ranges: dict[str, tuple[int, int]] = field(default_factory=dict)
     bindings: list = field(default_factory=list)
     quant: dict[str, dict[str, Any]] = field(default_factory=dict)
 

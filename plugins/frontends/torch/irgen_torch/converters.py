@@ -42,6 +42,10 @@ class Context:
     provenance: Provenance = field(default_factory=Provenance)
     renames: dict[str, str] = field(default_factory=dict)  # importer's var name -> irgen name
     current: Any = None  # the FX node being converted (named in import errors)
+    #: a quantize's integer range narrower than its dtype's (reduce_range), by FX node name (a
+    #: quantize_per_tensor node) or by Relax variable name (a fake quant's integer tensor)
+    ranges_by_node: dict[str, tuple[int, int]] = field(default_factory=dict)
+    ranges_by_var: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
 def _arg(node, i: int, key: str, default):
@@ -257,9 +261,11 @@ def convert_quantize(imp, node):
     dtype, full = _q_dtype(imp, node, qmin, qmax, dt)
     if getattr(a[0], "name", None) in imp.ctx.bound:
         return _q_const(imp, node, x, None)
-    if not full:
-        raise IrgenError(f"{imp.ctx.where}: node {node.name!r} quantizes to [{qmin}, {qmax}], not the full {dtype} range; "
-                         f"not supported (use observers without reduce_range)")
+    if not full:  # reduce_range observers (torch's default x86/fbgemm mappings): uint8 in [0, 127]
+        if pc:
+            raise IrgenError(f"{imp.ctx.where}: node {node.name!r} quantizes an activation per channel to "
+                             f"[{qmin}, {qmax}]; not supported")
+        imp.ctx.ranges_by_node[node.name] = (int(qmin), int(qmax))
     s, z = _q_params(imp, node, a[1], a[2], dtype, pc)
     return imp.block_builder.emit(relax.op.quantize(x, s, z, axis=int(a[3]) if pc else -1, out_dtype=dtype))
 
@@ -323,12 +329,11 @@ def convert_fake_quant(imp, node):
                              f"({a[0].name!r}; a QAT conv+BatchNorm module?); fold BatchNorm into the "
                              f"convolutions before prepare_qat_fx, or convert the model with "
                              f"_convert_to_reference_decomposed_fx")
-        if not full:
-            raise IrgenError(f"{ctx.where}: node {node.name!r} fake-quantizes to [{qmin}, {qmax}], not the full "
-                             f"{dtype} range; not supported")
         s, z = _q_params(imp, node, scale, zp, dtype, True)
         # the integer tensor: source node = the fake-quant node (whose float value is dequantize(it)), tensor <node>_q
         qname = ctx.namer(f"{node.name}_q")
+        if not full:  # reduce_range (torch's default x86/fbgemm QAT mappings): uint8 in [0, 127]
+            ctx.ranges_by_var[qname] = (int(qmin), int(qmax))
         ctx.provenance.by_var[qname] = (node.name, str(node.target), f"{node.name}_q")
         xq = imp.block_builder.emit(relax.op.quantize(x, s, z, axis=axis, out_dtype=dtype), name_hint=qname)
     s, z = _q_params(imp, node, scale, zp, dtype, True)

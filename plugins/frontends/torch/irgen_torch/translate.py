@@ -258,7 +258,11 @@ def _finish(ep, mod, ctx: Context, specs: list[InputSpec]) -> ImportedModel:
     if len(blocks) != 1 or not isinstance(blocks[0], relax.DataflowBlock):
         raise IrgenError(f"{ctx.where}: the program has side effects or control flow (no single dataflow block); irgen needs a pure graph")
     outs = [s for s in ep.graph_signature.user_outputs]
-    return ImportedModel(mod=mod, inputs=specs, provenance=ctx.provenance, frontend="torch", output_names=outs)
+    ranges = dict(ctx.ranges_by_var)
+    ranges.update({var: ctx.ranges_by_node[node] for var, (node, _, _) in ctx.provenance.by_var.items()
+                   if node in ctx.ranges_by_node})
+    return ImportedModel(mod=mod, inputs=specs, provenance=ctx.provenance, frontend="torch", output_names=outs,
+                         quant_ranges=ranges)
 
 
 # ---------------------------------------------------------------- the driver
