@@ -20,6 +20,7 @@ DEFAULT = {
     "vit-qdq-pre",                  # int8 attention after quant_pre_process
     "bert-onnx",                    # transformer encoder, float ONNX
     "vit-pt2",                      # transformer, .pt2
+    "mobilenet_v3_small-ptq",       # torch FX PTQ, torch's default mapping (reduce_range), .pt2
     "MobileNetV3Small-tflite-int8", # keras.applications, TFLite converter full-int8
     "MobileNetV2-keras",            # .keras float
 }

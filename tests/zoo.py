@@ -7,7 +7,9 @@ quantized the ways users quantize:
 * torch models: exported to ONNX (``onnx``), to ``.pt2`` (``pt2``), and (the
   models of ``QUANTIZED_TORCH_MODELS``) ONNX quantized by onnxruntime's ``quantize_static`` with default options
   (``qdq``), with ``per_channel=True`` (``qdq-pc``), and after
-  ``quant_pre_process`` (``qdq-pre``);
+  ``quant_pre_process`` (``qdq-pre``); the models of ``TORCH_PTQ_MODELS`` also
+  quantized by torch's own FX post-training quantization with its default
+  mapping, exported as ``.pt2`` (``ptq``);
 * Keras models: ``.keras`` (``keras``) and the TFLite converter's ``.tflite``
   (``tflite``), float; the ``.keras`` file with irgen's
   ``--calibration`` (``keras-int8``), and the TFLite converter's full-int8
@@ -33,8 +35,8 @@ from typing import Callable
 
 import numpy as np
 
-QUANTIZED_FORMATS = ("qdq", "qdq-pc", "qdq-pre", "tflite-int8", "keras-int8")
-TORCH_FORMATS = ("onnx", "pt2", "qdq", "qdq-pc", "qdq-pre")
+QUANTIZED_FORMATS = ("qdq", "qdq-pc", "qdq-pre", "ptq", "tflite-int8", "keras-int8")
+TORCH_FORMATS = ("onnx", "pt2", "qdq", "qdq-pc", "qdq-pre", "ptq")
 KERAS_FORMATS = ("keras", "tflite", "keras-int8", "tflite-int8")
 CALIBRATION_SAMPLES = 8
 
@@ -189,6 +191,11 @@ TORCH_MODELS: dict[str, Callable] = {
     # a quantize, torch.autocast(enabled=False) in the .pt2
     "efficientvit_b0": _timm("efficientvit_b0"),
 }
+#: the torch models also quantized by torch itself (``ptq``: FX post-training quantization with
+#: torch's default mapping, ``get_default_qconfig_mapping()``: x86, per-channel int8 weights,
+#: reduce_range uint8 activations; ``_convert_to_reference_decomposed_fx``, then a ``.pt2``)
+TORCH_PTQ_MODELS = ("resnet18", "mobilenet_v2", "mobilenet_v3_small", "efficientnet_b0", "squeezenet1_1",
+                    "shufflenet_v2_x0_5", "googlenet", "densenet121", "convnext_tiny", "swin_t")
 #: the torch models that are also quantized (the others are float only)
 QUANTIZED_TORCH_MODELS = ("resnet18", "mobilenet_v2", "mobilenet_v3_small", "efficientnet_b0", "squeezenet1_1",
                           "shufflenet_v2_x0_5", "googlenet", "densenet121", "convnext_tiny", "vit", "bert",
@@ -223,7 +230,7 @@ class Case:
 
 def cases(formats=None) -> list[Case]:
     out = [Case(m, f) for m in TORCH_MODELS for f in TORCH_FORMATS
-           if f in ("onnx", "pt2") or m in QUANTIZED_TORCH_MODELS]
+           if f in ("onnx", "pt2") or (m in TORCH_PTQ_MODELS if f == "ptq" else m in QUANTIZED_TORCH_MODELS)]
     out += [Case(m, f) for m in KERAS_MODELS for f in KERAS_FORMATS]
     return [c for c in out if formats is None or c.fmt in formats]
 
@@ -317,6 +324,32 @@ def _quantize_onnx(model_name: str, fmt: str, folder: Path, onnx_path: Path, fee
     return out
 
 
+def _quantize_torch(model_name: str, folder: Path, feeds) -> Path:
+    """The model quantized by torch FX post-training quantization (``TORCH_PTQ_MODELS``), calibrated
+    on the samples ORT's calibration reads, as a ``.pt2``."""
+    import warnings
+
+    import torch
+    from torch.ao.quantization import get_default_qconfig_mapping
+    from torch.ao.quantization.quantize_fx import _convert_to_reference_decomposed_fx, prepare_fx
+
+    out = folder / f"{model_name}.ptq.pt2"
+    if out.exists():
+        return out
+    torch.manual_seed(0)
+    model, shapes = TORCH_MODELS[model_name]()  # the weights _torch_base exported (the same seed)
+    args = tuple(torch.from_numpy(feeds[n]) for n in shapes)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        prepared = prepare_fx(model.eval(), get_default_qconfig_mapping(), args)
+        with torch.no_grad():
+            for k in range(CALIBRATION_SAMPLES):
+                prepared(*(torch.from_numpy(_sample(feeds[n].shape, feeds[n].dtype, 100 + k)) for n in shapes))
+            program = torch.export.export(_convert_to_reference_decomposed_fx(prepared), args)
+    torch.export.save(program, str(out))
+    return out
+
+
 def _keras(model_name: str, fmt: str, folder: Path):
     import tensorflow as tf
 
@@ -377,6 +410,8 @@ def build(case: Case, folder: Path) -> tuple[Path, list[str]]:
             return onnx_path, args
         if case.fmt == "pt2":
             return pt2_path, args
+        if case.fmt == "ptq":
+            return _quantize_torch(case.model, folder, feeds), args
         return _quantize_onnx(case.model, case.fmt, folder, onnx_path, feeds), args
     path, x, extra = _keras(case.model, case.fmt, folder)
     f = folder / f"{case.model}.x.npy"
@@ -454,7 +489,8 @@ def _subprocess(argv: list[str]) -> tuple[int, str, str]:
 
 FORMAT_TITLES = {
     "onnx": "ONNX float", "pt2": "`.pt2` float", "qdq": "ORT QDQ", "qdq-pc": "ORT QDQ per-channel",
-    "qdq-pre": "ORT QDQ after `quant_pre_process`", "keras": "`.keras` float", "tflite": "TFLite float",
+    "qdq-pre": "ORT QDQ after `quant_pre_process`", "ptq": "torch FX PTQ `.pt2`", "keras": "`.keras` float",
+    "tflite": "TFLite float",
     "keras-int8": "`.keras` + `--calibration`", "tflite-int8": "TFLite full-int8",
 }
 
