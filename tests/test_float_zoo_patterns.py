@@ -179,7 +179,8 @@ class TwoHeads(nn.Module):
 
 class Upsample(nn.Module):
     """A segmentation/super-resolution head's upsampling: bicubic (half-pixel and
-    align-corners), bilinear and nearest ``F.interpolate`` (ONNX Resize, torch upsample_*)."""
+    align-corners), bilinear and nearest ``F.interpolate`` (ONNX Resize, torch upsample_*); nearest
+    also to a size that is no multiple of the input's."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -193,7 +194,8 @@ class Upsample(nn.Module):
         b = F.interpolate(y, size=(13, 11), mode="bicubic", align_corners=True)
         c = F.interpolate(y, scale_factor=2, mode="bilinear", align_corners=False)
         d = F.interpolate(y, scale_factor=2, mode="nearest")
-        return a + c + d, b
+        e = F.interpolate(y, size=(13, 11), mode="nearest")  # torch: source index floor(dst * in / out)
+        return a + c + d, b + e
 
 
 MODELS = {

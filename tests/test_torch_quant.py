@@ -764,3 +764,36 @@ def test_concat_of_a_quantized_constant(tmp_path, capsys):
     (cat,) = [la for la in r["ir"]["layers"] if (la["quant"] or {}).get("kind") == "concatenate"]
     assert len(cat["inputs"]) == 1 and list(cat["quant"]["constants"]) == ["0"], cat["quant"]
     _equal_to_torch_and_verified(r, [cat], capsys)
+
+
+class _PoolsAndBiases(nn.Module):
+    """AlexNet's and VGG's adaptive pool to more than one value, Swin V2's position bias (an MLP
+    of constant coordinates: quantized integers torch computes at import) read by a float op with
+    an activation, and a nearest upsampling to a size that is no multiple of the input's."""
+
+    def __init__(self):
+        super().__init__()
+        self.c, self.o = nn.Conv2d(3, 4, 1), nn.Conv2d(4, 4, 1)
+        self.mlp = nn.Linear(2, 4)
+        self.register_buffer("coords", torch.randn(64, 2, generator=torch.Generator().manual_seed(4)))
+
+    def forward(self, x):
+        bias = 16 * torch.sigmoid(self.mlp(self.coords).t().reshape(1, 4, 8, 8))
+        y = nn.functional.adaptive_avg_pool2d(self.c(x), (3, 3))
+        return self.o(torch.softmax(torch.maximum(self.c(x), bias), dim=-1)) + nn.functional.interpolate(y, size=(8, 8))
+
+
+def test_pools_and_biases_as_torch_runs_them(tmp_path, capsys):
+    """torchvision AlexNet/VGG PTQ: the 6x6 adaptive pool was taken for a global one (verify:
+    "shape [1, 256, 1, 1] != golden [1, 256, 6, 6]"); Swin V2-T PTQ: a float span read a quantized
+    constant TVM folds, as a layer input that no longer exists ("unresolvable argument
+    'input:1'"), and an importer error stopped it first. They are float spans now, the constant
+    one of their parameters; torch's nearest rows are gathered (TVM's resize picks others here)."""
+    r = _ptq_qnnpack(_PoolsAndBiases(), tmp_path)
+    spans = {la["name"]: la for la in r["ir"]["layers"] if (la["quant"] or {}).get("kind") == "float"}
+    ops = {la["quant"]["op"] for la in spans.values()}
+    assert {"nn.adaptive_avg_pool2d", "maximum+nn.softmax", "take+take"} <= ops, ops
+    (mx,) = [la for la in spans.values() if la["quant"]["op"] == "maximum+nn.softmax"]
+    assert len(mx["inputs"]) == len(mx["quant"]["inputs"]) == 1 and list(mx["params"]) == ["operand"]
+    _equal_to_torch_and_verified(r, [la for la in r["ir"]["layers"] if (la["quant"] or {}).get("kind") == "conv2d"],
+                                 capsys)

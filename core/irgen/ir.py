@@ -276,7 +276,8 @@ def program_arg(a: relax.Expr, refs: dict[str, str]) -> Any:
         return refs[a.name]
     if isinstance(a, relax.Tuple):
         return [program_arg(f, refs) for f in a.fields]
-    if isinstance(a, Constant) and isinstance(a.ty, relax.TensorType) and a.value.numpy().size > 1:
+    if isinstance(a, Constant) and isinstance(a.ty, relax.TensorType) and hasattr(a.value, "numpy") \
+            and a.value.numpy().size > 1:
         return ConstantRef(a)
     return arg_ref(a, {}, [])
 

@@ -592,6 +592,12 @@ def _realize_global_avg(qg, qb, comp, out):
     tensor = qb.name
     x, qx, dqx = _need(qg, comp.value.args[0], "the input", tensor)
     if _is_torch(qg):  # torch reference: float mean of the dequantized input, then quantize_per_tensor
+        rank = len(x.ty.shape.values)
+        if (comp.op == "relax.mean" and (rank != 4 or sorted(int(a) % rank for a in comp.value.attrs.axis) != [2, 3])) \
+                or (comp.op != "relax.mean" and [int(v) for v in comp.value.attrs.output_size] != [1, 1]):
+            # a mean over other axes, an adaptive pool to more than one value (AlexNet's and VGG's to
+            # 6x6 and 7x7): a float span
+            return _spans().realize_float(qg, qb, comp, out)
         e = qg.emit
         deq = e(op.multiply(e(op.astype(_offset(qg, x, int(qx.zero_point[0])), "float32")), q.rx_const(qx.scale[0], "float32")))
         if comp.op == "relax.mean":

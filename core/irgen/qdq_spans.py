@@ -383,7 +383,13 @@ def realize_float(qg, qb, last, out):
                     d = p._dequantized(qg, a)
                     if d is None:
                         raise IrgenError(f"{p.SCHEME}: an input of {tensor!r} is not a dequantized integer tensor")
-                    acts.append(d)
+                    c = constant_tensor(qg, d[0])
+                    if c is not None:  # integers computed from constants (a quantized position bias): TVM
+                        # folds them into a literal, so the span reads them dequantized, as a constant
+                        consts[pb.name] = (c.astype(np.int64) - int(d[1].zero_point[0])).astype(np.float32) \
+                            * np.float32(d[1].scale[0])
+                    else:
+                        acts.append(d)
                 dqs.append(pb.name)
             else:
                 stack.append(pb)
@@ -475,7 +481,7 @@ def _folding(emit):
 
     def arg(a):
         if isinstance(a, Constant):
-            return a.value.numpy()
+            return _const_array(a)
         if isinstance(a, relax.ShapeExpr):
             return {"shape": [int(x) for x in a.values]}
         raise TypeError

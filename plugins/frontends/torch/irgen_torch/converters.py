@@ -18,6 +18,8 @@ and the provenance.
   0.27 (no topi.nn.pixel_shuffle): torch's own definition, reshape / permute /
   reshape; ``aten.diff`` has no converter: slices and a subtract;
   ``aten.swapaxes`` / ``swapdims`` and ``aten.t`` have none either: a permute_dims;
+- ``aten.upsample_nearest2d``: TVM 0.27 rounds half-pixel coordinates, torch floors
+  ``dst * in / out``; they differ when the size is no multiple of the input's (a gather then);
 - torch quantization: ``quantized_decomposed`` Q/DQ ops (FX reference flow)
   and fake quant (QAT) become ``relax.quantize`` / ``relax.dequantize``;
   quantized weights are computed by torch at import time.
@@ -170,6 +172,45 @@ def convert_diff(imp, node):
         d = relax.op.subtract(hi, lo) if str(x.ty.dtype) != "bool" else relax.op.not_equal(hi, lo)
         x = d if step == n - 1 else bb.emit(d)
     return x
+
+
+def _nearest_index(n_in: int, n_out: int, scale) -> "np.ndarray":
+    """torch's nearest source index along one axis (``nearest_idx`` of its upsample kernels):
+    ``min(floorf(dst * s), n_in - 1)`` in float32, ``s = 1 / scale`` when a scale factor was given,
+    else ``n_in / n_out``."""
+    import numpy as np
+
+    if n_out == n_in:
+        return np.arange(n_out)
+    if n_out == 2 * n_in:
+        return np.arange(n_out) >> 1
+    s = np.float32(1.0 / float(scale)) if scale else np.float32(n_in) / np.float32(n_out)
+    return np.minimum(np.floor(np.arange(n_out, dtype=np.float32) * s).astype(np.int64), n_in - 1)
+
+
+def convert_upsample_nearest(imp, node):
+    # aten::upsample_nearest2d.vec(x, output_size?, scale_factors?) / .default(x, output_size, scales_h?, scales_w?).
+    # TVM 0.27 imports it as a half-pixel resize that rounds: torch's floor(dst * in / out) picks other
+    # rows when the size is no multiple of the input's. Such an axis is a gather of torch's own rows.
+    import numpy as np
+    from tvm import relax
+
+    x = imp.env[node.args[0]]
+    h, w = (int(d) for d in x.ty.shape.values[2:])
+    size = _arg(node, 1, "output_size", None)
+    if str(node.target).endswith(".vec"):
+        sf = _arg(node, 2, "scale_factors", None)
+        scales = [None, None] if sf is None else [float(v) for v in sf]
+    else:
+        scales = [_arg(node, 2, "scales_h", None), _arg(node, 3, "scales_w", None)]
+    out = [int(v) for v in size] if size else [int(np.floor(d * s)) for d, s in zip((h, w), scales)]
+    idx = [_nearest_index(n, o, s) for n, o, s in zip((h, w), out, scales)]
+    if all(o % n == 0 and np.array_equal(i, np.arange(o) // (o // n)) for n, o, i in zip((h, w), out, idx)):
+        # an integer factor on both axes: TVM's resize picks the same rows (each inside its pixel)
+        return relax.op.image.resize2d(x, out, layout="NCHW", method="nearest_neighbor",
+                                       coordinate_transformation_mode="asymmetric", rounding_method="floor")
+    y = imp.block_builder.emit(relax.op.take(x, relax.const(idx[0]), axis=2))
+    return relax.op.take(y, relax.const(idx[1]), axis=3)
 
 
 def convert_t(imp, node):
@@ -350,6 +391,7 @@ CONVERTERS: dict[str, Callable[[Any, Any], Any]] = {
     "diff.default": convert_diff,
     **dict.fromkeys(("swapaxes.default", "swapdims.default"), convert_swapaxes),
     "t.default": convert_t,
+    **dict.fromkeys(("upsample_nearest2d.vec", "upsample_nearest2d.default"), convert_upsample_nearest),
     **dict.fromkeys(("quantize_per_tensor.default", "quantize_per_tensor.tensor", "quantize_per_channel.default"),
                     convert_quantize),
     **dict.fromkeys(("dequantize_per_tensor.default", "dequantize_per_tensor.tensor", "dequantize_per_channel.default"),
