@@ -487,9 +487,9 @@ def test_qat_conv_bn_simulation_refused(tmp_path, capsys):
              "_convert_to_reference_decomposed_fx")
 
 
-def _ptq_qnnpack(model, d: Path):
-    """``model`` quantized by FX PTQ with the qnnpack mapping (our observers elsewhere), calibrated
-    on four samples, then through irgen (:func:`_irgen`) on a [1, 3, 8, 8] input."""
+def _ptq_qnnpack(model, d: Path, qmap=None):
+    """``model`` quantized by FX PTQ with the qnnpack mapping (our observers elsewhere; or
+    ``qmap``), calibrated on four samples, then through irgen (:func:`_irgen`) on a [1, 3, 8, 8] input."""
     import warnings
 
     from torch.ao.quantization import get_default_qconfig_mapping
@@ -498,7 +498,7 @@ def _ptq_qnnpack(model, d: Path):
     warnings.simplefilter("ignore")
     torch.manual_seed(0)
     x = torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(1))
-    p = prepare_fx(model.eval(), get_default_qconfig_mapping("qnnpack").set_global(_qconfigs(False)), (x,))
+    p = prepare_fx(model.eval(), qmap or get_default_qconfig_mapping("qnnpack").set_global(_qconfigs(False)), (x,))
     with torch.no_grad():
         for s in _samples(4, (1, 3, 8, 8)):
             p(s)
@@ -797,3 +797,33 @@ def test_pools_and_biases_as_torch_runs_them(tmp_path, capsys):
     assert len(mx["inputs"]) == len(mx["quant"]["inputs"]) == 1 and list(mx["params"]) == ["operand"]
     _equal_to_torch_and_verified(r, [la for la in r["ir"]["layers"] if (la["quant"] or {}).get("kind") == "conv2d"],
                                  capsys)
+
+
+class _TimmParts(nn.Module):
+    """timm's attention: ``qkv.unbind(0)`` (a tuple bound whole) and ``q @ k^T``, a product of two
+    quantized activations; ResNet-D's shortcut ``AvgPool2d(2, 2, ceil_mode=True,
+    count_include_pad=False)`` on an odd size."""
+
+    def __init__(self):
+        super().__init__()
+        self.c, self.o = nn.Conv2d(3, 12, 1), nn.Conv2d(4, 4, 1)
+        self.pool = nn.AvgPool2d(2, 2, ceil_mode=True, count_include_pad=False)
+
+    def forward(self, x):
+        q, k, v = self.c(x).reshape(1, 3, 4, 64).permute(1, 0, 2, 3).unbind(0)
+        a = ((q @ k.transpose(-2, -1)) * 0.5).softmax(-1)  # LeViT scales the product
+        return self.o(self.pool((a @ v).reshape(1, 4, 8, 8)[..., :7, :7]))
+
+
+def test_timm_parts_as_torch_runs_them(tmp_path, capsys):
+    """timm DeiT-Tiny, LeViT-128S and ResNet18-D under FX PTQ: "cannot realize tuple" (the
+    unbind), then verify recomputed the last of the three items instead of the span's one;
+    LeViT's ``q @ k^T`` was realized as ONNX Runtime's QLinearMatMul (up to 4 LSB off torch);
+    the ceil-mode pool was refused. All are float spans now, as torch computes them."""
+    from torch.ao.quantization import get_default_qconfig_mapping
+
+    r = _ptq_qnnpack(_TimmParts(), tmp_path, get_default_qconfig_mapping())  # x86: it quantizes the matmuls
+    ops = [(la["quant"] or {}).get("op") for la in r["ir"]["layers"] if (la["quant"] or {}).get("kind") == "float"]
+    assert any(o and "split" in o for o in ops) and any(o and "matmul" in o for o in ops) and "nn.avg_pool2d" in ops, ops
+    # the first conv bit for bit; after the float spans, verify's per-layer verdict
+    _equal_to_torch_and_verified(r, [la for la in r["ir"]["layers"] if la["name"] == "conv2d"], capsys)

@@ -571,6 +571,8 @@ def _uniform_bias(record: dict[str, Any], arrays: dict[str, np.ndarray]) -> None
     quant = record.get("quant") or {}
     if quant.get("program") is not None:
         quant["program"] = [step, *({**op, "args": [arg(a) for a in op["args"]]} for op in quant["program"])]
+        if quant.get("result") is not None:
+            quant["result"] = _shift_refs(quant["result"], 1)
 
 
 def _flat_args(v: relax.Expr) -> list[relax.Expr]:

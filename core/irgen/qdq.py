@@ -663,6 +663,8 @@ def _realize_avg_pool(qg, qb, comp, out):
     tensor = qb.name
     x, qx, dqx = _need(qg, comp.value.args[0], "the input", tensor)
     a = comp.value.attrs
+    if _is_torch(qg) and str(a.layout) == "NCHW" and (bool(a.ceil_mode) or any(int(d) != 1 for d in a.dilation)):
+        return _spans().realize_float(qg, qb, comp, out)  # timm's ResNet-D shortcut pool (ceil mode): a float span
     if str(a.layout) != "NCHW" or bool(a.ceil_mode) or any(int(d) != 1 for d in a.dilation):
         raise IrgenError(f"{SCHEME}: average pool at {tensor!r} with layout {a.layout}, ceil mode or dilation; not supported")
     e = qg.emit
@@ -984,6 +986,8 @@ def _activation_matmul(s: _Span):
     rhs = s.comp.value.args[1]
     if s.bias_b is None and not s.acts and _dequantized(s.qg, rhs) is not None \
             and _spans().quantized_constant(s.qg, rhs) is None:
+        if s.torch:  # torch multiplies the dequantized operands in float (LeViT's q @ k^T), not as QLinearMatMul
+            return _spans().realize_float(s.qg, s.b, s.f, s.out)
         return _spans().realize_matmul(s.qg, s.b, s.comp, s.out)
     return None
 

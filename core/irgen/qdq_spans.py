@@ -313,8 +313,9 @@ def recompute_float(layer, inputs, params=None) -> np.ndarray:
     deq = [((x.astype(np.int32) - int(i["zero_point"])).astype(np.float32) * np.float32(i["scale"])).astype(np.float64)
            for x, i in zip(inputs, qr["inputs"])]
     prog = qr["program"]
-    y = run_layer({"name": layer.get("name", "?"), "fused_ops": prog, "results": [f"op:{len(prog) - 1}"]}, deq,
-                  params or {})[0]
+    # the span's value: the program's last op, or the one ``result`` names (an item of a split)
+    y = run_layer({"name": layer.get("name", "?"), "fused_ops": prog, "results": [qr.get("result") or f"op:{len(prog) - 1}"]},
+                  deq, params or {})[0]
     y = np.asarray(y).astype(np.float32)
     if qr.get("reference") == "torch":
         from irgen.qdq import torch_quantize
@@ -414,7 +415,8 @@ def realize_float(qg, qb, last, out):
 
     def arg(a):
         if isinstance(a, relax.Var):
-            return new[a.name]
+            v = new[a.name]
+            return relax.Tuple(v) if isinstance(v, list) else v  # a decomposed tuple read whole
         if isinstance(a, relax.Tuple):
             return relax.Tuple([arg(f) for f in a.fields])
         if isinstance(a, Constant) and str(a.ty.dtype) == "float32":
@@ -429,6 +431,8 @@ def realize_float(qg, qb, last, out):
             new[b.name] = new[v.tuple_value.name][int(v.index)]  # an item of a decomposed tuple op
         elif isinstance(v, relax.TupleGetItem):
             new[b.name] = e(relax.TupleGetItem(arg(v.tuple_value), int(v.index)))
+        elif isinstance(v, relax.Tuple):  # a tuple bound whole (timm's qkv.unbind(0)): its items
+            new[b.name] = [arg(f) for f in v.fields]
         elif b.op == "relax.astype" and str(v.attrs.dtype) == "float32":
             new[b.name] = e(op.astype(arg(v.args[0]), "float64"))
         elif b.op in FLOAT64:
@@ -447,6 +451,7 @@ def realize_float(qg, qb, last, out):
             program.append({"relax_op": str(v.op.name), "attrs": attrs_to_dict(v.attrs) if v.attrs is not None else {},
                             "args": [program_arg(a, refs) for a in op_args(v)]})
         refs[pb.name] = f"op:{len(program) - 1}"
+    result = refs.get(getattr(new[last.name], "name", None), f"op:{len(program) - 1}")
     y = e(op.astype(new[last.name], "float32"))
     info = np.iinfo(out.dtype)
     torch = p._is_torch(qg)
@@ -464,7 +469,7 @@ def realize_float(qg, qb, last, out):
     rec = {"scheme": p.SCHEME, "kind": "float", "realization": "float", "op": ops,
            **({"reference": "torch"} if torch else {}),
            "inputs": [qx.record() for _, qx, _ in acts], "output": out.record(), "program": program,
-           "requant": {"rounding": "half_to_even", "rounding_rule": rule},
+           "result": result, "requant": {"rounding": "half_to_even", "rounding_rule": rule},
            "clamp": [out.lo, out.hi]}
     return dqs + [b.name for b in order] + [qb.name], expr, rec
 
