@@ -151,16 +151,6 @@ def _is_torch(qg) -> bool:
     return getattr(qg, "dialect", None) == "torch-qdq"
 
 
-def torch_quantize(x, scale, zero_point: int, dtype: str, lo: int | None = None, hi: int | None = None) -> np.ndarray:
-    """torch's quantized_decomposed.quantize_per_tensor: ``round_half_even(x * float32(1/scale)) + zp``,
-    clamped to [lo, hi] (default: the dtype's range)."""
-    info = np.iinfo(dtype)
-    inv = np.float32(1.0 / float(np.float32(scale)))
-    f = np.asarray(x, np.float32) * inv
-    lo, hi = info.min if lo is None else lo, info.max if hi is None else hi
-    return np.clip(np.rint(f).astype(np.int64) + zero_point, lo, hi).astype(dtype)
-
-
 def _rx_torch_quantize(qg, f, out, lo=None, hi=None):
     """Relax: float32 ``f`` quantized the way torch's reference ops do (multiply by the inverse scale)."""
     _, op, q, _ = _ops()
@@ -207,14 +197,14 @@ def _torch_fn(op_name: str):
 
 def _table(qin, qout, fn=lambda v: v, torch_rule: bool = False) -> np.ndarray:
     """QlinearBuildLookupTable: quantize(fn(dequantize(i))) for every input value."""
-    from irgen.quant import quantize_linear
+    from irgen.quant import quantize_linear, torch_quantize
 
     info = np.iinfo(qin.dtype)
     i = np.arange(info.min, info.max + 1, dtype=np.int32)
     v = (i - np.int32(qin.zero_point[0])).astype(np.float32) * np.float32(qin.scale[0])
     if torch_rule:
-        return torch_quantize(fn(v).astype(np.float32), np.float32(qout.scale[0]), int(qout.zero_point[0]), qout.dtype,
-                              qout.lo, qout.hi)
+        return torch_quantize(fn(v).astype(np.float32), np.float32(qout.scale[0]), int(qout.zero_point[0]), qout.lo,
+                              qout.hi, qout.dtype)
     return quantize_linear(fn(v).astype(np.float32), np.float32(qout.scale[0]), int(qout.zero_point[0]), qout.dtype)
 
 

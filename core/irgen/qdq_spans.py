@@ -318,9 +318,9 @@ def recompute_float(layer, inputs, params=None) -> np.ndarray:
                   deq, params or {})[0]
     y = np.asarray(y).astype(np.float32)
     if qr.get("reference") == "torch":
-        from irgen.qdq import torch_quantize
+        from irgen.quant import torch_quantize
 
-        return torch_quantize(y, out["scale"], int(out["zero_point"]), out["dtype"], *qr["clamp"])
+        return torch_quantize(y, out["scale"], int(out["zero_point"]), *qr["clamp"], out["dtype"])
     return quantize_linear(y, np.float32(out["scale"]), int(out["zero_point"]), out["dtype"])
 
 
