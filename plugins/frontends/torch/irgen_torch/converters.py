@@ -322,22 +322,34 @@ def convert_dequantize(imp, node):
     return imp.block_builder.emit(relax.op.dequantize(x, s, z, axis=int(a[3]) if pc else -1, out_dtype="float32"))
 
 
-def _fake_quant_args(imp, node):
-    """(scale, zero point, axis, qmin, qmax) of a fake-quant node; None when its fake quant is off."""
-    a = node.args
-    t = str(node.target)
-    if "fused_moving_avg_obs_fake_quant" in t:
+def fake_quant_fields(target: str, args, flag: Callable[[Any], int]):
+    """(scale, zero point, axis, qmin, qmax) of a fake-quant call with arguments ``args`` (axis
+    -1 per tensor); None when its fake quant is off. ``flag(a)``: the integer a flag argument
+    holds (an FX node here, a tensor in the torch runner's recording)."""
+    a = args
+    if "fused_moving_avg_obs_fake_quant" in target:
         # (x, observer_on, fake_quant_on, running_min, running_max, scale, zp, avg, qmin, qmax, ch_axis, per_row, sym)
-        if int(_q_arr(imp, node, a[1]).reshape(-1)[0]) != 0:
-            raise IrgenError(f"{imp.ctx.where}: node {node.name!r} (fake quant) still has its observer enabled, so torch "
-                             f"updates its scale while running; call model.apply(torch.ao.quantization.disable_observer) before export")
-        if int(_q_arr(imp, node, a[2]).reshape(-1)[0]) == 0:
+        if flag(a[2]) == 0:
             return None
         per_row = bool(a[11]) if len(a) > 11 else False
         return a[5], a[6], int(a[10]) if per_row else -1, a[8], a[9]
-    if "per_channel" in t:  # (x, scale, zp, axis, qmin, qmax)
+    if "per_channel" in target:  # (x, scale, zp, axis, qmin, qmax)
         return a[1], a[2], int(a[3]), a[4], a[5]
     return a[1], a[2], -1, a[3], a[4]  # (x, scale, zp, qmin, qmax)
+
+
+def _fake_quant_args(imp, node):
+    """:func:`fake_quant_fields` of a fake-quant node, refusing one whose observer still runs."""
+    a = node.args
+    t = str(node.target)
+
+    def flag(v):
+        return int(_q_arr(imp, node, v).reshape(-1)[0])
+
+    if "fused_moving_avg_obs_fake_quant" in t and flag(a[1]) != 0:
+        raise IrgenError(f"{imp.ctx.where}: node {node.name!r} (fake quant) still has its observer enabled, so torch "
+                         f"updates its scale while running; call model.apply(torch.ao.quantization.disable_observer) before export")
+    return fake_quant_fields(t, a, flag)
 
 
 def convert_fake_quant(imp, node):

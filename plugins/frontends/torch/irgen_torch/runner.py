@@ -8,6 +8,7 @@ from typing import Any
 
 from irgen.plugin import IrgenError, regular_file
 
+from .converters import fake_quant_fields
 from .hops import inline_autocast
 from .loader import load_pt2, load_pth
 from .translate import user_inputs
@@ -21,15 +22,10 @@ def fake_quant_integers(out, *args, target: str):
     is off."""
     import numpy as np
 
-    if "fused_moving_avg_obs_fake_quant" in target:
-        # (x, observer_on, fake_quant_on, running_min, running_max, scale, zp, avg, qmin, qmax, ch_axis, per_row, sym)
-        if int(np.asarray(args[2]).reshape(-1)[0]) == 0:
-            return None
-        scale, zp, qmin = args[5], args[6], args[8]
-    elif "per_channel" in target:
+    fields = fake_quant_fields(target, args, lambda v: int(np.asarray(v).reshape(-1)[0]))
+    if fields is None or fields[2] != -1:
         return None
-    else:  # (x, scale, zp, qmin, qmax)
-        scale, zp, qmin = args[1], args[2], args[3]
+    scale, zp, _, qmin, _ = fields
     s = np.asarray(scale, np.float32).reshape(-1)
     z = np.asarray(zp).astype(np.int64).reshape(-1)
     if s.size != 1 or z.size != 1:
