@@ -270,6 +270,17 @@ def const_np(c: Constant) -> np.ndarray:
     return c.value.numpy()
 
 
+def const_view(c: Constant) -> np.ndarray:
+    """A read-only view of a constant's data, without a copy (a model's weights are not held
+    twice); a copy when numpy cannot view its dtype through DLPack."""
+    try:
+        a = np.from_dlpack(c.value)
+    except (TypeError, BufferError, RuntimeError, ValueError):
+        return c.value.numpy()
+    a.flags.writeable = False
+    return a
+
+
 # --------------------------------------------------------------------------
 # Constant data movement folded in numpy: TVM's FoldConstant compiles a kernel with
 # LLVM for every op it folds (about 60 ms each); an importer's reshape of each conv

@@ -11,7 +11,7 @@ from tvm import relax
 
 from irgen.api import Provenance
 from irgen.canonical import is_roll, rotation
-from irgen.graph import OP_NAMES, Binding, Constant, Layer, attrs_to_dict, tensor_type, to_json
+from irgen.graph import OP_NAMES, Binding, Constant, Layer, attrs_to_dict, const_view, tensor_type, to_json
 
 from irgen.schema import IR_VERSION  # noqa: E402,F401  (defined beside the schema, re-exported)
 
@@ -421,7 +421,7 @@ def _layer_params(members: list[Binding], anchor: Binding, quant: dict[str, Any]
     for b in members:
         for j, a in enumerate(_flat_args(b.value)):
             if isinstance(a, Constant) and isinstance(a.ty, relax.TensorType) and not any(a.same_as(c) for c, _ in params):
-                arr = a.value.numpy()
+                arr = const_view(a)
                 if arr.ndim == 0 and b.op not in _WEIGHTED:
                     continue
                 role = _role(anchor, b, j)

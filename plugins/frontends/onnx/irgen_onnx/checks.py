@@ -24,7 +24,8 @@ from typing import Any, Iterator
 
 from irgen.plugin import DEFAULT_MAX_TENSOR_BYTES, InputSpec, IrgenError
 
-from .loader import all_graphs, all_nodes, check_size, data_bytes, esc, np_dtype, one_line, q, type_name
+from .loader import (all_graphs, all_nodes, check_size, data_bytes, deferred, esc, np_dtype, one_line, q, tensor_array,
+                     type_name)
 
 #: initializers above this many bytes are left out of the skeleton (replaced by an input)
 SKELETON_KEEP_BYTES = 1 << 16
@@ -133,6 +134,8 @@ def check_tensors(model, path: Path, limit: int | None) -> None:
             raise IrgenError(f"{path}: {what} has an unknown element type ({t.data_type})")
         check_size(f"{path}: {what}", t.dims, t.data_type, limit)
         if t.data_location == TensorProto.EXTERNAL:
+            if deferred(t) is not None:  # load_external_data checked its source and length
+                continue
             raise IrgenError(f"{path}: {what}: external data not loaded")  # load_external_data did it
         if t.HasField("raw_data"):
             need = data_bytes(t.dims, t.data_type)
@@ -200,7 +203,7 @@ def skeleton(model, keep_bytes: int = SKELETON_KEEP_BYTES):
     for t in model.graph.initializer:
         # raw data over keep_bytes (check_tensors matched its length to the dims): out without
         # measuring the message, which ByteSize does by serializing it (ResNet-18: 0.08 s a call)
-        big = t.HasField("raw_data") and data_bytes(t.dims, t.data_type) > keep_bytes
+        big = (t.HasField("raw_data") or deferred(t) is not None) and data_bytes(t.dims, t.data_type) > keep_bytes
         if not big and t.ByteSize() <= keep_bytes:
             g.initializer.append(t)
         elif t.name not in listed:
@@ -334,24 +337,20 @@ def _const_values(model) -> dict[str, Any]:
 
 
 def _ints(t, limit_elements: int = 1 << 16) -> list[int] | None:
-    from onnx import numpy_helper
-
     if math.prod(int(d) for d in t.dims) > limit_elements:
         return None
     try:
-        arr = numpy_helper.to_array(t).reshape(-1)
+        arr = tensor_array(t).reshape(-1)
         return [int(v) for v in arr]
     except Exception:  # noqa: BLE001
         return None
 
 
 def _scalar(t) -> float | None:
-    from onnx import numpy_helper
-
     if math.prod(int(d) for d in t.dims) != 1:
         return None
     try:
-        return float(numpy_helper.to_array(t).reshape(-1)[0])
+        return float(tensor_array(t).reshape(-1)[0])
     except Exception:  # noqa: BLE001
         return None
 

@@ -36,6 +36,8 @@ import numpy as np
 
 from irgen.plugin import quantize_linear
 
+from .loader import tensor_array
+
 #: the largest value (elements) folded
 MAX_ELEMENTS = 1 << 12
 #: ops that compute shapes and sizes (evaluated when all their inputs are known)
@@ -237,7 +239,7 @@ def _fold_once(model, specs) -> int:
     for t in model.graph.initializer:
         if math.prod(int(d) for d in t.dims) <= MAX_ELEMENTS:
             try:
-                consts[t.name] = numpy_helper.to_array(t)
+                consts[t.name] = tensor_array(t)
             except Exception:  # noqa: BLE001
                 pass
     replaced: dict[int, list[Any]] = {}
@@ -250,7 +252,7 @@ def _fold_once(model, specs) -> int:
             for a in node.attribute:
                 if a.name == "value" and a.HasField("t") and math.prod(int(d) for d in a.t.dims) <= MAX_ELEMENTS:
                     try:
-                        consts[node.output[0]] = numpy_helper.to_array(a.t)
+                        consts[node.output[0]] = tensor_array(a.t)
                     except Exception:  # noqa: BLE001
                         pass
             continue
@@ -312,18 +314,18 @@ def fuse_erf_gelu(model) -> int:
     by 1/sqrt(2), Erf, Add 1, two Muls with x and 0.5 in either order), replaced by one ``Gelu``
     node named after the last Mul and writing its output (the tensor ONNX Runtime reports);
     the intermediate values must have no other reader. Returns how many were fused."""
-    from onnx import helper, numpy_helper
+    from onnx import helper
 
     g = model.graph
     consts: dict[str, np.ndarray] = {}
     for t in g.initializer:
         if math.prod(int(d) for d in t.dims) == 1:
-            consts[t.name] = numpy_helper.to_array(t)
+            consts[t.name] = tensor_array(t)
     for n in g.node:
         if n.op_type == "Constant":
             for a in n.attribute:
                 if a.name == "value" and a.HasField("t") and math.prod(int(d) for d in a.t.dims) == 1:
-                    consts[n.output[0]] = numpy_helper.to_array(a.t)
+                    consts[n.output[0]] = tensor_array(a.t)
     producer = {o: n for n in g.node for o in n.output}
     readers: dict[str, list] = {}
     for n in g.node:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from irgen.plugin import IrgenError
 
-from .loader import all_graphs, q
+from .loader import all_graphs, q, tensor_array
 
 #: a constant condition tensor larger than this is not a condition
 _MAX_COND_ELEMENTS = 1
@@ -49,8 +49,6 @@ def _constant(graph, name: str):
 
 
 def _condition(graph, node, path: Path) -> bool | None:
-    from onnx import numpy_helper
-
     if not node.input or not node.input[0]:
         raise IrgenError(f"{path}: node {q(node.name)} (If) has no condition input")
     t = _constant(graph, node.input[0])
@@ -62,7 +60,7 @@ def _condition(graph, node, path: Path) -> bool | None:
     if n != _MAX_COND_ELEMENTS:
         raise IrgenError(f"{path}: node {q(node.name)} (If): condition {q(node.input[0])} has {n} elements, not one")
     try:
-        return bool(numpy_helper.to_array(t).reshape(-1)[0])
+        return bool(tensor_array(t).reshape(-1)[0])
     except Exception as err:  # noqa: BLE001
         raise IrgenError(f"{path}: node {q(node.name)} (If): cannot read condition {q(node.input[0])} "
                          f"({type(err).__name__})") from None

@@ -22,6 +22,9 @@ from irgen.plugin import IrgenError, check_tensor_size, human_bytes, inside, ope
 
 #: protobuf cannot parse a message over 2 GiB; a larger .onnx is not a model
 MAX_MODEL_FILE_BYTES = (2 << 30) - 1
+#: top-level initializers over this many bytes are read when converted, not with the model
+#: (``load_model(defer=True)``: TVM's import never holds every weight twice)
+DEFER_BYTES = 1 << 16
 #: element types stored packed, several to a byte
 _PACKED_BITS = {21: 4, 22: 4, 23: 4, 25: 2, 26: 2}  # UINT4, INT4, FLOAT4E2M1, UINT2, INT2
 
@@ -133,12 +136,25 @@ def check_size(what: str, dims, elem_type: int, limit: int | None) -> None:
 # ------------------------------------------------------------------ the model file
 
 
-def read_model(path: Path):
-    """The ModelProto in ``path`` (a regular file), external data not loaded yet."""
+def read_model(path: Path, defer: bool = False):
+    """The ModelProto in ``path`` (a regular file), external data not loaded yet.
+
+    ``defer``: the raw data of top-level initializers over :data:`DEFER_BYTES` stays in
+    the file (:mod:`.wire`); :func:`load_external_data` marks those tensors deferred and
+    :func:`tensor_array` reads each when it is needed."""
     import onnx
 
     regular_file(path, "model")
-    data = read_bytes(path, "model", MAX_MODEL_FILE_BYTES)
+    data = None
+    with open_regular(path, "model") as f:
+        size = os.fstat(f.fileno()).st_size
+        if defer and DEFER_BYTES < size <= MAX_MODEL_FILE_BYTES:
+            from .wire import stripped_model
+
+            scanned = stripped_model(f.fileno(), size, DEFER_BYTES, data_bytes)
+            data = scanned[0] if scanned is not None else None
+    if data is None:  # the whole file, parsed by protobuf (its own errors for a malformed one)
+        data = read_bytes(path, "model", MAX_MODEL_FILE_BYTES)
     if not data:
         raise IrgenError(f"{path}: not a readable ONNX model (the file is empty)")
     model = onnx.ModelProto()
@@ -202,17 +218,47 @@ def _integer(info: dict[str, str], key: str, t, path: Path, location: str) -> in
     return int(text)
 
 
-def load_external_data(model, path: Path, limit: int | None) -> None:
-    """Check every external-data entry, then read the data into its tensor (``raw_data``)."""
+def deferred(t) -> dict[str, str] | None:
+    """The entries of a tensor whose data irgen reads when needed (:func:`tensor_array`), else None."""
     from onnx import TensorProto
 
+    if t.data_location != TensorProto.EXTERNAL:
+        return None
+    info = {e.key: e.value for e in t.external_data}
+    return info if "irgen_file" in info or "irgen_base" in info else None
+
+
+def _set_entries(t, entries: dict[str, str]) -> None:
+    del t.external_data[:]
+    for k, v in entries.items():
+        e = t.external_data.add()
+        e.key, e.value = k, v
+
+
+def load_external_data(model, path: Path, limit: int | None, defer: bool = False) -> None:
+    """Check every external-data entry, then read the data into its tensor (``raw_data``).
+
+    ``defer``: a top-level initializer over :data:`DEFER_BYTES` is not read here but marked
+    deferred (its checked source in ``irgen_*`` entries, which a model's own entries may
+    not use), and so are the tensors :func:`read_model` left in the model file."""
+    from onnx import TensorProto
+
+    from .wire import SELF_KEY
+
     base = path.resolve().parent
-    for t in all_tensors(model):
+    n_top = len(model.graph.initializer) if defer else 0  # all_tensors yields these first
+    for k, t in enumerate(all_tensors(model)):
         if t.data_location != TensorProto.EXTERNAL:
             if t.external_data:
                 raise IrgenError(f"{path}: tensor {q(t.name)} has external data entries but is not marked external")
             continue
         info = _entries(t, path)
+        if SELF_KEY in info:  # left in the model file by read_model's scan, which checked it
+            _set_entries(t, {"irgen_file": str(path), "offset": info["offset"], "length": info["length"]})
+            continue
+        if any(k.startswith("irgen_") for k in info):
+            raise IrgenError(f"{path}: tensor {q(t.name)}: external data entry {q(next(k for k in info if k.startswith('irgen_')))} "
+                             f"is reserved")
         location = info.get("location")
         where = f"{path}: tensor {q(t.name)}: external data {q(location if location is not None else '')}"
         if not location:
@@ -239,6 +285,10 @@ def load_external_data(model, path: Path, limit: int | None) -> None:
                 raise IrgenError(
                     f"{where}: offset {offset} + length {need} runs past the end of the file ({size} bytes)"
                 )
+            if k < n_top and need > DEFER_BYTES:
+                _set_entries(t, {"irgen_base": str(base), "irgen_location": location,
+                                 "offset": str(offset), "length": str(need)})
+                continue
             f.seek(offset)
             raw = f.read(need)
         if len(raw) != need:  # the file shrank meanwhile
@@ -248,8 +298,50 @@ def load_external_data(model, path: Path, limit: int | None) -> None:
         t.raw_data = raw
 
 
-def load_model(path: Path, limit: int | None):
-    """The model in ``path`` with its external data read in, every path checked first."""
-    model = read_model(path)
-    load_external_data(model, path, limit)
+def tensor_array(t):
+    """``onnx.numpy_helper.to_array(t)``; a deferred tensor's data is read now, from the
+    source :func:`load_external_data` checked (the model file, or a file in its folder,
+    resolved inside it again)."""
+    import numpy as np
+    from onnx import TensorProto, numpy_helper
+
+    info = deferred(t)
+    if info is None:
+        return numpy_helper.to_array(t)
+    offset, length = int(info["offset"]), int(info["length"])
+    if "irgen_file" in info:
+        source, what = Path(info["irgen_file"]), f"model {info['irgen_file']}: tensor {q(t.name)}"
+    else:
+        base = Path(info["irgen_base"])
+        what = f"tensor {q(t.name)}: external data {q(info['irgen_location'])}"
+        source = inside(base, info["irgen_location"], what, "the model's folder")
+    dims = tuple(int(d) for d in t.dims)
+    dtype = np_dtype(t.data_type)
+    plain = t.data_type not in _PACKED_BITS and dtype is not None and dtype.kind in "biuf" \
+        and dtype.itemsize * math.prod(dims) == length
+    buf = np.empty(dims, dtype.newbyteorder("<")) if plain else bytearray(length)
+    with open_regular(source, what) as f:
+        if os.fstat(f.fileno()).st_size < offset + length:
+            raise IrgenError(f"{what}: the file no longer holds its {length} bytes at offset {offset}")
+        view = memoryview(buf.reshape(-1).view(np.uint8) if plain else buf)
+        got = 0
+        while got < length:
+            n = os.preadv(f.fileno(), [view[got:]], offset + got)
+            if n <= 0:
+                raise IrgenError(f"{what}: the file ended after {got} of {length} bytes")
+            got += n
+    if plain:
+        return buf if buf.dtype.isnative else buf.astype(dtype.newbyteorder("="))
+    tmp = TensorProto()  # packed and special element types: onnx's own conversion
+    tmp.dims.extend(dims)
+    tmp.data_type = t.data_type
+    tmp.raw_data = bytes(buf)
+    return numpy_helper.to_array(tmp)
+
+
+def load_model(path: Path, limit: int | None, defer: bool = False):
+    """The model in ``path`` with its external data read in, every path checked first
+    (``defer``: large top-level initializers are read later, by :func:`tensor_array`)."""
+    model = read_model(path, defer)
+    load_external_data(model, path, limit, defer)
     return model

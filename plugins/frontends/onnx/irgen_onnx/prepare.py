@@ -29,7 +29,7 @@ def prepare(path: Path, options: dict[str, Any], for_tvm: bool = True):
     and the erf form of GELU becomes one ``Gelu`` node (:mod:`.fold`)."""
     path = Path(path)
     limit = checks.default_limit(options)
-    model = loader.load_model(path, limit)
+    model = loader.load_model(path, limit, defer=for_tvm)
     checks.check_structure(model, path)
     checks.check_tensors(model, path, limit)
     if for_tvm:

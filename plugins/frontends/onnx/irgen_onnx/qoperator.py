@@ -30,6 +30,8 @@ import numpy as np
 
 from irgen.plugin import IrgenError
 
+from .loader import tensor_array
+
 _DOMAINS = ("", "ai.onnx", "com.microsoft")
 
 #: plain ops that move or select quantized values: DQ -> op -> Q with the input's parameters is exact
@@ -77,12 +79,12 @@ class _Rewriter:
 
     def value(self, name: str) -> np.ndarray | None:
         if name in self.inits:
-            return self._np.to_array(self.inits[name])
+            return tensor_array(self.inits[name])
         c = self.consts.get(name)
         if c is not None:
             for a in c.attribute:
                 if a.name == "value" and a.HasField("t"):
-                    return self._np.to_array(a.t)
+                    return tensor_array(a.t)
         return None
 
     def const(self, base: str, array: np.ndarray) -> str:

@@ -67,6 +67,13 @@ def _naming_importer():
                 self.ctx.current = node if node.op_type != "If" else None
                 super()._construct_nodes(one)
 
+        def _parse_array(self, tensor_proto):
+            """A tensor's value, as TVM's importer makes it; a deferred initializer is read
+            from its file now (:func:`.loader.tensor_array`), one at a time."""
+            import tvm
+
+            return tvm.runtime.tensor(loader.tensor_array(tensor_proto).reshape(tuple(tensor_proto.dims)))
+
         def _name(self, k: int) -> str:
             node = self.ctx.current
             tensor = node.output[k] if k < len(node.output) else f"{node.name or node.op_type}:{k}"
