@@ -281,6 +281,16 @@ class _Autocast(torch.nn.Module):
         return out * 2
 
 
+def _run_exported(ep, x: torch.Tensor, tmp_path: Path) -> tuple[Path, dict]:
+    """``irgen run`` of the exported program ``ep`` on ``x``: the output folder and its IR."""
+    torch.export.save(ep, str(tmp_path / "m.pt2"))
+    np.save(tmp_path / "x.npy", x.numpy())
+    out = tmp_path / "out"
+    assert irgen_main(["run", str(tmp_path / "m.pt2"), "-o", str(out), "--input", str(tmp_path / "x.npy"),
+                       "--no-progress"]) == 0
+    return out, json.loads((out / "ir.json").read_text())
+
+
 def test_autocast_region_disabled_is_inlined(tmp_path, capsys):
     """``torch.export`` keeps the region as one ``wrap_with_autocast`` node, which TVM's importer
     had no converter for (irgen refused timm efficientvit_b0's ``.pt2``); with autocast off it is
@@ -288,12 +298,7 @@ def test_autocast_region_disabled_is_inlined(tmp_path, capsys):
     x = torch.randn(1, 3, 5, 5, generator=torch.Generator().manual_seed(1))
     ep = torch.export.export(_Autocast(False).eval(), (x,))
     assert any("wrap_with_autocast" in str(n.target) for n in ep.graph.nodes)
-    torch.export.save(ep, str(tmp_path / "m.pt2"))
-    np.save(tmp_path / "x.npy", x.numpy())
-    out = tmp_path / "out"
-    assert irgen_main(["run", str(tmp_path / "m.pt2"), "-o", str(out), "--input", str(tmp_path / "x.npy"),
-                       "--no-progress"]) == 0
-    ir = json.loads((out / "ir.json").read_text())
+    out, ir = _run_exported(ep, x, tmp_path)
     ref = record_nodes(torch.export.load(str(tmp_path / "m.pt2")), x)
     assert_layers_match(out, ir, ref, "autocast", lambda layer, src: None)
     with torch.no_grad():
@@ -307,3 +312,34 @@ def test_autocast_region_enabled_is_refused(tmp_path):
     torch.export.save(ep, str(tmp_path / "m.pt2"))
     r = _irgen(["run", "m.pt2", "-o", "out", "--no-progress"], tmp_path)
     _assert_error(r, tmp_path / "out", "torch.autocast('cpu', torch.bfloat16)", "export the model without autocast")
+
+
+class _CacheAndPooler(torch.nn.Module):
+    """What transformers' decoders and encoders leave in a ``.pt2``: a key/value cache that
+    starts as an empty 1-D tensor concatenated with the new keys (torch skips it; TVM's
+    concat refused the ranks), and a pooler computed and then dropped (its nodes stay in
+    the exported graph; irgen formed layers that no kernel computed)."""
+
+    def __init__(self):
+        super().__init__()
+        self.k = torch.nn.Linear(8, 8)
+        self.pool = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        keys = torch.cat([torch.zeros(0), self.k(x).unsqueeze(1)], dim=-2)  # [1, 1, 4, 8]
+        scores = (keys @ keys.transpose(-1, -2)).softmax(-1) @ keys
+        _pooled = torch.tanh(self.pool(scores[:, 0, 0]))  # computed, never returned
+        return scores.squeeze(1) * 2
+
+
+def test_empty_cache_concat_and_dropped_results(tmp_path):
+    x = torch.randn(1, 4, 8, generator=torch.Generator().manual_seed(2))
+    torch.manual_seed(0)
+    model = _CacheAndPooler().eval()
+    ep = torch.export.export(model, (x,))
+    assert any(str(n.target) == "aten.tanh.default" for n in ep.graph.nodes)  # the dropped pooler is in the graph
+    out, ir = _run_exported(ep, x, tmp_path)
+    assert not any(layer["op"] == "tanh" for layer in ir["layers"])  # nothing of the dropped pooler
+    with torch.no_grad():
+        assert_close(np.load(out / ir["outputs"][0]["file"]), model(x).numpy(), "model output")
+    assert irgen_main(["verify", str(out), "--no-progress", "--no-report"]) == 0

@@ -252,6 +252,28 @@ def rebuild_main(mod: tvm.IRModule, bindings: list[Binding]) -> tvm.IRModule:
     return relax.transform.Normalize()(new_mod)
 
 
+def drop_dead_bindings(mod: tvm.IRModule) -> tvm.IRModule:
+    """``main`` without the bindings its result does not depend on. A ``.pt2`` keeps what
+    the model computed and then dropped (a transformers encoder's pooler when only the
+    hidden states are returned); a layer of them would have no kernel once TVM removes them.
+    Only pure ops are dropped, and only from a ``main`` of one dataflow block."""
+    func = mod["main"]
+    if len(func.body.blocks) != 1 or not isinstance(func.body.blocks[0], relax.DataflowBlock):
+        return mod
+    _, bindings = main_bindings(mod)
+    live = set(var_names(func.body.body))
+    keep: list[Binding] = []
+    for b in reversed(bindings):
+        op = b.value.op if isinstance(b.value, relax.Call) else None
+        pure = not isinstance(op, tvm.ir.Op) or bool(op.get_attr("FPurity"))
+        if b.name in live or not pure:
+            keep.append(b)
+            live.update(var_names(b.value))
+    if len(keep) == len(bindings):
+        return mod
+    return rebuild_main(mod, keep[::-1])
+
+
 def users_of(bindings: list[Binding]) -> dict[str, list[int]]:
     """Which bindings read each variable (their indices, in order). The names a binding reads
     are kept on it (a binding's value is never reassigned): a quantization scheme re-indexes

@@ -232,13 +232,13 @@ def _form_layers(host, imported: ImportedModel, be: Backend, quantizer: str | No
     """Fold batch norms, realize the quantization scheme (if any), cut ``main`` into layers."""
     from tvm import relax
 
-    from irgen.graph import (check_gather_indices, cut_layers, flatten_tuples, fold_batch_norm, fold_constants,
-                             form_layers, fuse_quantized_layers, guard_gathers, main_bindings, merge_quantized_rolls,
-                             static_shapes, tuple_output_outside_dataflow)
+    from irgen.graph import (check_gather_indices, cut_layers, drop_dead_bindings, flatten_tuples, fold_batch_norm,
+                             fold_constants, form_layers, fuse_quantized_layers, guard_gathers, main_bindings,
+                             merge_quantized_rolls, static_shapes, tuple_output_outside_dataflow)
     from irgen.quant import QGraph
 
     progress.stage("form layers")
-    mod = guard_gathers(tuple_output_outside_dataflow(imported.mod), imported.provenance)
+    mod = guard_gathers(tuple_output_outside_dataflow(drop_dead_bindings(imported.mod)), imported.provenance)
     mod = fold_batch_norm(mod, imported.provenance)
     quant: dict[str, dict] = {}
     qg = QGraph(mod, frontend=imported.frontend, dialect=imported.dialect, ranges=dict(imported.quant_ranges))

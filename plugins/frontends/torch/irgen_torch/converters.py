@@ -234,6 +234,31 @@ def convert_swapaxes(imp, node):
     return relax.op.permute_dims(x, axes)
 
 
+def convert_cat(imp, node):
+    """aten.cat as torch runs it: a 1-D tensor of size 0 beside tensors of another rank is
+    skipped (torch's legacy rule; transformers' key/value cache starts as one in Llama,
+    Qwen2, OPT, BLOOM, Phi and GPT-NeoX), which TVM's concat refuses."""
+    from tvm import relax
+
+    args = imp.retrieve_args(node)
+    tensors = list(args[0])
+    axis = args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+
+    def empty_1d(t) -> bool:
+        shape = getattr(t.ty, "shape", None)
+        try:
+            return shape is not None and len(shape) == 1 and int(shape[0]) == 0
+        except TypeError:  # a symbolic length
+            return False
+
+    kept = [t for t in tensors if not empty_1d(t)]
+    if len(kept) == len(tensors) or not kept:
+        return imp.block_builder.emit(relax.op.concat(tensors, axis=axis))
+    if len(kept) == 1:
+        return kept[0]
+    return imp.block_builder.emit(relax.op.concat(kept, axis=axis))
+
+
 # ---------------------------------------------------------------- quantization: relax.quantize / relax.dequantize
 
 
@@ -403,6 +428,7 @@ CONVERTERS: dict[str, Callable[[Any, Any], Any]] = {
     "diff.default": convert_diff,
     **dict.fromkeys(("swapaxes.default", "swapdims.default"), convert_swapaxes),
     "t.default": convert_t,
+    "cat.default": convert_cat,
     **dict.fromkeys(("upsample_nearest2d.vec", "upsample_nearest2d.default"), convert_upsample_nearest),
     **dict.fromkeys(("quantize_per_tensor.default", "quantize_per_tensor.tensor", "quantize_per_channel.default"),
                     convert_quantize),
