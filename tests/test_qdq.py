@@ -269,6 +269,8 @@ def _edit(src: Path, dst: Path, name: str, fn) -> Path:
 BAD = {
     "zero_scale": ("/Relu_output_0_scale", lambda a: np.zeros_like(a), "Relu_output_0", "scale"),
     "nan_scale": ("c3.weight_scale", lambda a: np.full_like(a, np.nan), "c3_weight", "NaN"),
+    # quantize_static's scale of an attention mask holding -inf: every value dequantizes to NaN or -inf
+    "inf_scale": ("/Relu_output_0_scale", lambda a: np.full_like(a, np.inf), "Relu_output_0", "infinite scale"),
     "zero_point_range": ("c3.weight_zero_point", lambda a: np.full(a.shape, 200, np.uint8), "c3_weight", "zero point outside int8"),
     # TVM's ONNX importer already rejects this one (relax.dequantize checks the scale size)
     "channel_count": ("c3.weight_scale", lambda a: a[:-1].copy(), "c3.weight", "size of scale param is 'T.int64(7)'"),

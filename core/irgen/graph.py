@@ -1040,19 +1040,28 @@ _COMPUTE = {"relax.nn.conv2d", "relax.nn.conv1d", "relax.nn.conv2d_transpose", "
 
 def cut_layers(bindings: list[Binding], provenance: Provenance, main_output: relax.Expr) -> list[Layer]:
     """Layers of a realized quantized graph: each binding named after a source
-    tensor closes a layer holding the unnamed bindings before it (the integer
-    arithmetic a scheme put in place of one source op)."""
+    tensor closes a layer holding the unnamed bindings before it that it reads
+    (the integer arithmetic a scheme put in place of one source op). An unnamed
+    binding it does not read waits for the named binding that does (an importer's
+    index arithmetic before a gather the scheme emitted later)."""
     layers: list[Layer] = []
     pending: list[str] = []
     by_name = {b.name: b for b in bindings}
     for b in bindings:
         if b.kind in ("tgi", "alias", "const"):
             continue
-        pending.append(b.name)
-        if b.name in provenance.by_var:
-            anchor = next((m for m in pending if by_name[m].op in _COMPUTE), b.name)
-            layers.append(Layer(len(layers), pending, anchor, "quantized", [b.name]))
-            pending = []
+        if b.name not in provenance.by_var:
+            pending.append(b.name)
+            continue
+        needed, mine = set(var_names(b.value)), set()
+        for m in reversed(pending):
+            if m in needed:
+                mine.add(m)
+                needed.update(var_names(by_name[m].value))
+        members = [m for m in pending if m in mine] + [b.name]
+        pending = [m for m in pending if m not in mine]
+        anchor = next((m for m in members if by_name[m].op in _COMPUTE), b.name)
+        layers.append(Layer(len(layers), members, anchor, "quantized", [b.name]))
     if pending:
         layers.append(Layer(len(layers), pending, pending[-1], "quantized", [pending[-1]]))
     out_names = set(var_names(main_output))

@@ -100,6 +100,12 @@ def check_qparams(scheme: str, tensor: str, scale, zero_point, dtype: str, axis:
 
     s = np.asarray(scale, dtype=np.float32).reshape(-1)
     z = np.asarray(zero_point).astype(np.int64).reshape(-1)
+    if s.size and np.any(np.isposinf(s)):
+        raise IrgenError(
+            f"{scheme}: tensor {tensor!r} has an infinite scale ({s.tolist()[:4]}): the quantizer calibrated a "
+            f"tensor holding an infinite or float32-extreme value (an attention mask's -inf or finfo.min), and "
+            f"every value of it dequantizes to NaN or an infinity; quantize the model without that node "
+            f"(onnxruntime's quantize_static: nodes_to_exclude, or op_types_to_quantize without it)")
     if s.size == 0 or not np.all(np.isfinite(s)) or np.any(s <= 0):
         raise IrgenError(f"{scheme}: tensor {tensor!r} has a zero, negative or NaN scale ({s.tolist()[:4]})")
     if dtype in ("int8", "uint8", "int16", "uint16", "int32"):

@@ -452,3 +452,81 @@ def explicit_auto_pads(model, specs) -> int:
         node.attribute.append(helper.make_attribute("pads", begin + end))
         changed += 1
     return changed
+
+
+def fold_requantized_weights(model) -> int:
+    """A QuantizeLinear of a dequantized integer initializer (through ``Identity`` nodes)
+    becomes an integer initializer: its output, computed as ONNX Runtime computes the two
+    nodes (``(w - zero_point) * scale`` in float32, then :func:`quantize_linear`).
+
+    The TorchScript exporter gives each further use of a shared parameter an ``Identity``
+    (ALBERT's layers, tied embeddings), and ``quantize_static`` treats that output as an
+    activation: ``DequantizeLinear(w) -> Identity -> QuantizeLinear -> DequantizeLinear``
+    with the range it calibrated. After the fold the consumer's weights are a dequantized
+    integer constant again. Per-tensor QuantizeLinear only; the nodes left without readers
+    go. Returns how many were folded."""
+    from onnx import NodeProto, numpy_helper
+
+    g = model.graph
+    nodes = list(g.node)  # the wrappers stay alive: their ids name them below
+    inits = {t.name: t for t in g.initializer}
+    producer = {o: n for n in nodes for o in n.output}
+
+    def const(name: str):
+        return tensor_array(inits[name]) if name in inits else None
+
+    def plain(node) -> bool:
+        return node.domain in ("", "ai.onnx") and not any(a.name in ("block_size", "output_dtype", "precision")
+                                                            for a in node.attribute)
+
+    folded: dict[str, np.ndarray] = {}
+    drop: set[int] = set()
+    for n in nodes:
+        if n.op_type != "QuantizeLinear" or not plain(n) or len(n.input) < 2 or len(n.output) != 1:
+            continue
+        src = producer.get(n.input[0])
+        while src is not None and src.op_type == "Identity":
+            src = producer.get(src.input[0])
+        if src is None or src.op_type != "DequantizeLinear" or not plain(src) or len(src.input) < 2:
+            continue
+        w, s1 = const(src.input[0]), const(src.input[1])
+        z1 = const(src.input[2]) if len(src.input) > 2 and src.input[2] else None
+        s2 = const(n.input[1])
+        z2 = const(n.input[2]) if len(n.input) > 2 and n.input[2] else np.zeros((), np.uint8)
+        if w is None or s1 is None or s2 is None or z2 is None or (len(src.input) > 2 and src.input[2] and z1 is None):
+            continue
+        if w.dtype.kind not in "iu" or s1.dtype != np.float32 or s2.dtype != np.float32 or s2.size != 1 or z2.size != 1 \
+                or z2.dtype not in (np.dtype(np.int8), np.dtype(np.uint8), np.dtype(np.int16), np.dtype(np.uint16)):
+            continue
+        z1 = np.zeros((), np.int64) if z1 is None else z1
+        if s1.size > 1 or z1.size > 1:  # per axis: scale and zero point along the DequantizeLinear's axis
+            axis = next((int(a.i) for a in src.attribute if a.name == "axis"), 1) % max(w.ndim, 1)
+            if s1.ndim != 1 or s1.size != w.shape[axis] or z1.size not in (1, s1.size):
+                continue
+            shape = [-1 if i == axis else 1 for i in range(w.ndim)]
+            s1, z1 = s1.reshape(shape), z1.reshape(shape if z1.size > 1 else ())
+        f = ((w.astype(np.int64) - z1.astype(np.int64)).astype(np.float32) * s1).astype(np.float32)
+        if not np.isfinite(f / np.float32(s2.reshape(()))).all():
+            continue
+        folded[n.output[0]] = quantize_linear(f, np.float32(s2.reshape(())), int(z2.reshape(())), str(z2.dtype))
+        drop.add(id(n))
+    if not folded:
+        return 0
+    keep = [n for n in nodes if id(n) not in drop]
+    # the DequantizeLinear/Identity nodes no one reads any more go too (a graph output stays)
+    outputs = {o.name for o in g.output}
+    while True:
+        read = {i for n in keep for i in n.input} | outputs
+        dead = [n for n in keep if n.op_type in ("Identity", "DequantizeLinear") and not any(o in read for o in n.output)]
+        if not dead:
+            break
+        keep = [n for n in keep if all(n is not d for d in dead)]
+    copies = []
+    for n in keep:
+        c = NodeProto()
+        c.CopyFrom(n)
+        copies.append(c)
+    del g.node[:]
+    g.node.extend(copies)
+    g.initializer.extend(numpy_helper.from_array(v, name) for name, v in folded.items())
+    return len(folded)

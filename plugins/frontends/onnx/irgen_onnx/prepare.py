@@ -9,7 +9,7 @@ from typing import Any
 from irgen.plugin import UnsupportedOpsError
 
 from . import checks, loader
-from .fold import explicit_auto_pads, fold_shape_computations, fuse_erf_gelu
+from .fold import explicit_auto_pads, fold_requantized_weights, fold_shape_computations, fuse_erf_gelu
 from .inline import inline_constant_ifs
 from .loader import all_graphs
 
@@ -43,6 +43,7 @@ def prepare(path: Path, options: dict[str, Any], for_tvm: bool = True):
     checks.check_sizes(model, checks.skeleton(model), specs, limit, path)
     if for_tvm:
         fold_shape_computations(model, specs)
+        fold_requantized_weights(model)
         explicit_auto_pads(model, specs)
         fuse_erf_gelu(model)
     return model, specs
