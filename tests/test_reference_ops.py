@@ -152,6 +152,20 @@ OP_CASES = {
                                      relax.prim_value(tvm.tirx.FloatImm("float32", 0.0)), 5, -1),
                 [R.integers(0, 5, (2, 3)).astype("int32")]),
     "leakyrelu": (lambda x: nn_.leakyrelu(x, 0.1), [_f(3, 5)]),
+    # BEiT's relative position index is written with ScatterND
+    "scatter_nd": (lambda x, i, u: op.scatter_nd(x, i, u, "update"),
+                   [_f(4, 5, 3), np.array([[[0, 1], [3, 4]], [[2, 0], [1, 1]]], "int64"), _f(2, 2, 3)]),
+    "scatter_nd_add": (lambda x, i, u: op.scatter_nd(x, i, u, "add"),
+                       [_f(6, 2), np.array([[1], [4], [1]], "int64"), _f(3, 2)]),
+    # audio front ends (wav2vec2's feature extractor) and decoders' upsampling
+    "conv1d": (lambda x, w: nn_.conv1d(x, w, strides=2, padding=(1, 2), dilation=2, groups=2),
+               [_f(1, 4, 19), _f(6, 2, 3)]),
+    "conv2d_transpose": (lambda x, w: nn_.conv2d_transpose(x, w, strides=(2, 3), padding=(1, 0, 1, 0),
+                                                           output_padding=(1, 2), groups=2),
+                         [_f(1, 4, 5, 6), _f(4, 3, 3, 2)]),
+    "conv2d_transpose_int8": (lambda x, w: nn_.conv2d_transpose(x, w, strides=2, padding=1, out_dtype="int32"),
+                              [R.integers(-128, 128, (1, 3, 4, 5)).astype("int8"),
+                               R.integers(-128, 128, (3, 2, 3, 3)).astype("int8")]),
     "prelu": (lambda x, a: nn_.prelu(x, a, axis=1), [_f(2, 3, 4), _f(3)]),
     "softplus": (lambda x: nn_.softplus(x, 1.5, 4.0), [_f(3, 9) * 4]),
     # resize (nearest, bilinear) with the coordinate modes
@@ -261,6 +275,13 @@ def _models():
         # embedding gather
         "embedding": (Fn(lambda m, x: m.e((x.abs() * 3).long() % 10).sum(1), e=nn.Embedding(10, 8)),
                       (2, 5), {"gather"}),
+        # an audio front end (wav2vec2's strided 1-D convolutions) and a decoder's transposed convolutions
+        "conv1d_transpose2d": (Fn(lambda m, x: m.up2(F.relu(m.up(
+            F.gelu(m.c2(F.gelu(m.c1(x.flatten(2)))))[:, :, None, :]))),
+            c1=nn.Conv1d(2, 8, 5, stride=2, padding=1), c2=nn.Conv1d(8, 8, 3, stride=2, groups=2),
+            up=nn.ConvTranspose2d(8, 4, 3, stride=2, padding=1, output_padding=1),
+            up2=nn.ConvTranspose2d(4, 4, (1, 2), stride=(1, 2), groups=2)), (1, 2, 40),
+            {"conv1d", "conv2d_transpose"}),
     }
 
 
@@ -312,7 +333,7 @@ def run_and_check(model, shape, tmp: Path, fmt: str, opt: int = 3, unseen: int =
 
 
 @pytest.mark.parametrize("fmt", ["onnx", "pt2"])
-@pytest.mark.parametrize("name", ["mlp_ops", "attention", "resize", "embedding"])
+@pytest.mark.parametrize("name", ["mlp_ops", "attention", "resize", "embedding", "conv1d_transpose2d"])
 def test_model(name, fmt, tmp_path):
     model, shape, ops = _models()[name]
     # attention's steps have no source tensor: ONNX's unscaled q·kᵀ; .pt2's kᵀ, q·kᵀ, × scale, softmax

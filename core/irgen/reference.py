@@ -128,6 +128,48 @@ def conv2d(x: np.ndarray, w: np.ndarray, attrs: dict) -> np.ndarray:
     return np.transpose(y, _perm("NCHW", ol))
 
 
+def conv1d(x: np.ndarray, w: np.ndarray, attrs: dict) -> np.ndarray:
+    """1-D convolution (NCW/OIW, as TVM's importers write it): :func:`conv2d` over a height of one."""
+    layouts = (str(attrs.get("data_layout") or "NCW"), str(attrs.get("kernel_layout") or "OIW"))
+    if layouts != ("NCW", "OIW") or str(attrs.get("out_layout") or "NCW") != "NCW":
+        raise NotImplementedError(f"conv1d layouts {layouts[0]}/{layouts[1]}")
+    pad = _pair(attrs.get("padding", [0, 0]))
+    y = conv2d(x[:, :, None, :], w[:, :, None, :], {
+        "strides": [1, _pair(attrs.get("strides", [1]), 1)[0]], "dilation": [1, _pair(attrs.get("dilation", [1]), 1)[0]],
+        "padding": [0, pad[0], 0, pad[-1]], "groups": attrs.get("groups", 1), "out_dtype": attrs.get("out_dtype")})
+    return y[:, :, 0, :]
+
+
+def conv2d_transpose(x: np.ndarray, w: np.ndarray, attrs: dict) -> np.ndarray:
+    """2-D transposed convolution (NCHW data, IOHW kernel: TVM's importers' layout): every
+    input pixel scatters ``x * w`` into the output at ``stride * position + dilation *
+    kernel offset``, then the padding is cut off (``output_padding`` extends the far end)."""
+    dl, kl = str(attrs.get("data_layout") or "NCHW"), str(attrs.get("kernel_layout") or "IOHW")
+    if dl != "NCHW" or kl != "IOHW" or str(attrs.get("out_layout") or dl) != "NCHW":
+        raise NotImplementedError(f"conv2d_transpose layouts {dl}/{kl}")
+    sh, sw = _pair(attrs.get("strides", [1, 1]))
+    dh, dw = _pair(attrs.get("dilation", [1, 1]))
+    pt, pl, pb, pr = _pad4(attrs.get("padding", [0, 0, 0, 0]))
+    oph, opw = _pair(attrs.get("output_padding", [0, 0]))
+    g = int(attrs.get("groups", 1))
+    out_dtype = np.dtype(attrs.get("out_dtype") or np.result_type(x.dtype, w.dtype))
+    acc = _acc_dtype(out_dtype)
+    n, c, h, wd = x.shape
+    ci, og, kh, kw = w.shape
+    if c != ci or c % g:
+        raise ValueError(f"conv2d_transpose shapes {x.shape} x {w.shape} with groups={g}")
+    full_h, full_w = (h - 1) * sh + dh * (kh - 1) + 1 + oph, (wd - 1) * sw + dw * (kw - 1) + 1 + opw
+    y = np.zeros((n, g, og, full_h, full_w), acc)
+    xg = x.astype(acc).reshape(n, g, c // g, h, wd)
+    wg = w.astype(acc).reshape(g, c // g, og, kh, kw)
+    for i in range(kh):
+        for j in range(kw):
+            contrib = np.einsum("ngchw,gco->ngohw", xg, wg[:, :, :, i, j])
+            y[:, :, :, i * dh: i * dh + (h - 1) * sh + 1: sh, j * dw: j * dw + (wd - 1) * sw + 1: sw] += contrib
+    y = y.reshape(n, g * og, full_h, full_w)[:, :, pt: full_h - pb, pl: full_w - pr]
+    return y.astype(out_dtype)
+
+
 def _pool2d(x: np.ndarray, attrs: dict, kind: str) -> np.ndarray:
     layout = str(attrs.get("layout") or "NCHW")
     out_layout = str(attrs.get("out_layout") or layout)
@@ -413,6 +455,25 @@ def _qparam(v: Any, x: np.ndarray, axis: int, dtype: str) -> np.ndarray:
     shape = [1] * x.ndim
     shape[axis % x.ndim] = a.size
     return a.reshape(shape)
+
+
+def _scatter_nd(args, attrs):
+    """relax.scatter_nd (ONNX ScatterND): ``data`` with ``updates`` written at the index tuples of
+    ``indices`` (their last axis), in order, each replacing or combined by ``reduction``."""
+    data, idx, upd = (np.asarray(a) for a in args)
+    reduction = str(attrs.get("reduction") or "update")
+    combine = {"update": lambda old, new: new, "add": np.add, "mul": np.multiply, "min": np.minimum,
+               "max": np.maximum}.get(reduction)
+    if combine is None:
+        raise NotImplementedError(f"scatter_nd reduction {reduction}")
+    out = data.copy()
+    k = idx.shape[-1]
+    where = idx.reshape(-1, k).astype(np.int64)
+    upd = upd.reshape((where.shape[0],) + data.shape[k:])
+    for i, ix in enumerate(where):
+        t = tuple(int(v) for v in ix)
+        out[t] = combine(out[t], upd[i])
+    return out
 
 
 def _quantize(args, attrs):
@@ -890,6 +951,8 @@ def _take(args, attrs):
 
 OPS: dict[str, Callable[[list[Any], dict], Any]] = {
     "relax.nn.conv2d": lambda args, attrs: conv2d(args[0], args[1], attrs),
+    "relax.nn.conv1d": lambda args, attrs: conv1d(args[0], args[1], attrs),
+    "relax.nn.conv2d_transpose": lambda args, attrs: conv2d_transpose(args[0], args[1], attrs),
     "relax.matmul": lambda args, attrs: _matmul(args[0], args[1], attrs),
     "relax.add": _binary(np.add),
     "relax.subtract": _binary(np.subtract),
@@ -1004,6 +1067,7 @@ OPS: dict[str, Callable[[list[Any], dict], Any]] = {
     "relax.round": lambda args, attrs: np.rint(args[0]),  # half to even, as TVM's round on CPU
     "relax.take": _take,
     "relax.quantize": _quantize,
+    "relax.scatter_nd": _scatter_nd,
     "relax.dequantize": _dequantize,
     "relax.erf": _unary_f(_erf),
     "relax.nn.layer_norm": _layer_norm,
