@@ -9,6 +9,10 @@
   indices wrapped) was grouped with the layer before it, so verify compared that layer's
   first output, the word ids, with the ``Not`` tensor of onnxruntime (120 "LSB").
 
+* The model input moved or cast to its own type before the first QuantizeLinear
+  (wav2vec2's ``Unsqueeze`` of the waveform, DINOv2's and CLIP's ``Cast`` of the pixels):
+  irgen refused, "an input of ... ('x') is a float tensor that is not quantized".
+
 Each model is quantized by onnxruntime, run and verified against onnxruntime's own run:
 every layer equal to it.
 """
@@ -57,6 +61,22 @@ def _position_gathers():
     graph = helper.make_graph(nodes, "gathers", [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 6])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 6, 8])], initializer=inits)
     return graph, "ids", lambda k: np.random.default_rng(k).integers(0, 7, (1, 6)).astype(np.int64)
+
+
+def _moved_input(cast: bool):
+    def build():
+        rng = np.random.default_rng(2)
+        w = numpy_helper.from_array((rng.standard_normal((4, 1, 5)) * 0.4).astype(np.float32), "w")
+        first = (helper.make_node("Cast", ["x"], ["x1"], name="cast", to=TensorProto.FLOAT) if cast
+                 else helper.make_node("Identity", ["x"], ["x1"], name="same"))
+        nodes = [first, helper.make_node("Unsqueeze", ["x1", "axes"], ["x2"], name="unsqueeze"),
+                 helper.make_node("Conv", ["x2", "w"], ["c"], name="conv", strides=[2]),
+                 helper.make_node("Relu", ["c"], ["y"], name="relu")]
+        graph = helper.make_graph(nodes, "moved", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 40])],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 18])],
+                                  initializer=[w, numpy_helper.from_array(np.array([1], np.int64), "axes")])
+        return graph, "x", lambda k: np.random.default_rng(k).standard_normal((1, 40)).astype(np.float32)
+    return build
 
 
 def _quantized(tmp_path: Path, build) -> tuple[Path, Path]:
@@ -112,3 +132,81 @@ def test_index_arithmetic_before_a_gather_stays_with_the_gather(tmp_path, capsys
     assert [o["dtype"] for o in not_layer["outputs"]] == ["bool"], not_layer["outputs"]  # its own output only
     source = {row["name"]: row["checks"]["source"] for row in report["layers"] if "source" in row["checks"]}
     assert len(source) == len(by_name) and all(c.get("status") == "pass" and c.get("exact") for c in source.values()), source
+
+
+@pytest.mark.parametrize("cast", [True, False], ids=["cast", "identity"])
+def test_the_input_moved_before_its_first_quantize(tmp_path, capsys, cast):
+    path, x = _quantized(tmp_path, _moved_input(cast))
+    q = onnx.load(str(path))
+    assert next(n for n in q.graph.node if n.op_type == "QuantizeLinear").input[0] != "x"  # quantized after the moves
+    report = _run_and_verify(tmp_path, path, x, capsys)
+    ir = json.loads((tmp_path / "out" / "ir.json").read_text())
+    first, moved = ir["layers"][:2]  # the input quantized, then its integers moved
+    assert first["op"] == "quantize" and first["inputs"][0]["name"] == "x", first
+    assert moved["op"] == "reshape" and moved["outputs"][0]["dtype"] == "int8", moved
+    source = {row["name"]: row["checks"]["source"] for row in report["layers"] if "source" in row["checks"]}
+    # the quantize irgen added has no tensor in onnxruntime's run (said so); every other layer equals it
+    assert source[first["name"]]["status"] == "missing" and source[first["name"]]["message"] == "no source tensor"
+    assert all(c["status"] == "pass" and c.get("exact") for n, c in source.items() if n != first["name"]), source
+
+
+def test_a_model_cannot_mark_its_nodes_as_added_by_irgen(tmp_path):
+    from irgen_onnx import prepare
+    from irgen_onnx.fold import INVENTED
+
+    graph, _, _ = _shared_weight()
+    graph.node[1].doc_string = INVENTED  # the Relu: its output is a source tensor all the same
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    model, _ = prepare(path, {})
+    assert not any(n.doc_string == INVENTED for n in model.graph.node)
+
+
+def _position_bias():
+    """BEiT's relative position bias as quantize_static leaves it: float tables quantized by
+    QuantizeLinear nodes ONNX Runtime runs, concatenated, gathered by an index written with
+    ScatterND, transposed (each step requantized), and added to the attention scores."""
+    rng = np.random.default_rng(4)
+    q = helper.make_node
+    inits = [numpy_helper.from_array(rng.standard_normal((5, 3)).astype(np.float32), "table"),
+             numpy_helper.from_array(np.zeros((1, 3), np.float32), "pad"),
+             numpy_helper.from_array(rng.integers(0, 6, (4, 4)).astype(np.int64), "index0"),
+             numpy_helper.from_array(np.array([[0, 1], [2, 3], [3, 0]], np.int64), "where"),
+             numpy_helper.from_array(np.array([5, 4, 0], np.int64), "updates"),
+             numpy_helper.from_array(np.array(0.02, np.float32), "s_t"), numpy_helper.from_array(np.array(3, np.int8), "z_t"),
+             numpy_helper.from_array(np.array(0.025, np.float32), "s_x"), numpy_helper.from_array(np.array(-2, np.int8), "z_x"),
+             numpy_helper.from_array(np.array(0.04, np.float32), "s_y"), numpy_helper.from_array(np.array(1, np.int8), "z_y")]
+    nodes = [q("ScatterND", ["index0", "where", "updates"], ["index"], name="index"),
+             q("QuantizeLinear", ["table", "s_t", "z_t"], ["table_q"], name="table_q"),
+             q("DequantizeLinear", ["table_q", "s_t", "z_t"], ["table_dq"], name="table_dq"),
+             q("QuantizeLinear", ["pad", "s_t", "z_t"], ["pad_q"], name="pad_q"),
+             q("DequantizeLinear", ["pad_q", "s_t", "z_t"], ["pad_dq"], name="pad_dq"),
+             q("Concat", ["table_dq", "pad_dq"], ["full"], name="concat", axis=0),
+             q("QuantizeLinear", ["full", "s_t", "z_t"], ["full_q"], name="full_q"),
+             q("DequantizeLinear", ["full_q", "s_t", "z_t"], ["full_dq"], name="full_dq"),
+             q("Gather", ["full_dq", "index"], ["bias"], name="gather", axis=0),
+             q("QuantizeLinear", ["bias", "s_t", "z_t"], ["bias_g_q"], name="bias_g_q"),
+             q("DequantizeLinear", ["bias_g_q", "s_t", "z_t"], ["bias_g_dq"], name="bias_g_dq"),
+             q("Transpose", ["bias_g_dq"], ["bias_t"], name="transpose", perm=[2, 0, 1]),
+             q("QuantizeLinear", ["bias_t", "s_t", "z_t"], ["bias_q"], name="bias_q"),
+             q("DequantizeLinear", ["bias_q", "s_t", "z_t"], ["bias_dq"], name="bias_dq"),
+             q("QuantizeLinear", ["x", "s_x", "z_x"], ["x_q"], name="x_q"),
+             q("DequantizeLinear", ["x_q", "s_x", "z_x"], ["x_dq"], name="x_dq"),
+             q("Add", ["x_dq", "bias_dq"], ["sum"], name="add"),
+             q("QuantizeLinear", ["sum", "s_y", "z_y"], ["y_q"], name="y_q"),
+             q("DequantizeLinear", ["y_q", "s_y", "z_y"], ["y"], name="y")]
+    return helper.make_graph(nodes, "bias", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 4, 4])],
+                             [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 4, 4])], initializer=inits)
+
+
+def test_an_operand_computed_from_a_quantized_constant_table(tmp_path, capsys):
+    path = tmp_path / "bias.onnx"
+    onnx.save(helper.make_model(_position_bias(), opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    x = tmp_path / "x.npy"
+    np.save(x, np.random.default_rng(5).standard_normal((3, 4, 4)).astype(np.float32))
+    report = _run_and_verify(tmp_path, path, x, capsys)
+    ir = json.loads((tmp_path / "out" / "ir.json").read_text())
+    add = next(layer for layer in ir["layers"] if layer["quant"] and layer["quant"].get("kind") == "add")
+    assert add["quant"].get("constants"), add["quant"]  # the folded bias's integers are in the record
+    single = {row["name"]: row["checks"]["single"] for row in report["layers"]}
+    assert all(c["status"] == "pass" and c.get("exact") for c in single.values()), single

@@ -530,3 +530,105 @@ def fold_requantized_weights(model) -> int:
     g.node.extend(copies)
     g.initializer.extend(numpy_helper.from_array(v, name) for name, v in folded.items())
     return len(folded)
+
+
+#: the ``doc_string`` of a node irgen added: its outputs have no tensor in the source model
+#: (the importer records no source tensor for them; a model's own such doc strings are cleared)
+INVENTED = "irgen: added before import; not in the source model"
+#: ops that only move a tensor's values (and ``Identity``): quantizing before them is quantizing after
+_MOVES = frozenset({"Unsqueeze", "Squeeze", "Reshape", "Flatten", "Transpose", "Identity"})
+
+
+def quantize_inputs_first(model) -> int:
+    """A QuantizeLinear that reads a float graph input through ops that only move its values
+    (``Unsqueeze``, ``Reshape``, ``Transpose``..., and a ``Cast`` to the type it has) quantizes
+    the input itself instead; the ops then move the integers, the last one writing the
+    QuantizeLinear's output.
+
+    ``quantize_static`` quantizes the first tensor it calibrated, and the exporters put such
+    ops in front: wav2vec2's ``Unsqueeze`` of the waveform, DINOv2's and CLIP's ``Cast`` of the
+    pixels to the weights' type. The scheme needs a dequantized integer tensor under every
+    op it realizes. Moving values commutes with quantizing them (a ``Cast`` to the same type
+    is an ``Identity``), so the integers are ONNX Runtime's; the float tensors between the
+    input and the QuantizeLinear are renamed (``<name>_quantized``: no counterpart in ONNX
+    Runtime). Each must have the next op as its only reader; per-tensor parameters only.
+    Returns how many."""
+    from onnx import TensorProto, helper
+
+    g = model.graph
+    nodes = list(g.node)  # the wrappers stay alive: their ids name them below
+    inits = {t.name: t for t in g.initializer}
+    inputs = {v.name: v.type.tensor_type.elem_type for v in g.input if v.name not in inits}
+    producer = {o: n for n in nodes for o in n.output}
+    readers: dict[str, int] = {}
+    for n in nodes:
+        for i in n.input:
+            readers[i] = readers.get(i, 0) + 1
+    outputs = {o.name for o in g.output}
+
+    def moves(n, dtype: int) -> bool:
+        if n.domain not in ("", "ai.onnx"):
+            return False
+        if n.op_type == "Cast":
+            return next((int(a.i) for a in n.attribute if a.name == "to"), None) == dtype
+        return n.op_type in _MOVES
+
+    def per_tensor(name: str) -> bool:
+        t = inits.get(name)
+        return t is not None and math.prod(int(d) for d in t.dims) == 1
+
+    firsts: dict[int, tuple[Any, str, Any]] = {}  # position of the chain's first op -> (it, the input, the Q)
+    for q in nodes:
+        if q.op_type != "QuantizeLinear" or q.domain not in ("", "ai.onnx") or len(q.input) < 2 \
+                or not per_tensor(q.input[1]) or (len(q.input) > 2 and q.input[2] and not per_tensor(q.input[2])):
+            continue
+        tensor, first = q.input[0], None
+        while tensor not in inputs:
+            n = producer.get(tensor)
+            if n is None or tensor in outputs or readers.get(tensor) != 1 or not n.input:
+                break
+            first, tensor = n, n.input[0]
+        if first is None or tensor not in inputs or inputs[tensor] not in (TensorProto.FLOAT, TensorProto.FLOAT16):
+            continue
+        chain, t = [], q.input[0]
+        while t != tensor:
+            chain.append(producer[t])
+            t = producer[t].input[0]
+        if all(moves(n, inputs[tensor]) for n in chain):
+            firsts[id(first)] = (first, tensor, q)
+    if not firsts:
+        return 0
+    drop, new = set(), []
+    for n in nodes:
+        hit = firsts.get(id(n))
+        if hit is not None:
+            first, x, q = hit
+            qname = f"{x}_QuantizeLinear_before_{first.name or first.op_type}"
+            new.append(helper.make_node("QuantizeLinear", [x, *q.input[1:]], [f"{qname}_Output"], name=qname,
+                                        domain=q.domain, doc_string=INVENTED))
+            new[-1].attribute.extend(q.attribute)
+            chain, t = [], q.input[0]
+            while t != x:
+                chain.insert(0, producer[t])
+                t = producer[t].input[0]
+            source = f"{qname}_Output"
+            for k, c in enumerate(chain):  # on the integers now; the last writes the QuantizeLinear's output
+                if c.op_type == "Cast":
+                    c.op_type = "Identity"
+                    del c.attribute[:]
+                c.input[0] = source
+                source = q.output[0] if k == len(chain) - 1 else f"{c.output[0]}_quantized"
+                c.output[0] = source
+                if k < len(chain) - 1:
+                    c.doc_string = INVENTED
+            drop.add(id(q))
+        if id(n) not in drop:
+            new.append(n)
+    copies = []
+    for n in new:
+        c = type(n)()
+        c.CopyFrom(n)
+        copies.append(c)
+    del g.node[:]
+    g.node.extend(copies)
+    return len(firsts)

@@ -9,7 +9,8 @@ from typing import Any
 from irgen.plugin import UnsupportedOpsError
 
 from . import checks, loader
-from .fold import explicit_auto_pads, fold_requantized_weights, fold_shape_computations, fuse_erf_gelu
+from .fold import (INVENTED, explicit_auto_pads, fold_requantized_weights, fold_shape_computations,
+                   fuse_erf_gelu, quantize_inputs_first)
 from .inline import inline_constant_ifs
 from .loader import all_graphs
 
@@ -30,6 +31,9 @@ def prepare(path: Path, options: dict[str, Any], for_tvm: bool = True):
     path = Path(path)
     limit = checks.default_limit(options)
     model = loader.load_model(path, limit, defer=for_tvm)
+    for node in loader.all_nodes(model):  # only irgen marks the nodes it adds (fold.INVENTED)
+        if node.doc_string == INVENTED:
+            node.doc_string = ""
     checks.check_structure(model, path)
     checks.check_tensors(model, path, limit)
     if for_tvm:
@@ -44,6 +48,7 @@ def prepare(path: Path, options: dict[str, Any], for_tvm: bool = True):
     if for_tvm:
         fold_shape_computations(model, specs)
         fold_requantized_weights(model)
+        quantize_inputs_first(model)
         explicit_auto_pads(model, specs)
         fuse_erf_gelu(model)
     return model, specs

@@ -21,6 +21,7 @@ from irgen.plugin import ImportedModel, InputSpec, IrgenError, Provenance, SafeN
 
 from . import loader
 from .converters import CONVERTERS
+from .fold import INVENTED
 from .loader import one_line
 from .prepare import prepare
 
@@ -78,8 +79,9 @@ def _naming_importer():
             node = self.ctx.current
             tensor = node.output[k] if k < len(node.output) else f"{node.name or node.op_type}:{k}"
             var = self.ctx.namer(tensor)
+            source = k < len(node.output) and node.doc_string != INVENTED  # a node irgen added has no source tensor
             self.ctx.provenance.by_var[var] = (node.name or f"{node.op_type}_{tensor}", node.op_type,
-                                               tensor if k < len(node.output) else None)
+                                               tensor if source else None)
             return var
 
         def _emit(self, expr, k: int):
