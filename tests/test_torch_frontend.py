@@ -343,3 +343,20 @@ def test_empty_cache_concat_and_dropped_results(tmp_path):
     with torch.no_grad():
         assert_close(np.load(out / ir["outputs"][0]["file"]), model(x).numpy(), "model output")
     assert irgen_main(["verify", str(out), "--no-progress", "--no-report"]) == 0
+
+
+def test_weight_norm_conv(tmp_path):
+    """``aten._weight_norm`` (wav2vec2's positional convolution, ``parametrizations.weight_norm``
+    over the kernel axis and over the output channels): the weight is ``v * g / ||v||``."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.utils.parametrizations.weight_norm(torch.nn.Conv1d(4, 4, 5, padding=2, groups=2), dim=2),
+        torch.nn.GELU(),
+        torch.nn.utils.parametrizations.weight_norm(torch.nn.Conv1d(4, 6, 3), dim=0)).eval()
+    x = torch.randn(1, 4, 12, generator=torch.Generator().manual_seed(3))
+    ep = torch.export.export(model, (x,))
+    assert sum(str(n.target) == "aten._weight_norm.default" for n in ep.graph.nodes) == 2
+    out, ir = _run_exported(ep, x, tmp_path)
+    with torch.no_grad():
+        assert_close(np.load(out / ir["outputs"][0]["file"]), model(x).numpy(), "model output")
+    assert irgen_main(["verify", str(out), "--no-progress", "--no-report"]) == 0

@@ -234,6 +234,21 @@ def convert_swapaxes(imp, node):
     return relax.op.permute_dims(x, axes)
 
 
+def convert_weight_norm(imp, node):
+    """aten._weight_norm(v, g, dim): ``v * g / ||v||``, the norm over every axis but ``dim``
+    (all axes for -1), as ``torch.nn.utils.weight_norm`` computes a weight (wav2vec2's
+    positional convolution); no converter in TVM 0.27."""
+    from tvm import relax
+
+    v, g = imp.env[node.args[0]], imp.env[node.args[1]]
+    dim = int(node.args[2]) if len(node.args) > 2 else int(node.kwargs.get("dim", 0))
+    rank = len(v.ty.shape)
+    axes = [a for a in range(rank) if dim == -1 or a != dim % rank]
+    emit = imp.block_builder.emit
+    norm = emit(relax.op.sqrt(emit(relax.op.sum(emit(relax.op.multiply(v, v)), axis=axes, keepdims=True))))
+    return relax.op.multiply(v, emit(relax.op.divide(g, norm)))
+
+
 def convert_cat(imp, node):
     """aten.cat as torch runs it: a 1-D tensor of size 0 beside tensors of another rank is
     skipped (torch's legacy rule; transformers' key/value cache starts as one in Llama,
@@ -429,6 +444,7 @@ CONVERTERS: dict[str, Callable[[Any, Any], Any]] = {
     **dict.fromkeys(("swapaxes.default", "swapdims.default"), convert_swapaxes),
     "t.default": convert_t,
     "cat.default": convert_cat,
+    "_weight_norm.default": convert_weight_norm,
     **dict.fromkeys(("upsample_nearest2d.vec", "upsample_nearest2d.default"), convert_upsample_nearest),
     **dict.fromkeys(("quantize_per_tensor.default", "quantize_per_tensor.tensor", "quantize_per_channel.default"),
                     convert_quantize),
