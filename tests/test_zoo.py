@@ -23,6 +23,8 @@ DEFAULT = {
     "mobilenet_v3_small-ptq",       # torch FX PTQ, torch's default mapping (reduce_range), .pt2
     "MobileNetV3Small-tflite-int8", # keras.applications, TFLite converter full-int8
     "MobileNetV2-keras",            # .keras float
+    "hf_llama-pt2",                 # transformers decoder (RMSNorm, rotary positions, GQA, cache concat), .pt2
+    "hf_wav2vec2-qdq",              # transformers audio encoder (1-D convolutions), ORT QDQ
 }
 
 
