@@ -360,3 +360,20 @@ def test_weight_norm_conv(tmp_path):
     with torch.no_grad():
         assert_close(np.load(out / ir["outputs"][0]["file"]), model(x).numpy(), "model output")
     assert irgen_main(["verify", str(out), "--no-progress", "--no-report"]) == 0
+
+
+class _FromTheEnd(torch.nn.Module):
+    """Falcon's split of its fused q/k/v: ``qkv[..., [-2], :]`` is a gather of constant negative
+    indices, which TVM's kernel (mode fast) read before the tensor: garbage in the golden data."""
+
+    def forward(self, qkv):
+        return qkv[:, :, [-2], :] * 2 + qkv[:, :, [-1], :] + qkv[:, :, :-2, :].sum(2, keepdim=True)
+
+
+def test_gather_of_negative_constant_indices(tmp_path):
+    x = torch.randn(1, 3, 6, 4, generator=torch.Generator().manual_seed(4))
+    model = _FromTheEnd().eval()
+    out, ir = _run_exported(torch.export.export(model, (x,)), x, tmp_path)
+    with torch.no_grad():
+        assert_close(np.load(out / ir["outputs"][0]["file"]), model(x).numpy(), "model output")
+    assert irgen_main(["verify", str(out), "--no-progress", "--no-report"]) == 0

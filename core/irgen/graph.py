@@ -439,15 +439,20 @@ def guard_gathers(mod: tvm.IRModule, provenance: Provenance) -> tvm.IRModule:
     """Every gather (``relax.take``) memory-safe, before anything runs or folds one.
 
     TVM's importers emit ``take`` in mode ``fast``, which reads an index out of range out of
-    bounds: a model file could put another buffer's bytes into the golden data, or crash the
-    run. A gather of constant indices is checked (:func:`check_gather_indices`); one of
-    computed indices is taken in mode ``wrap``, which gives the same value for every index
-    in range, negative ones included, and stays inside the tensor for any other."""
+    bounds, and a negative one before the tensor: a model file could put another buffer's
+    bytes into the golden data, or crash the run. A gather of constant indices is checked
+    (:func:`check_gather_indices`); one of computed indices, or of constant ones with a
+    negative index, is taken in mode ``wrap``, which gives the same value for every index in
+    range, negative ones included, and stays inside the tensor for any other."""
     _, bindings = main_bindings(mod)
     check_gather_indices(bindings, provenance)
     out, changed = [], False
     for b in bindings:
-        if b.op == "relax.take" and str(b.value.attrs.mode) == "fast" and not isinstance(b.value.args[1], Constant):
+        idx = b.value.args[1] if b.op == "relax.take" else None
+        # computed indices, or constant ones counting from the end (Falcon's qkv[..., [-2], :]),
+        # which mode fast reads before the tensor
+        if b.op == "relax.take" and str(b.value.attrs.mode) == "fast" \
+                and (not isinstance(idx, Constant) or (const_np(idx) < 0).any()):
             b = Binding(b.name, b.var, relax.op.take(*b.value.args[:2], axis=b.value.attrs.axis, mode="wrap"))
             changed = True
         out.append(b)
