@@ -221,6 +221,24 @@ def convert_t(imp, node):
     return relax.op.permute_dims(x, [1, 0]) if len(x.ty.shape) == 2 else x
 
 
+def convert_numpy_t(imp, node):
+    # aten::numpy_T(x) (``x.T``): every axis reversed (Falcon's rotary embedding); no converter in TVM 0.27
+    from tvm import relax
+
+    x = imp.env[node.args[0]]
+    return relax.op.permute_dims(x, list(range(len(x.ty.shape)))[::-1])
+
+
+def convert_div_inplace(imp, node):
+    # aten::div_(x, y) left in an exported graph (Falcon's rotary embedding): the result of
+    # div, as TVM's own add_/mul_ converters do for theirs
+    import operator
+
+    from tvm import relax
+
+    return imp._binary_op(relax.op.divide, operator.truediv)(node)
+
+
 def convert_swapaxes(imp, node):
     # aten::swapaxes(x, axis0, axis1) / aten::swapdims(x, dim0, dim1): no converter in TVM 0.27
     # (torchvision MaxViT's window partition); torch's transpose of two axes
@@ -443,6 +461,8 @@ CONVERTERS: dict[str, Callable[[Any, Any], Any]] = {
     "diff.default": convert_diff,
     **dict.fromkeys(("swapaxes.default", "swapdims.default"), convert_swapaxes),
     "t.default": convert_t,
+    "numpy_T.default": convert_numpy_t,
+    "div_.Tensor": convert_div_inplace,
     "cat.default": convert_cat,
     "_weight_norm.default": convert_weight_norm,
     **dict.fromkeys(("upsample_nearest2d.vec", "upsample_nearest2d.default"), convert_upsample_nearest),
