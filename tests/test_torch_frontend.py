@@ -377,3 +377,30 @@ def test_gather_of_negative_constant_indices(tmp_path):
     with torch.no_grad():
         assert_close(np.load(out / ir["outputs"][0]["file"]), model(x).numpy(), "model output")
     assert irgen_main(["verify", str(out), "--no-progress", "--no-report"]) == 0
+
+
+class _FalconLinear(torch.nn.Module):
+    """Falcon's linear layers (``x @ self.weight.T``: ``aten.numpy_T``) and its in-place
+    scaling of the attention scores (``scores /= sqrt(d)``: ``aten.div_`` stays in the graph)."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(8, 8, generator=torch.Generator().manual_seed(5)))
+
+    def forward(self, x):
+        h = x @ self.weight.T
+        scores = h @ h.transpose(-1, -2)
+        scores /= 4.0
+        return scores.softmax(-1) @ h
+
+
+def test_falcon_transpose_and_inplace_divide(tmp_path):
+    x = torch.randn(1, 5, 8, generator=torch.Generator().manual_seed(6))
+    model = _FalconLinear().eval()
+    ep = torch.export.export(model, (x,))
+    targets = {str(n.target) for n in ep.graph.nodes}
+    assert {"aten.numpy_T.default", "aten.div_.Tensor"} <= targets, targets
+    out, ir = _run_exported(ep, x, tmp_path)
+    with torch.no_grad():
+        assert_close(np.load(out / ir["outputs"][0]["file"]), model(x).numpy(), "model output")
+    assert irgen_main(["verify", str(out), "--no-progress", "--no-report"]) == 0
