@@ -1123,7 +1123,18 @@ def _dequantize_rest(qg) -> None:
     _spans().drop_dead(qg)
     for b in list(qg.bindings):
         if b.op == "relax.quantize":
-            raise IrgenError(f"{SCHEME}: quantize at tensor {b.name!r} is left after folding")
+            value = None if _is_torch(qg) else _spans().constant_value(qg, b.value.args[0])
+            if value is None:
+                raise IrgenError(f"{SCHEME}: quantize at tensor {b.name!r} is left after folding")
+            # a constant quantized at run time whose integers an integer op reads as they are (a
+            # gather of Swin V2's position-bias table, GPT-J's rotary table): its integers, as
+            # QuantizeLinear computes them
+            qt = _qparams(qg, b.value, b.name)
+            if qt.scale.size != 1:
+                raise IrgenError(f"{SCHEME}: constant {b.name!r} is quantized per channel at run time; not supported")
+            arr = q.quantize_linear(value, np.float32(qt.scale[0]), int(qt.zero_point[0]), qt.dtype)
+            qg.replace([b.name], relax.const(arr))  # a constant: the layers reading it record its integers
+            continue
         if b.op != "relax.dequantize":
             continue
         src = b.value.args[0]

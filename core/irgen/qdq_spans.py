@@ -106,10 +106,13 @@ def constant_tensor(qg, expr):
     from tvm import relax
 
     from irgen.graph import Constant, attrs_to_dict
+    from irgen.quant import quantize_linear
     from irgen.reference import run_op
 
     if isinstance(expr, Constant):
         return _const_array(expr)
+    # ONNX: through a QuantizeLinear of constants too (GPT-J's rotary table, Swin V2's position bias)
+    torch = _pkg()._is_torch(qg)
     members, stack = {}, [expr]
     while stack:
         e = stack.pop()
@@ -121,7 +124,7 @@ def constant_tensor(qg, expr):
                 continue
             return None
         b = qg.producer(e)
-        if b is None or b.op == "relax.quantize" or (b.op == "relax.dequantize" and not all(
+        if b is None or (b.op == "relax.quantize" and torch) or (b.op == "relax.dequantize" and not all(
                 isinstance(a, Constant) for a in b.value.args)):
             return None
         if b.name in members:
@@ -160,6 +163,10 @@ def constant_tensor(qg, expr):
             args.extend([val(f) for f in a.fields] if isinstance(a, relax.Tuple) else [val(a)])
         if b.op == "relax.shape_to_tensor":
             values[b.name] = np.asarray(args[0], np.int64)
+            continue
+        if b.op == "relax.quantize" and np.asarray(args[1]).size == 1:  # as ONNX Runtime's QuantizeLinear
+            values[b.name] = quantize_linear(args[0], np.float32(np.asarray(args[1]).reshape(())),
+                                             int(np.asarray(args[2]).reshape(())), str(v.attrs.out_dtype))
             continue
         if b.op == "relax.dequantize":  # of a constant: float32(q - zp) * scale, per tensor or per axis
             q, scale, zp = args
