@@ -188,25 +188,37 @@ def _position_bias():
              q("QuantizeLinear", ["bias", "s_t", "z_t"], ["bias_g_q"], name="bias_g_q"),
              q("DequantizeLinear", ["bias_g_q", "s_t", "z_t"], ["bias_g_dq"], name="bias_g_dq"),
              q("Transpose", ["bias_g_dq"], ["bias_t"], name="transpose", perm=[2, 0, 1]),
-             q("QuantizeLinear", ["bias_t", "s_t", "z_t"], ["bias_q"], name="bias_q"),
-             q("DequantizeLinear", ["bias_q", "s_t", "z_t"], ["bias_dq"], name="bias_dq"),
-             q("QuantizeLinear", ["x", "s_x", "z_x"], ["x_q"], name="x_q"),
-             q("DequantizeLinear", ["x_q", "s_x", "z_x"], ["x_dq"], name="x_dq"),
-             q("Add", ["x_dq", "bias_dq"], ["sum"], name="add"),
-             q("QuantizeLinear", ["sum", "s_y", "z_y"], ["y_q"], name="y_q"),
-             q("DequantizeLinear", ["y_q", "s_y", "z_y"], ["y"], name="y")]
+             q("QuantizeLinear", ["bias_t", "s_t", "z_t"], ["bias_q"], name="bias_q")]
+    return _added_to_scores(nodes, "bias_q", inits)
+
+
+def _added_to_scores(nodes: list, bias_q: str, inits: list):
+    """``nodes`` (ending in the quantized bias ``bias_q``), then the bias dequantized and added to
+    the quantized scores ``x`` [3, 4, 4], the sum quantized: the graph."""
+    q = helper.make_node
+    nodes = nodes + [q("DequantizeLinear", [bias_q, "s_t", "z_t"], ["bias_dq"], name="bias_dq"),
+                     q("QuantizeLinear", ["x", "s_x", "z_x"], ["x_q"], name="x_q"),
+                     q("DequantizeLinear", ["x_q", "s_x", "z_x"], ["x_dq"], name="x_dq"),
+                     q("Add", ["x_dq", "bias_dq"], ["sum"], name="add"),
+                     q("QuantizeLinear", ["sum", "s_y", "z_y"], ["y_q"], name="y_q"),
+                     q("DequantizeLinear", ["y_q", "s_y", "z_y"], ["y"], name="y")]
     return helper.make_graph(nodes, "bias", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 4, 4])],
                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 4, 4])], initializer=inits)
 
 
-def test_an_operand_computed_from_a_quantized_constant_table(tmp_path, capsys):
+def _bias_run(tmp_path: Path, graph, capsys) -> tuple[dict, dict]:
+    """Run and verify a graph of :func:`_added_to_scores`: the report and the add layer."""
     path = tmp_path / "bias.onnx"
-    onnx.save(helper.make_model(_position_bias(), opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
     x = tmp_path / "x.npy"
     np.save(x, np.random.default_rng(5).standard_normal((3, 4, 4)).astype(np.float32))
     report = _run_and_verify(tmp_path, path, x, capsys)
     ir = json.loads((tmp_path / "out" / "ir.json").read_text())
-    add = next(layer for layer in ir["layers"] if layer["quant"] and layer["quant"].get("kind") == "add")
+    return report, next(layer for layer in ir["layers"] if layer["quant"] and layer["quant"].get("kind") == "add")
+
+
+def test_an_operand_computed_from_a_quantized_constant_table(tmp_path, capsys):
+    report, add = _bias_run(tmp_path, _position_bias(), capsys)
     assert add["quant"].get("constants"), add["quant"]  # the folded bias's integers are in the record
     single = {row["name"]: row["checks"]["single"] for row in report["layers"]}
     assert all(c["status"] == "pass" and c.get("exact") for c in single.values()), single
@@ -236,24 +248,11 @@ def _quantized_table_moved():
                   q(op, [f"t{k}_dq", *extra], [f"t{k + 1}"], name=f"step{k}", **attrs),
                   q("QuantizeLinear", [f"t{k + 1}", "s_t", "z_t"], [f"t{k + 1}_q"], name=f"t{k + 1}_q")]
         t = f"t{k + 1}_q"
-    nodes += [q("DequantizeLinear", [t, "s_t", "z_t"], ["bias_dq"], name="bias_dq"),
-              q("QuantizeLinear", ["x", "s_x", "z_x"], ["x_q"], name="x_q"),
-              q("DequantizeLinear", ["x_q", "s_x", "z_x"], ["x_dq"], name="x_dq"),
-              q("Add", ["x_dq", "bias_dq"], ["sum"], name="add"),
-              q("QuantizeLinear", ["sum", "s_y", "z_y"], ["y_q"], name="y_q"),
-              q("DequantizeLinear", ["y_q", "s_y", "z_y"], ["y"], name="y")]
-    return helper.make_graph(nodes, "cpb", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 4, 4])],
-                             [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 4, 4])], initializer=inits)
+    return _added_to_scores(nodes, t, inits)
 
 
 def test_a_quantized_constant_table_moved_on_its_integers(tmp_path, capsys):
-    path = tmp_path / "cpb.onnx"
-    onnx.save(helper.make_model(_quantized_table_moved(), opset_imports=[helper.make_opsetid("", 17)]), str(path))
-    x = tmp_path / "x.npy"
-    np.save(x, np.random.default_rng(5).standard_normal((3, 4, 4)).astype(np.float32))
-    report = _run_and_verify(tmp_path, path, x, capsys)
-    ir = json.loads((tmp_path / "out" / "ir.json").read_text())
-    add = next(layer for layer in ir["layers"] if layer["quant"] and layer["quant"].get("kind") == "add")
+    report, add = _bias_run(tmp_path, _quantized_table_moved(), capsys)
     assert add["quant"].get("constants"), add["quant"]  # the table's integers, as QuantizeLinear made them
     for row in report["layers"]:
         for check, c in row["checks"].items():
