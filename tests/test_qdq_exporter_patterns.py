@@ -257,3 +257,42 @@ def test_a_quantized_constant_table_moved_on_its_integers(tmp_path, capsys):
     for row in report["layers"]:
         for check, c in row["checks"].items():
             assert c["status"] == "pass" and (c.get("exact") or check == "source"), (row["name"], check, c)
+
+
+def _grn():
+    """ConvNeXt V2's global response normalization as quantize_static leaves it: the float
+    ReduceL2 of the input is read by the span ending at its quantized mean and by the
+    division's span; irgen refused ('the float ops ... are also used elsewhere')."""
+    q = helper.make_node
+
+    def c(name, v):
+        return numpy_helper.from_array(np.asarray(v), name)
+
+    inits = [c("s_x", np.float32(0.03)), c("z_x", np.int8(-3)), c("s_m", np.float32(0.02)), c("z_m", np.int8(-128)),
+             c("s_y", np.float32(0.01)), c("z_y", np.int8(-100)), c("axes", np.array([1, 2], np.int64)),
+             c("last", np.array([-1], np.int64)), c("eps", np.float32(1e-6))]
+    nodes = [q("QuantizeLinear", ["x", "s_x", "z_x"], ["x_q"], name="x_q"),
+             q("DequantizeLinear", ["x_q", "s_x", "z_x"], ["x_dq"], name="x_dq"),
+             q("ReduceL2", ["x_dq", "axes"], ["g"], name="l2", keepdims=1),
+             q("ReduceMean", ["g", "last"], ["m"], name="mean", keepdims=1),
+             q("QuantizeLinear", ["m", "s_m", "z_m"], ["m_q"], name="m_q"),
+             q("DequantizeLinear", ["m_q", "s_m", "z_m"], ["m_dq"], name="m_dq"),
+             q("Add", ["m_dq", "eps"], ["m_e"], name="eps_add"),
+             q("Div", ["g", "m_e"], ["n"], name="div"),
+             q("QuantizeLinear", ["n", "s_y", "z_y"], ["n_q"], name="n_q"),
+             q("DequantizeLinear", ["n_q", "s_y", "z_y"], ["y"], name="y")]
+    return helper.make_graph(nodes, "grn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 4, 8])],
+                             [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 1, 8])], initializer=inits)
+
+
+def test_a_float_op_two_spans_read(tmp_path, capsys):
+    path = tmp_path / "grn.onnx"
+    onnx.save(helper.make_model(_grn(), opset_imports=[helper.make_opsetid("", 18)]), str(path))
+    x = tmp_path / "x.npy"
+    np.save(x, np.random.default_rng(6).standard_normal((1, 4, 4, 8)).astype(np.float32))
+    report = _run_and_verify(tmp_path, path, x, capsys)
+    source = {row["name"]: row["checks"]["source"] for row in report["layers"]}
+    assert all(c["status"] == "pass" for c in source.values()), source
+    ir = json.loads((tmp_path / "out" / "ir.json").read_text())
+    division = next(layer for layer in ir["layers"] if layer["quant"] and layer["quant"].get("kind") == "float")
+    assert "relax.sqrt" in {op["relax_op"] for op in division["fused_ops"]}  # the ReduceL2 computed in its span too

@@ -402,11 +402,9 @@ def realize_float(qg, qb, last, out):
             else:
                 stack.append(pb)
     names = set(members)
-    # torch: float ops another span reads too (a pad each of four sliced-and-quantized windows
-    # reads) are computed again in each span, the same values; they stay while read
-    for n in names if not p._is_torch(qg) else ():
-        if n != last.name and not _users_inside(qg, n, names):
-            raise IrgenError(f"{p.SCHEME}: the float ops before {tensor!r} are also used elsewhere ({n!r})")
+    # float ops another span reads too (torch: a pad each of four sliced-and-quantized windows
+    # reads; ONNX: ConvNeXt V2's ReduceL2 read by its quantized mean and by the division) are
+    # computed again in each span, the same values; they stay while read
     order = [b for b in qg.bindings if b.name in names]
     e = qg.emit
     new: dict[str, object] = {}
