@@ -296,3 +296,19 @@ def test_a_float_op_two_spans_read(tmp_path, capsys):
     ir = json.loads((tmp_path / "out" / "ir.json").read_text())
     division = next(layer for layer in ir["layers"] if layer["quant"] and layer["quant"].get("kind") == "float")
     assert "relax.sqrt" in {op["relax_op"] for op in division["fused_ops"]}  # the ReduceL2 computed in its span too
+
+
+def test_dynamic_quantization_is_refused_saying_what_to_do(tmp_path, capsys):
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    graph, _, sample = _shared_weight()
+    float_path, path = tmp_path / "float.onnx", tmp_path / "dynamic.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(float_path))
+    quantize_dynamic(str(float_path), str(path), weight_type=QuantType.QInt8)
+    assert any(n.op_type == "DynamicQuantizeLinear" for n in onnx.load(str(path)).graph.node)
+    np.save(tmp_path / "x.npy", sample(1))
+    capsys.readouterr()
+    assert main(["run", str(path), "-o", str(tmp_path / "out"), "--input", str(tmp_path / "x.npy"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "dynamic quantization" in err and "quantize_static" in err, err
+    assert not (tmp_path / "out").exists()

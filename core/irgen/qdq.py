@@ -77,7 +77,11 @@ def _qparams(qg, call, tensor: str, channels: int | None = None):
     relax, _, q, Constant = _ops()
     scale, zp = call.args[1], call.args[2]
     if not isinstance(scale, Constant) or not isinstance(zp, Constant):
-        raise IrgenError(f"{SCHEME}: tensor {tensor!r} has a scale or zero point that is not a constant")
+        raise IrgenError(f"{SCHEME}: tensor {tensor!r} has a scale or zero point that is not a constant: it is "
+                         f"computed while the model runs (dynamic quantization, as onnxruntime's quantize_dynamic "
+                         f"writes with DynamicQuantizeLinear); irgen needs static quantization parameters "
+                         f"(onnxruntime's quantize_static, the TFLite converter's full-integer mode, torch's "
+                         f"convert_fx)")
     dtype = str(call.attrs.out_dtype) if str(call.op.name) == "relax.quantize" else str(call.args[0].ty.dtype)
     qt = q.check_qparams(SCHEME, tensor, scale.value.numpy(), zp.value.numpy(), dtype, int(call.attrs.axis), channels)
     qt.range = qg.ranges.get(tensor)  # torch's reduce_range: a quantize that clamps to [0, 127]
