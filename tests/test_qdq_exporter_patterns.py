@@ -312,3 +312,38 @@ def test_dynamic_quantization_is_refused_saying_what_to_do(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "dynamic quantization" in err and "quantize_static" in err, err
     assert not (tmp_path / "out").exists()
+
+
+def _rotary_table():
+    """GPT-J's rotary tables as quantize_static leaves them: a constant table quantized at run
+    time, unsqueezed on its integers, then tiled (a float span ORT runs: DequantizeLinear, Tile,
+    Reshape, QuantizeLinear) before it multiplies the activations. The Tile was TVM's opaque
+    kernel and the dequantize of computed integers stopped irgen's evaluation of the constant:
+    verify could not recompute the multiplication ('list index out of range')."""
+    rng = np.random.default_rng(7)
+    q = helper.make_node
+
+    def c(name, v):
+        return numpy_helper.from_array(np.asarray(v), name)
+
+    inits = [c("table", rng.standard_normal((4, 2)).astype(np.float32)), c("axes", np.array([0], np.int64)),
+             c("reps", np.array([3, 1, 2], np.int64)), c("shape", np.array([3, 4, 4], np.int64)),
+             c("s_t", np.float32(0.02)), c("z_t", np.int8(3)), c("s_x", np.float32(0.025)), c("z_x", np.int8(-2)),
+             c("s_y", np.float32(0.04)), c("z_y", np.int8(1))]
+    nodes = [q("QuantizeLinear", ["table", "s_t", "z_t"], ["t_q"], name="t_q"),
+             q("DequantizeLinear", ["t_q", "s_t", "z_t"], ["t_dq"], name="t_dq"),
+             q("Unsqueeze", ["t_dq", "axes"], ["t_u"], name="unsqueeze"),
+             q("QuantizeLinear", ["t_u", "s_t", "z_t"], ["u_q"], name="u_q"),
+             q("DequantizeLinear", ["u_q", "s_t", "z_t"], ["u_dq"], name="u_dq"),
+             q("Tile", ["u_dq", "reps"], ["tiled"], name="tile"),
+             q("Reshape", ["tiled", "shape"], ["shaped"], name="reshape"),
+             q("QuantizeLinear", ["shaped", "s_t", "z_t"], ["rot_q"], name="rot_q")]
+    return _added_to_scores(nodes, "rot_q", inits)
+
+
+def test_a_tiled_constant_table(tmp_path, capsys):
+    report, add = _bias_run(tmp_path, _rotary_table(), capsys)
+    assert add["quant"].get("constants"), add["quant"]  # the tiled table's integers, as ORT computes them
+    for row in report["layers"]:
+        for check, c in row["checks"].items():
+            assert c["status"] == "pass" and (c.get("exact") or check == "source"), (row["name"], check, c)

@@ -10,6 +10,10 @@ op) and tensor bounds ``relax.maximum`` / ``relax.minimum``.
 ``Pad``: TVM's importer emits a ``call_tir`` of ``topi.nn.pad``; here it is one
 ``relax.nn.pad`` (modes constant, reflect, edge → replicate, wrap → circular).
 
+``Tile`` with constant repeats: TVM's importer emits a ``call_tir`` of ``topi.tile``;
+here it is one ``relax.tile`` (GPT-J's rotary tables: verify's numpy reference, and a
+QDQ scheme evaluating a constant operand, can run it).
+
 A converter returns ``NotImplemented`` to leave a node form it does not handle
 to TVM's converter.
 """
@@ -135,8 +139,19 @@ def pad(bb, inputs: list, attrs: dict, opset: int):
     return relax.op.nn.pad(x, width, _PAD_MODES[mode])
 
 
+def tile(bb, inputs, attrs, opset):
+    """Tile with constant repeats -> ``relax.tile``."""
+    from tvm import relax
+
+    reps = _const_list(inputs[1]) if len(inputs) > 1 and inputs[1] is not None else None
+    if reps is None or opset < 6:
+        return NotImplemented
+    return relax.op.tile(inputs[0], [int(r) for r in reps])
+
+
 #: ONNX op type -> converter(bb, inputs, attrs, opset) -> Relax expression
 CONVERTERS: dict[str, Callable[..., Any]] = {
     "Clip": clip,
     "Pad": pad,
+    "Tile": tile,
 }
