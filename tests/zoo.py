@@ -379,9 +379,10 @@ def _quantize_onnx(model_name: str, fmt: str, folder: Path, onnx_path: Path, fee
     if fmt == "qdq-pre":
         from onnxruntime.quantization.shape_inference import quant_pre_process
 
-        src = folder / f"{model_name}.pre.onnx"
-        with contextlib.redirect_stdout(io.StringIO()):
-            quant_pre_process(str(onnx_path), str(src))
+        src = (folder / f"{model_name}.pre.onnx").resolve()
+        # in the model's folder: ORT's symbolic shape inference leaves its temporary files in the current one
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.chdir(folder):
+            quant_pre_process(str(Path(onnx_path).resolve()), str(src))
     with contextlib.redirect_stdout(io.StringIO()):
         quantize_static(str(src), str(out), _calibration_reader(feeds), per_channel=(fmt == "qdq-pc"))
     return out
