@@ -25,6 +25,12 @@ a ``DequantizeLinear`` of a weight, or of a constant that meets the activations
 
 The erf form of GELU, which exporters write as five nodes (Div, Erf, Add, Mul,
 Mul), becomes one ``Gelu`` node (:func:`fuse_erf_gelu`): one layer, ``relax.nn.gelu``.
+
+Two rewrites put what ``quantize_static`` writes around transformers into the form the QDQ
+scheme realizes, with ONNX Runtime's values: a shared weight requantized after the exporter's
+``Identity`` becomes an integer initializer (:func:`fold_requantized_weights`), and an input
+moved or cast to its own type before its first QuantizeLinear is quantized first
+(:func:`quantize_inputs_first`; the nodes irgen adds carry :data:`INVENTED`).
 """
 
 from __future__ import annotations
