@@ -1127,17 +1127,14 @@ def _dequantize_rest(qg) -> None:
     _spans().drop_dead(qg)
     for b in list(qg.bindings):
         if b.op == "relax.quantize":
-            value = None if _is_torch(qg) else _spans().constant_value(qg, b.value.args[0])
-            if value is None:
+            found = None if _is_torch(qg) else _spans().run_time_quantized(qg, b)
+            if found is None:
                 raise IrgenError(f"{SCHEME}: quantize at tensor {b.name!r} is left after folding")
             # a constant quantized at run time whose integers an integer op reads as they are (a
-            # gather of Swin V2's position-bias table, GPT-J's rotary table): its integers, as
-            # QuantizeLinear computes them
-            qt = _qparams(qg, b.value, b.name)
-            if qt.scale.size != 1:
+            # gather of Swin V2's position-bias table, GPT-J's rotary table): its integers
+            if found[0] is None:
                 raise IrgenError(f"{SCHEME}: constant {b.name!r} is quantized per channel at run time; not supported")
-            arr = q.quantize_linear(value, np.float32(qt.scale[0]), int(qt.zero_point[0]), qt.dtype)
-            qg.replace([b.name], relax.const(arr))  # a constant: the layers reading it record its integers
+            qg.replace([b.name], relax.const(found[0]))  # a constant: the layers reading it record its integers
             continue
         if b.op != "relax.dequantize":
             continue

@@ -195,9 +195,6 @@ def _const_array(c) -> np.ndarray:
 def quantized_constant(qg, expr):
     """``DQ(Q(float constant))`` (a Constant node quantized at run time, GELU's 1 and 0.5):
     (integer array as QuantizeLinear computes it, QTensor, [dq, q] bindings) or None."""
-    from irgen.graph import Constant
-    from irgen.quant import quantize_linear
-
     p = _pkg()
     dq = qg.producer(expr)
     if dq is None or dq.op != "relax.dequantize":
@@ -205,14 +202,25 @@ def quantized_constant(qg, expr):
     qb = qg.producer(dq.value.args[0])
     if qb is None or qb.op != "relax.quantize":
         return None
+    found = run_time_quantized(qg, qb)
+    if found is None or found[0] is None:
+        return None
+    return found[0], p._qparams(qg, dq.value, dq.name), [dq.name, qb.name]
+
+
+def run_time_quantized(qg, qb):
+    """A quantize ``qb`` of a float constant (ONNX Runtime quantizes it at run time): (its integers
+    as QuantizeLinear computes them, or None when it is per channel; its QTensor), or None when its
+    input is not a constant (:func:`constant_value`)."""
+    from irgen.quant import quantize_linear
+
     value = constant_value(qg, qb.value.args[0])
     if value is None:
         return None
-    qt = p._qparams(qg, qb.value, qb.name)
+    qt = _pkg()._qparams(qg, qb.value, qb.name)
     if qt.scale.size != 1:
-        return None
-    arr = quantize_linear(value, np.float32(qt.scale[0]), int(qt.zero_point[0]), qt.dtype)
-    return arr, p._qparams(qg, dq.value, dq.name), [dq.name, qb.name]
+        return None, qt
+    return quantize_linear(value, np.float32(qt.scale[0]), int(qt.zero_point[0]), qt.dtype), qt
 
 
 def constant_value(qg, expr):

@@ -471,7 +471,7 @@ def fold_requantized_weights(model) -> int:
     with the range it calibrated. After the fold the consumer's weights are a dequantized
     integer constant again. Per-tensor QuantizeLinear only; the nodes left without readers
     go. Returns how many were folded."""
-    from onnx import NodeProto, numpy_helper
+    from onnx import numpy_helper
 
     g = model.graph
     nodes = list(g.node)  # the wrappers stay alive: their ids name them below
@@ -527,13 +527,7 @@ def fold_requantized_weights(model) -> int:
         if not dead:
             break
         keep = [n for n in keep if all(n is not d for d in dead)]
-    copies = []
-    for n in keep:
-        c = NodeProto()
-        c.CopyFrom(n)
-        copies.append(c)
-    del g.node[:]
-    g.node.extend(copies)
+    _set_nodes(g, keep)
     g.initializer.extend(numpy_helper.from_array(v, name) for name, v in folded.items())
     return len(folded)
 
@@ -583,40 +577,33 @@ def quantize_inputs_first(model) -> int:
         t = inits.get(name)
         return t is not None and math.prod(int(d) for d in t.dims) == 1
 
-    firsts: dict[int, tuple[Any, str, Any]] = {}  # position of the chain's first op -> (it, the input, the Q)
+    # the id of a chain's first op -> (the graph input, the ops from it to the Q, the Q)
+    firsts: dict[int, tuple[str, list, Any]] = {}
     for q in nodes:
         if q.op_type != "QuantizeLinear" or q.domain not in ("", "ai.onnx") or len(q.input) < 2 \
                 or not per_tensor(q.input[1]) or (len(q.input) > 2 and q.input[2] and not per_tensor(q.input[2])):
             continue
-        tensor, first = q.input[0], None
+        tensor, chain = q.input[0], []
         while tensor not in inputs:
             n = producer.get(tensor)
             if n is None or tensor in outputs or readers.get(tensor) != 1 or not n.input:
                 break
-            first, tensor = n, n.input[0]
-        if first is None or tensor not in inputs or inputs[tensor] not in (TensorProto.FLOAT, TensorProto.FLOAT16):
-            continue
-        chain, t = [], q.input[0]
-        while t != tensor:
-            chain.append(producer[t])
-            t = producer[t].input[0]
-        if all(moves(n, inputs[tensor]) for n in chain):
-            firsts[id(first)] = (first, tensor, q)
+            chain.insert(0, n)
+            tensor = n.input[0]
+        if chain and tensor in inputs and inputs[tensor] in (TensorProto.FLOAT, TensorProto.FLOAT16) \
+                and all(moves(n, inputs[tensor]) for n in chain):
+            firsts[id(chain[0])] = (tensor, chain, q)
     if not firsts:
         return 0
     drop, new = set(), []
     for n in nodes:
         hit = firsts.get(id(n))
         if hit is not None:
-            first, x, q = hit
-            qname = f"{x}_QuantizeLinear_before_{first.name or first.op_type}"
+            x, chain, q = hit
+            qname = f"{x}_QuantizeLinear_before_{chain[0].name or chain[0].op_type}"
             new.append(helper.make_node("QuantizeLinear", [x, *q.input[1:]], [f"{qname}_Output"], name=qname,
                                         domain=q.domain, doc_string=INVENTED))
             new[-1].attribute.extend(q.attribute)
-            chain, t = [], q.input[0]
-            while t != x:
-                chain.insert(0, producer[t])
-                t = producer[t].input[0]
             source = f"{qname}_Output"
             for k, c in enumerate(chain):  # on the integers now; the last writes the QuantizeLinear's output
                 if c.op_type == "Cast":
@@ -630,11 +617,16 @@ def quantize_inputs_first(model) -> int:
             drop.add(id(q))
         if id(n) not in drop:
             new.append(n)
+    _set_nodes(g, new)
+    return len(firsts)
+
+
+def _set_nodes(g, nodes: list) -> None:
+    """``g``'s nodes replaced by ``nodes`` (copied first: clearing the field releases its messages)."""
     copies = []
-    for n in new:
+    for n in nodes:
         c = type(n)()
         c.CopyFrom(n)
         copies.append(c)
     del g.node[:]
     g.node.extend(copies)
-    return len(firsts)
