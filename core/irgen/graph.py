@@ -894,8 +894,16 @@ def form_layers(
                 layer.outputs.append(m)
         if not layer.outputs:
             layer.outputs.append(layer.members[-1])
-        # a tuple result (batch_norm, dropout, split) is named by its items
-        by_name = {b.name: b for b in bindings}
+    _name_tuple_results(layers, bindings, users, out_names)
+    return layers
+
+
+def _name_tuple_results(layers: list[Layer], bindings: list[Binding], users: dict[str, list[int]],
+                        out_names: set[str]) -> None:
+    """A tuple result (batch_norm, dropout, split) is named by its items: the item reads
+    (tuple-get-items) that something uses, or the first when none is."""
+    by_name = {b.name: b for b in bindings}
+    for layer in layers:
         items: list[str] = []
         for o in layer.outputs:
             if isinstance(by_name[o].var.ty, relax.TupleType):
@@ -907,7 +915,6 @@ def form_layers(
             else:
                 items.append(o)
         layer.outputs = items
-    return layers
 
 
 def _apply_rule(rule: FusionRule, i: int, bindings: list[Binding], users: dict[str, list[int]],
@@ -1055,7 +1062,9 @@ def cut_layers(bindings: list[Binding], provenance: Provenance, main_output: rel
     for b in bindings:
         if b.kind in ("tgi", "alias", "const"):
             continue
-        if b.name not in provenance.by_var:
+        # an unnamed op with several results (a split the scheme left in float) is read through
+        # its items, never by name: it closes a layer of its own
+        if b.name not in provenance.by_var and not isinstance(b.var.ty, relax.TupleType):
             pending.append(b.name)
             continue
         needed, mine = set(var_names(b.value)), set()
@@ -1076,6 +1085,7 @@ def cut_layers(bindings: list[Binding], provenance: Provenance, main_output: rel
         for m in layer.members[:-1]:
             if m in out_names or any(bindings[k].name not in mset for k in users.get(m, [])):
                 layer.outputs.insert(len(layer.outputs) - 1, m)
+    _name_tuple_results(layers, bindings, users, out_names)
     return layers
 
 
