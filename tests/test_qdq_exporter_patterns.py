@@ -9,6 +9,21 @@
   indices wrapped) was grouped with the layer before it, so verify compared that layer's
   first output, the word ids, with the ``Not`` tensor of onnxruntime (120 "LSB").
 
+* Models quantized in part (``op_types_to_quantize``): a transformer quantized only at its
+  MatMuls computes its embeddings, residual stream and LayerNorms from the token ids in
+  float, and quantizes them only for the MatMuls. irgen refused: "an input of ... ('ids') is
+  a float tensor that is not quantized". A ViT quantized only at its Conv left the attention's
+  Split in float, and layer forming put it after the layers reading its items: "internal:
+  the formed layers read each other's results in a cycle".
+* 16-bit activations (``activation_type=QInt16``): ORT has no QLinear kernel for them and runs
+  each span in float; irgen realized them with its 8-bit integer kernels (a softmax table on
+  int16 integers). And ORT rewrites a DequantizeLinear of int8 weights into a MatMul as
+  MatMulNBits, which by default quantizes the activation to int8 on the fly (~150 LSB of
+  int16 off the graph's values): verify's onnxruntime runs it in float32, as the graph says.
+* ``extra_options``: ``QuantizeBias=False`` leaves a conv's or Gemm's bias in float, and ONNX
+  Runtime quantizes it to int32 itself (scale ``s_x * s_w``); ``AddQDQPairToWeight`` leaves
+  the weights in float with a QuantizeLinear, which ORT folds. irgen refused both ("bias ...
+  is never dequantized", "weights ... is not a dequantized integer constant").
 * The model input moved or cast to its own type before the first QuantizeLinear
   (wav2vec2's ``Unsqueeze`` of the waveform, DINOv2's and CLIP's ``Cast`` of the pixels):
   irgen refused, "an input of ... ('x') is a float tensor that is not quantized".
@@ -79,7 +94,7 @@ def _moved_input(cast: bool):
     return build
 
 
-def _quantized(tmp_path: Path, build) -> tuple[Path, Path]:
+def _quantized(tmp_path: Path, build, **options) -> tuple[Path, Path]:
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
 
     graph, name, sample = build()
@@ -94,7 +109,7 @@ def _quantized(tmp_path: Path, build) -> tuple[Path, Path]:
             return next(self.it, None)
 
     with contextlib.redirect_stdout(io.StringIO()):
-        quantize_static(str(float_path), str(path), Reader(), quant_format=QuantFormat.QDQ)
+        quantize_static(str(float_path), str(path), Reader(), quant_format=QuantFormat.QDQ, **options)
     x = tmp_path / "x.npy"
     np.save(x, sample(99))
     return path, x
@@ -347,3 +362,141 @@ def test_a_tiled_constant_table(tmp_path, capsys):
     for row in report["layers"]:
         for check, c in row["checks"].items():
             assert c["status"] == "pass" and (c.get("exact") or check == "source"), (row["name"], check, c)
+
+
+def _matmul_only_block():
+    """Token embeddings, LayerNorm, a two-MatMul feed-forward with a residual, LayerNorm."""
+    rng = np.random.default_rng(3)
+    inits = [numpy_helper.from_array(rng.standard_normal((16, 8)).astype(np.float32), "E"),
+             numpy_helper.from_array((rng.standard_normal((8, 16)) * 0.4).astype(np.float32), "W1"),
+             numpy_helper.from_array((rng.standard_normal(16) * 0.1).astype(np.float32), "b1"),
+             numpy_helper.from_array((rng.standard_normal((16, 8)) * 0.3).astype(np.float32), "W2"),
+             numpy_helper.from_array(np.ones(8, np.float32), "g"), numpy_helper.from_array(np.zeros(8, np.float32), "b")]
+    nodes = [helper.make_node("Gather", ["E", "ids"], ["emb"], name="embed"),
+             helper.make_node("LayerNormalization", ["emb", "g", "b"], ["h"], name="ln1", axis=-1),
+             helper.make_node("MatMul", ["h", "W1"], ["f1"], name="fc1"),
+             helper.make_node("Add", ["f1", "b1"], ["f1b"], name="fc1_bias"),
+             helper.make_node("Relu", ["f1b"], ["r"], name="relu"),
+             helper.make_node("MatMul", ["r", "W2"], ["f2"], name="fc2"),
+             helper.make_node("Add", ["h", "f2"], ["res"], name="residual"),
+             helper.make_node("LayerNormalization", ["res", "g", "b"], ["y"], name="ln2", axis=-1)]
+    graph = helper.make_graph(nodes, "block", [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 6, 8])], initializer=inits)
+    return graph, "ids", lambda k: np.random.default_rng(k).integers(0, 16, (1, 6)).astype(np.int64)
+
+
+def test_a_transformer_quantized_only_at_its_matmuls(tmp_path, capsys):
+    path, x = _quantized(tmp_path, _matmul_only_block, op_types_to_quantize=["MatMul"])
+    q = onnx.load(str(path))
+    assert {n.op_type for n in q.graph.node if n.op_type.endswith("QuantizeLinear")} == {"QuantizeLinear"}
+    report = _run_and_verify(tmp_path, path, x, capsys)
+    ir = json.loads((tmp_path / "out" / "ir.json").read_text())
+    kinds = {layer["name"]: (layer["quant"] or {}).get("kind") for layer in ir["layers"]}
+    assert sorted(k for k in kinds.values() if k == "dense") == ["dense", "dense"], kinds  # integer MatMuls
+    assert {"quantize", "dequantize", None} <= set(kinds.values()), kinds  # float layers between them
+    source = [row["checks"]["source"] for row in report["layers"] if "source" in row["checks"]]
+    assert len(source) == len(ir["layers"]) and all(c.get("status") == "pass" for c in source), source
+    from irgen_onnx.runner import inference_session
+
+    want = inference_session(path.read_bytes(), quantized=True).run(None, {"ids": np.load(x)})[0]
+    got = np.load(tmp_path / "out" / ir["outputs"][0]["file"])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def _conv_then_float_split():
+    """A patch embedding (Conv), then a float Split whose items feed a product and a sum."""
+    rng = np.random.default_rng(4)
+    inits = [numpy_helper.from_array((rng.standard_normal((6, 3, 2, 2)) * 0.4).astype(np.float32), "w"),
+             numpy_helper.from_array(np.array([2, 2, 2], np.int64), "sizes")]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="patch", strides=[2, 2]),
+             helper.make_node("Split", ["c", "sizes"], ["q", "k", "v"], name="split", axis=1),
+             helper.make_node("Mul", ["q", "k"], ["qk"], name="mul"),
+             helper.make_node("Add", ["qk", "v"], ["y"], name="add")]
+    graph = helper.make_graph(nodes, "split", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 4, 4])], initializer=inits)
+    return graph, "x", lambda k: np.random.default_rng(k).standard_normal((1, 3, 8, 8)).astype(np.float32)
+
+
+def test_a_float_split_after_the_only_quantized_op(tmp_path, capsys):
+    path, x = _quantized(tmp_path, _conv_then_float_split, op_types_to_quantize=["Conv"])
+    report = _run_and_verify(tmp_path, path, x, capsys)
+    ir = json.loads((tmp_path / "out" / "ir.json").read_text())
+    split = [layer for layer in ir["layers"] if layer["op"] == "split"]
+    assert len(split) == 1 and len(split[0]["outputs"]) == 3, [layer["op"] for layer in ir["layers"]]
+    source = [row["checks"]["source"] for row in report["layers"] if "source" in row["checks"]]
+    assert len(source) == len(ir["layers"]) and all(c.get("status") == "pass" for c in source), source
+
+
+def _sixteen_bit_attention():
+    """A projection, a softmax over it, a second projection, plus a float bias."""
+    rng = np.random.default_rng(5)
+    inits = [numpy_helper.from_array((rng.standard_normal((8, 8)) * 0.5).astype(np.float32), "W1"),
+             numpy_helper.from_array((rng.standard_normal((8, 8)) * 0.5).astype(np.float32), "W2"),
+             numpy_helper.from_array((rng.standard_normal(8) * 0.1).astype(np.float32), "b")]
+    nodes = [helper.make_node("MatMul", ["x", "W1"], ["s"], name="scores"),
+             helper.make_node("Softmax", ["s"], ["p"], name="softmax", axis=-1),
+             helper.make_node("MatMul", ["p", "W2"], ["o"], name="proj"),
+             helper.make_node("Add", ["o", "b"], ["y"], name="bias")]
+    graph = helper.make_graph(nodes, "attn16", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 6, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 6, 8])], initializer=inits)
+    return graph, "x", lambda k: np.random.default_rng(k).standard_normal((1, 6, 8)).astype(np.float32)
+
+
+@pytest.mark.parametrize("act", ["QInt16", "QUInt16"])
+def test_sixteen_bit_activations_run_in_float_as_onnxruntime_does(tmp_path, capsys, act):
+    from onnxruntime.quantization import QuantType
+
+    path, x = _quantized(tmp_path, _sixteen_bit_attention, activation_type=getattr(QuantType, act),
+                         weight_type=QuantType.QInt8)
+    report = _run_and_verify(tmp_path, path, x, capsys)
+    ir = json.loads((tmp_path / "out" / "ir.json").read_text())
+    compute = [layer for layer in ir["layers"] if layer["op"] in ("dense", "matmul", "softmax", "add", "float")]
+    assert compute and all(layer["quant"]["realization"] == "float" for layer in compute), \
+        [(layer["name"], layer["quant"].get("kind")) for layer in compute]
+    source = [row["checks"]["source"] for row in report["layers"] if "source" in row["checks"]]
+    assert len(source) == len(ir["layers"]) and all(c.get("status") == "pass" for c in source), source
+    from irgen_onnx.runner import inference_session
+
+    want = inference_session(path.read_bytes(), quantized=True).run(None, {"x": np.load(x)})[0]
+    got = np.load(tmp_path / "out" / ir["outputs"][0]["file"])
+    q = onnx.load(str(path))
+    last = next(n for n in q.graph.node if n.op_type == "DequantizeLinear" and n.output[0] == "y")
+    scale = float(numpy_helper.to_array(next(i for i in q.graph.initializer if i.name == last.input[1])))
+    assert np.abs(got - want).max() <= scale * 1.001  # within one step of the int16 output
+
+
+def _conv_and_gemm():
+    rng = np.random.default_rng(6)
+    inits = [numpy_helper.from_array((rng.standard_normal((4, 3, 3, 3)) * 0.4).astype(np.float32), "w"),
+             numpy_helper.from_array((rng.standard_normal(4) * 0.2).astype(np.float32), "wb"),
+             numpy_helper.from_array((rng.standard_normal((5, 36)) * 0.3).astype(np.float32), "g"),
+             numpy_helper.from_array((rng.standard_normal(5) * 0.2).astype(np.float32), "gb")]
+    nodes = [helper.make_node("Conv", ["x", "w", "wb"], ["c"], name="conv", strides=[2, 2]),
+             helper.make_node("Relu", ["c"], ["r"], name="relu"),
+             helper.make_node("Flatten", ["r"], ["f"], name="flatten"),
+             helper.make_node("Gemm", ["f", "g", "gb"], ["y"], name="fc", transB=1)]
+    graph = helper.make_graph(nodes, "convgemm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 7, 7])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 5])], initializer=inits)
+    return graph, "x", lambda k: np.random.default_rng(k).standard_normal((1, 3, 7, 7)).astype(np.float32)
+
+
+@pytest.mark.parametrize("options", [{"QuantizeBias": False}, {"AddQDQPairToWeight": True},
+                                     {"AddQDQPairToWeight": True, "per_channel": True}],
+                         ids=["float-bias", "float-weights", "float-weights-per-channel"])
+def test_float_weights_or_bias_onnxruntime_quantizes_itself(tmp_path, capsys, options):
+    options = dict(options)
+    per_channel = options.pop("per_channel", False)
+    path, x = _quantized(tmp_path, _conv_and_gemm, extra_options=options, per_channel=per_channel)
+    q = onnx.load(str(path))
+    inits = {i.name for i in q.graph.initializer}
+    conv = next(n for n in q.graph.node if n.op_type == "Conv")
+    if "QuantizeBias" in options:
+        assert conv.input[2] in inits  # the float bias read as it is
+    else:
+        assert any(n.op_type == "QuantizeLinear" and n.input[0] == "w" for n in q.graph.node)
+    report = _run_and_verify(tmp_path, path, x, capsys)
+    ir = json.loads((tmp_path / "out" / "ir.json").read_text())
+    kinds = [(layer["quant"] or {}).get("kind") for layer in ir["layers"]]
+    assert "conv2d" in kinds and "dense" in kinds, kinds  # integer layers, as ORT's QLinearConv and QGemm
+    source = [row["checks"]["source"] for row in report["layers"] if "source" in row["checks"]]
+    assert len(source) == len(ir["layers"]) and all(c.get("status") == "pass" and c.get("exact") for c in source), source

@@ -173,6 +173,45 @@ def test_softmax_over_few_elements_equals_onnxruntime(n, axis, tmp_path, capsys)
     assert code == 0 and result["passed"], result["problems"]
 
 
+@pytest.mark.parametrize("dtype", ["int8", "uint8"])
+@pytest.mark.parametrize("n", [5, 17])
+def test_softmax_with_a_calibrated_output_scale_equals_onnxruntime(dtype, n, tmp_path, capsys):
+    """``quantize_static(op_types_to_quantize=["MatMul"])`` calibrates a softmax's output scale as
+    the next MatMul's input (2.4e-4 on ViT, not 1/256). ONNX Runtime still fuses QLinearSoftmax;
+    irgen's float32 product ``e * floor(1 / s_y)`` overflowed to inf and its int8 results wrapped
+    (127 LSB off), where ORT's quotient is finite and saturates."""
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    signed = dtype == "int8"
+    np_t = np.int8 if signed else np.uint8
+    t = TensorProto.INT8 if signed else TensorProto.UINT8
+    inits = [numpy_helper.from_array(np.float32(3.36356e-4), "sx"), numpy_helper.from_array(np_t(15 if signed else 140), "zx"),
+             numpy_helper.from_array(np.float32(2.4029499e-4), "sy"), numpy_helper.from_array(np_t(-128 if signed else 0), "zy")]
+    nodes = [helper.make_node("DequantizeLinear", ["x", "sx", "zx"], ["d"]),
+             helper.make_node("Softmax", ["d"], ["s"], axis=-1), helper.make_node("QuantizeLinear", ["s", "sy", "zy"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", t, [8, n])],
+                              [helper.make_tensor_value_info("y", t, [8, n])], inits)
+    path = tmp_path / "softmax.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+    lo, hi = (-128, 128) if signed else (0, 256)
+    x = np.random.default_rng(n).integers(lo, hi, [8, n]).astype(np_t)
+    np.save(tmp_path / "x.npy", x)
+    out = tmp_path / "out"
+    _run(path, "-o", out, "--input", tmp_path / "x.npy")
+    ir = json.loads((out / "ir.json").read_text())
+    assert [la["quant"]["kind"] for la in ir["layers"]] == ["softmax"]
+    want = inference_session(path.read_bytes(), quantized=True).run(None, {"x": x})[0]
+    got = np.load(out / ir["outputs"][0]["file"])
+    np.testing.assert_array_equal(got, want)
+    from irgen.quant import ort_softmax_table
+
+    with np.errstate(over="ignore"):  # the case: the float32 product overflows
+        assert np.isinf(ort_softmax_table(3.36356e-4, n, signed).max() * np.float32(np.floor(1 / np.float32(2.4029499e-4))))
+    code, result = _verify_json(capsys, out)
+    assert code == 0 and result["passed"], result["problems"]
+
+
 def test_pool_token_mixer_recomputes_from_its_fused_ops(tmp_path, capsys):
     """PoolFormer / EfficientFormer's token mixer: a QDQ AveragePool 3x3, stride 1, pads 1,
     count_include_pad=0. The golden data equalled onnxruntime's, but verify's single check

@@ -280,7 +280,14 @@ def _realize_conv(qg, qb, comp, bias_b, acts, out, requant=None):
             bias_b = None
     if bias_b is not None:
         other = bias_b.value.args[1] if bias_b.value.args[0].same_as(comp.var) else bias_b.value.args[0]
-        bias, bq, bchain = _const_chain(qg, other, tensor, "bias")
+        fb = _float_bias(qg, other)
+        if fb is not None:
+            # a float bias (quantize_static's QuantizeBias=False): ORT quantizes it to int32 itself
+            # (WeightBiasQuantization: QuantizeLinear(bias, float32(s_x * s_w[c]), 0, int32))
+            bias, bq = _ort_bias_int32(fb[0], qx, qw, n_out)
+            bchain = [qg.producer(other)] if qg.producer(other) is not None else []
+        else:
+            bias, bq, bchain = _const_chain(qg, other, tensor, "bias")
         if bias.dtype != np.int32:  # e.g. a bias initializer the exporter shared with a quantized Add
             raise IrgenError(f"{SCHEME}: bias of {tensor!r} is {bias.dtype}, not int32: no integer kernel "
                              "(ORT runs the node unit in float)")
@@ -326,6 +333,22 @@ def _realize_conv(qg, qb, comp, bias_b, acts, out, requant=None):
         "output": out.record(), "requant": rq, "clamp": [lo, hi],
     }
     return drop + [b.name for b in acts] + [qb.name], expr, rec
+
+
+def _ort_bias_int32(bias: np.ndarray, qx, qw, n_out: int):
+    """ONNX Runtime's int32 quantization of a float conv/Gemm bias (its WeightBiasQuantization
+    transformer): scale ``float32(s_x * s_w[c])``, zero point 0, QuantizeLinear's
+    ``saturate(round_half_even(bias / scale))``."""
+    from irgen.quant import QTensor
+
+    scale = (np.float32(qx.scale[0]) * np.broadcast_to(qw.scale, (n_out,)).astype(np.float32)).astype(np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        v = np.rint(bias.astype(np.float32) / scale)
+    info = np.iinfo(np.int32)
+    q = np.clip(np.nan_to_num(v, nan=0.0, posinf=info.max, neginf=info.min), info.min, info.max).astype(np.int32)
+    axis = 0 if scale.size > 1 else None
+    return q, QTensor(scale=scale if scale.size > 1 else scale[:1], zero_point=np.zeros(scale.size if axis == 0 else 1,
+                                                                                          np.int32), dtype="int32", axis=axis)
 
 
 def _dequantize_torch(qg, x, qx):
@@ -510,23 +533,22 @@ def _realize_softmax(qg, qb, comp, out):
     ex = e(op.take(relax.const(table), idx, axis=0, mode="clip"))  # idx is in 0..255
     total = e(op.sum(ex, axis=[-1], keepdims=True))
     ys = float(np.floor(np.float32(1.0) / np.float32(out.scale[0])))
-    if shape[-1] == 1:  # one element: e == sum, the quotient is ys (e * ys would overflow float32)
-        v = e(op.multiply(e(op.divide(ex, total)), q.rx_const(ys, "float32")))
-    else:
-        v = e(op.divide(e(op.multiply(ex, q.rx_const(ys, "float32"))), total))
-    vq = e(op.add(e(op.astype(e(op.round(v)), "int32")), q.rx_const(int(out.zero_point[0]), "int32")))
-    if signed:
-        vq = e(op.where(e(op.greater(vq, q.rx_const(255, "int32"))), q.rx_const(255, "int32"), vq))
-    else:
-        vq = e(op.minimum(vq, q.rx_const(255, "int32")))
+    # e * floor(1 / s_y) / sum in float64: finite for every output scale (in float32 the product
+    # overflows when floor(1 / s_y) > n * e^5, a calibrated scale such as a MatMul input's)
+    v = e(op.divide(e(op.multiply(e(op.astype(ex, "float64")), relax.const(ys, "float64"))),
+                    e(op.astype(total, "float64"))))
+    lo, hi = (-128, 127) if signed else (0, 255)
+    vq = e(op.clip(e(op.add(e(op.round(v)), relax.const(float(out.zero_point[0]), "float64"))), lo, hi))
+    vq = e(op.astype(vq, "int32"))
     if perm is not None:
         vq = e(op.permute_dims(vq, [perm.index(d) for d in range(len(perm))]))
     rec = {"scheme": SCHEME, "kind": "softmax", "axis": -1 if perm is None else axis, "inputs": [qx.record()],
            "output": out.record(),
            "table": "parameter 'table' (float32[256]): exp((i - 255 + b) * s_x), b = max(0, log(FLT_MAX / n) - 5) / s_x",
            "requant": {"rounding": "half_to_even",
-                       "rounding_rule": "y = rint(table[x - max + 127 (int8) | 255 (uint8)] * floor(1 / s_y) / sum) + zp_y, "
-                                        "float32, sum in row order; int8 wraps as ORT's QLinearSoftmax casts"}}
+                       "rounding_rule": "y = saturate(rint(e * floor(1 / s_y) / sum) + zp_y), e = table[x - max + 127 "
+                                        "(int8) | 255 (uint8)], sum in float32 in row order, the quotient in "
+                                        "float64 (ONNX Runtime's QLinearSoftmax)"}}
     return [dqx, comp.name, qb.name], op.astype(vq, out.dtype), rec
 
 
@@ -939,8 +961,11 @@ def _bias_add(qg, comp) -> tuple[Any, Any]:
     Constant = _ops()[3]
     p0, p1 = (qg.producer(a) for a in comp.value.args)
     for cand, other in ((p0, p1), (p1, p0)):
+        operand = comp.value.args[1 if cand is p0 else 0]
+        # torch: a float bias constant; ONNX: a Gemm's float bias (QuantizeBias=False), which ORT quantizes
         other_ok = (other is not None and other.op in ("relax.dequantize", "relax.reshape")) or (
-            other is None and _is_torch(qg) and isinstance(comp.value.args[1 if cand is p0 else 0], Constant))
+            other is None and isinstance(operand, Constant)
+            and (_is_torch(qg) or str(operand.ty.dtype) == "float32"))
         if cand is not None and cand.op in ("relax.nn.conv2d", "relax.matmul") and other_ok \
                 and qg.n_users(cand.name) == 1:
             return cand, comp
@@ -1096,10 +1121,42 @@ _FLOAT_OPERAND = ("is not a dequantized integer tensor", "no integer kernel")
 
 
 def _realize_span(s: _Span):
-    """``(names, expr, rec)``: the bindings the span replaces, its integer expression and record."""
+    """``(names, expr, rec)``: the bindings the span replaces, its integer expression and record.
+    A span whose float ops read a tensor that is not quantized (a model quantized only in part:
+    its float ops compute from the model input) is no span: those ops stay float layers, as ORT
+    runs them, and the quantize quantizes their float result."""
+    try:
+        return _realize_span_kinds(s)
+    except _spans().UnquantizedSource:
+        return _realize_quantize(s.qg, s.b, s.out)
+
+
+#: activation types ONNX Runtime has no QLinear kernels for (``quantize_static`` with
+#: ``activation_type=QInt16``/``QUInt16``): it runs every such span in float
+_WIDE = ("int16", "uint16")
+
+
+def _wide_activations(s: _Span) -> bool:
+    """The span quantizes to, or computes from, a 16-bit activation (ONNX)."""
+    if s.torch:
+        return False
+    if s.out.dtype in _WIDE:
+        return True
+    first = s.comp.value.args[0] if getattr(s.comp.value, "args", None) else None
+    d = _dequantized(s.qg, first) if first is not None else None
+    return d is not None and d[1].dtype in _WIDE
+
+
+def _realize_span_kinds(s: _Span):
+    if _wide_activations(s) and s.comp.op not in _MOVE:
+        # ORT's integer kernels are 8-bit: a 16-bit span is DequantizeLinear, the float op, QuantizeLinear
+        # (a split item or a data movement stays a move of the integers, the same values)
+        return _split_item(s) or _no_kernel(s)
     for realizer in (*_ANY_KIND, *_REALIZERS.get(s.comp.op, ())):
         try:
             found = realizer(s)
+        except _spans().UnquantizedSource:
+            raise
         except IrgenError as err:
             if not s.torch or not any(w in str(err) for w in _FLOAT_OPERAND):
                 raise

@@ -85,6 +85,12 @@ def operand(qg, expr, tensor: str, what: str = "an input"):
         try:
             arr, qt, chain = p._const_chain(qg, expr, tensor, what)
         except IrgenError:
+            from irgen.graph import Constant
+
+            if isinstance(expr, Constant) and str(expr.ty.dtype).startswith("float"):
+                # a float constant no QuantizeLinear gave (an op quantize_static left out of
+                # op_types_to_quantize): ORT runs the op in float
+                raise IrgenError(f"{p.SCHEME}: {what} of {tensor!r} is a float constant; no integer kernel") from None
             pb = qg.producer(expr) if isinstance(expr, relax.Var) else None
             if pb is not None and pb.op not in ("relax.dequantize", "relax.quantize") and constant_tensor(qg, expr) is None:
                 # computed in float from dequantized tensors (an InstanceNormalization before its bias
@@ -281,6 +287,8 @@ def elementwise_dag(qg, last):
     tensor and scalar constants, each used only inside: ((int var, QTensor, dq name), bindings in order)."""
     from tvm import relax
 
+    from irgen.graph import Constant
+
     p = _pkg()
     members: dict[str, object] = {}
     source = None
@@ -304,8 +312,8 @@ def elementwise_dag(qg, last):
                 if pb is None:
                     return None
                 stack.append(pb)
-            elif hasattr(a, "data") and a.value.numpy().size != 1:
-                return None
+            elif isinstance(a, Constant) and hasattr(a.value, "numpy") and a.value.numpy().size != 1:
+                return None  # a per-channel operand (a float bias add): no table
     if source is None:
         return None
     names = set(members)
@@ -315,6 +323,13 @@ def elementwise_dag(qg, last):
 
 
 # ------------------------------------------------------------------ float layers
+
+
+class UnquantizedSource(IrgenError):
+    """A float span reaches a tensor no dequantize gives (a model input, or what float ops compute
+    from one: the embeddings of a model ``quantize_static`` quantized only at its MatMuls). Its
+    float ops stay float layers and the quantize quantizes their result
+    (:func:`irgen.qdq._realize_span`)."""
 
 
 def recompute_float(layer, inputs, params=None) -> np.ndarray:
@@ -384,8 +399,8 @@ def realize_float(qg, qb, last, out):
                 continue
             pb = qg.producer(a)
             if pb is None:
-                raise IrgenError(f"{p.SCHEME}: an input of {tensor!r} ({a.name!r}) is a float tensor that is "
-                                 "not quantized")
+                raise UnquantizedSource(f"{p.SCHEME}: an input of {tensor!r} ({a.name!r}) is a float tensor that "
+                                        "is not quantized")
             qc = quantized_constant(qg, a)
             if qc is not None:
                 arr, qt, qnames = qc

@@ -400,11 +400,11 @@ def ort_softmax_table(x_scale: float, reduce_len: int, signed: bool) -> np.ndarr
 
 def ort_softmax(x, table, y_scale: float, y_zero_point: int, dtype: str) -> np.ndarray:
     """ONNX Runtime's QLinearSoftmax over the last axis: ``e = table[x - max + 127 (int8)
-    or + 255 (uint8)]``, a float32 sum in row order, ``rint(e * floor(1 / s_y) / sum) + zp``;
-    int8 results above 255 become -1 and 128 wraps to -128, as the kernel's casts do. Over one
-    element the quotient is ``floor(1 / s_y)`` exactly: the table entry is then so large
-    (``FLT_MAX / e^5``) that the float32 product ``e * floor(1 / s_y)`` would overflow, and
-    ONNX Runtime's build gives that quotient (``rint(floor(1 / s_y)) + zp``)."""
+    or + 255 (uint8)]``, a float32 sum in row order, ``rint(e * floor(1 / s_y) / sum) + zp``
+    saturated to the type. ONNX Runtime 1.32 gives the quotient of float64 arithmetic: finite
+    where the float32 product ``e * floor(1 / s_y)`` overflows (one element, whose table entry is
+    ``FLT_MAX / e^5``; an output scale calibrated below 1/256, as ``quantize_static`` leaves a
+    softmax that only a quantized MatMul reads), and results above the type's maximum saturate."""
     from irgen.reference import sum_in_order
 
     xi = np.asarray(x).astype(np.int64)
@@ -412,14 +412,10 @@ def ort_softmax(x, table, y_scale: float, y_zero_point: int, dtype: str) -> np.n
     idx = ((127 if signed else 255) - xi.max(axis=-1, keepdims=True) + xi) & 255
     e = np.asarray(table, np.float32)[idx]
     total = sum_in_order(e, axis=-1, keepdims=True)
-    ys = np.floor(np.float32(1.0) / np.float32(y_scale))
-    if xi.shape[-1] == 1:
-        vq = np.full(xi.shape, int(ys) + int(y_zero_point), np.int64)
-    else:
-        vq = np.rint((e * ys) / total).astype(np.int64) + int(y_zero_point)
-    if signed:
-        return np.where(vq > 255, 255, vq).astype(np.int8)  # wraps as static_cast<int8_t> does
-    return np.minimum(vq, 255).astype(np.uint8)
+    ys = np.float64(np.floor(np.float32(1.0) / np.float32(y_scale)))
+    v = np.rint(e.astype(np.float64) * ys / total.astype(np.float64)) + int(y_zero_point)
+    lo, hi = (-128, 127) if signed else (0, 255)
+    return np.clip(v, lo, hi).astype(np.int8 if signed else np.uint8)
 
 
 def tflite_softmax_table(input_scale: float, beta: float = 1.0) -> np.ndarray:

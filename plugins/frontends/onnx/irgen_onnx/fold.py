@@ -460,10 +460,47 @@ def explicit_auto_pads(model, specs) -> int:
     return changed
 
 
+def _weights_only(q, nodes) -> bool:
+    """``q``'s integers are read only through DequantizeLinear nodes whose results are the
+    weights (input 1) of Conv, ConvTranspose, Gemm or MatMul nodes."""
+    dqs = [n for n in nodes if q.output[0] in n.input]
+    if not dqs or any(n.op_type != "DequantizeLinear" or n.input[0] != q.output[0] for n in dqs):
+        return False
+    readers = [(n, list(n.input).index(d.output[0])) for d in dqs for n in nodes if d.output[0] in n.input]
+    return bool(readers) and all(n.op_type in ("Conv", "ConvTranspose", "Gemm", "MatMul") and k == 1
+                                 for n, k in readers)
+
+
+def _quantized_float_initializer(node, const) -> np.ndarray | None:
+    """The integers a QuantizeLinear of a float32 initializer gives (per tensor or per axis), as
+    ONNX Runtime folds it: ``saturate(round_half_even(w / scale) + zero_point)`` in float32."""
+    w, s = const(node.input[0]), const(node.input[1])
+    z = const(node.input[2]) if len(node.input) > 2 and node.input[2] else np.zeros((), np.uint8)
+    if w is None or s is None or z is None or w.dtype != np.float32 or s.dtype != np.float32 \
+            or z.dtype not in (np.dtype(t) for t in ("int8", "uint8", "int16", "uint16")):
+        return None
+    if s.size > 1 or z.size > 1:
+        axis = next((int(a.i) for a in node.attribute if a.name == "axis"), 1) % max(w.ndim, 1)
+        if s.ndim != 1 or s.size != w.shape[axis] or z.size not in (1, s.size):
+            return None
+        shape = [-1 if i == axis else 1 for i in range(w.ndim)]
+        s, z = s.reshape(shape), z.reshape(shape if z.size > 1 else ())
+    info = np.iinfo(z.dtype)
+    zi = z.astype(np.int64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        f = w / s.astype(np.float32)
+    if not np.isfinite(f).all():
+        return None
+    f = np.clip(f, (info.min - zi).astype(np.float32), (info.max - zi).astype(np.float32))
+    return (np.rint(f).astype(np.int64) + zi).astype(z.dtype)
+
+
 def fold_requantized_weights(model) -> int:
     """A QuantizeLinear of a dequantized integer initializer (through ``Identity`` nodes)
     becomes an integer initializer: its output, computed as ONNX Runtime computes the two
-    nodes (``(w - zero_point) * scale`` in float32, then :func:`quantize_linear`).
+    nodes (``(w - zero_point) * scale`` in float32, then :func:`quantize_linear`). So does a
+    QuantizeLinear of a float initializer (``quantize_static``'s ``AddQDQPairToWeight``, per
+    tensor or per channel: :func:`_quantized_float_initializer`).
 
     The TorchScript exporter gives each further use of a shared parameter an ``Identity``
     (ALBERT's layers, tied embeddings), and ``quantize_static`` treats that output as an
@@ -489,6 +526,14 @@ def fold_requantized_weights(model) -> int:
     drop: set[int] = set()
     for n in nodes:
         if n.op_type != "QuantizeLinear" or not plain(n) or len(n.input) < 2 or len(n.output) != 1:
+            continue
+        if n.input[0] in inits and n.input[0] not in producer:
+            if not _weights_only(n, nodes):
+                continue  # another constant quantized at run time (a table): irgen.qdq_spans.run_time_quantized
+            q = _quantized_float_initializer(n, const)  # quantize_static's AddQDQPairToWeight
+            if q is not None:
+                folded[n.output[0]] = q
+                drop.add(id(n))
             continue
         src = producer.get(n.input[0])
         while src is not None and src.op_type == "Identity":
