@@ -853,7 +853,9 @@ class _VerifyRun:
     def entire(self) -> None:
         """Stage 4, ``entire``: the layers chained from the model input file(s), each fed
         its producers' reference outputs (a golden file, said in the message, where a
-        producer could not run); every output against its golden file."""
+        producer could not run); every output against its golden file. A float tensor a
+        quantize layer reads carries on from its golden file once it passed (within the
+        float tolerance: a quantize would turn float rounding into LSB)."""
         if "entire" not in self.modes:
             return
         if self.inputs_refused:
@@ -867,6 +869,8 @@ class _VerifyRun:
         for layer in layers:
             for r in layer.get("inputs") or []:
                 uses[r["name"]] = uses.get(r["name"], 0) + 1
+        quantized_floats = {r["name"] for layer in layers if (layer.get("quant") or {}).get("kind") == "quantize"
+                            for r in layer.get("inputs") or [] if not _is_int_name(r.get("dtype"))}
         for i, layer in enumerate(layers, 1):
             if self.refused(layer, "entire"):
                 self.step("layers", i, len(layers))
@@ -892,10 +896,14 @@ class _VerifyRun:
                 outs = got[0]
                 extra = f"inputs {', '.join(from_golden)} from golden files (producer did not run)" \
                     if from_golden else None
-                self.compare_outputs(layer, "entire", outs, None, scaled=True, extra=extra)
+                passed = self.compare_outputs(layer, "entire", outs, None, scaled=True, extra=extra)
                 for rec, v in zip(layer["outputs"], outs):
                     if uses.get(rec["name"], 0) > 0:
-                        values[rec["name"]] = v
+                        g = passed.get(rec["name"])
+                        # a float tensor a quantize reads goes on from its golden values once it passed:
+                        # float layers agree within the float tolerance, and the quantize would turn
+                        # their rounding into LSB (a model quantized in part: LayerNorm -> quantize)
+                        values[rec["name"]] = g if g is not None and rec["name"] in quantized_floats else v
             self.step("layers", i, len(layers))
 
     def source(self) -> None:
@@ -1040,7 +1048,8 @@ class _VerifyRun:
                         extra: str | None = None) -> None:
         """Record each of the layer's outputs ``outs`` against its golden file. ``note`` (the
         reference's disagreement with itself) fails the first output; ``extra`` is said in
-        every output's message."""
+        every output's message. Returns each output's golden values where it passed (else None)."""
+        passed: dict[str, np.ndarray | None] = {}
         for k, rec in enumerate(layer["outputs"]):
             if _unwritten(rec):
                 self.record(layer, mode, _status_metric("missing", rec["name"], NOT_WRITTEN))
@@ -1062,6 +1071,8 @@ class _VerifyRun:
             if extra:
                 m["message"] = f"{m['message']}; {extra}" if m["message"] else extra
             self.record(layer, mode, m, golden, compared)
+            passed[rec["name"]] = golden if m.get("status") == "pass" else None
+        return passed
 
     def check_model_file(self) -> None:
         """The model the source check runs: its path goes into the result's ``model``, and
