@@ -467,6 +467,8 @@ def realize_float(qg, qb, last, out):
             new[b.name] = FLOAT64[b.op](e, [arg(a) for a in v.args], v.attrs)
         elif isinstance(v, relax.Call):
             new[b.name] = e(relax.Call(v.op, [arg(a) for a in v.args], _float64_out(v.attrs), getattr(v, "sinfo_args", None)))
+        elif isinstance(v, relax.ShapeExpr):  # a reshape's target shape bound on its own (Swin)
+            new[b.name] = v
         else:
             raise IrgenError(f"{p.SCHEME}: cannot realize {b.kind} before {tensor!r}")
     # the program of the float ops as bound (the quant record's own copy of the arithmetic)

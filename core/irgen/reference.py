@@ -993,6 +993,8 @@ OPS: dict[str, Callable[[list[Any], dict], Any]] = {
     "relax.permute_dims": _permute,
     "relax.reshape": _reshape,
     "relax.broadcast_to": lambda a, at: np.broadcast_to(a[0], _shape(a[1])).copy(),
+    # a static shape as an int64 tensor (the shape arithmetic TVM's ONNX importer emits for Shape)
+    "relax.shape_to_tensor": lambda a, at: np.asarray(_shape(a[0]), np.int64),
     "relax.flatten": _flatten,
     "relax.squeeze": _squeeze,
     "relax.expand_dims": _expand_dims,

@@ -187,8 +187,8 @@ def _qdq(node, vals: list) -> list | None:
         if x.dtype.kind not in "iu":
             return None
         return [((x.astype(np.int64) - zpv).astype(np.float32) * scale).astype(np.float32)]
-    if x.dtype != np.float32 or zp.dtype not in (np.dtype(np.int8), np.dtype(np.uint8)):
-        return None
+    if x.dtype != np.float32 or zp.dtype not in (np.dtype(t) for t in ("int8", "uint8", "int16", "uint16")):
+        return None  # 16-bit too: quantize_static's activation_type=QInt16 quantizes a pad value so
     if not np.isfinite(x / scale).all():  # a size operand never is; leave such a node to the run
         return None
     return [quantize_linear(x, scale, zpv, str(zp.dtype))]
