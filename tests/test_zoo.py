@@ -25,6 +25,8 @@ DEFAULT = {
     "MobileNetV2-keras",            # .keras float
     "hf_llama-pt2",                 # transformers decoder (RMSNorm, rotary positions, GQA, cache concat), .pt2
     "hf_wav2vec2-qdq",              # transformers audio encoder (1-D convolutions), ORT QDQ
+    "hf_roberta-qdq-mm",            # quantize_static at the MatMuls only: float embeddings, LayerNorms, residuals
+    "vit-qdq-a16",                  # 16-bit activations: every span in float, as ORT runs it
 }
 
 

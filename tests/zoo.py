@@ -6,8 +6,9 @@ quantized the ways users quantize:
 
 * torch models: exported to ONNX (``onnx``), to ``.pt2`` (``pt2``), and (the
   models of ``QUANTIZED_TORCH_MODELS``) ONNX quantized by onnxruntime's ``quantize_static`` with default options
-  (``qdq``), with ``per_channel=True`` (``qdq-pc``), and after
-  ``quant_pre_process`` (``qdq-pre``); the models of ``TORCH_PTQ_MODELS`` also
+  (``qdq``), with ``per_channel=True`` (``qdq-pc``), after
+  ``quant_pre_process`` (``qdq-pre``), at the MatMuls only (``qdq-mm``), and with
+  16-bit activations (``qdq-a16``); the models of ``TORCH_PTQ_MODELS`` also
   quantized by torch's own FX post-training quantization with its default
   mapping, exported as ``.pt2`` (``ptq``);
 * Keras models: ``.keras`` (``keras``) and the TFLite converter's ``.tflite``
@@ -35,8 +36,14 @@ from typing import Callable
 
 import numpy as np
 
-QUANTIZED_FORMATS = ("qdq", "qdq-pc", "qdq-pre", "ptq", "tflite-int8", "keras-int8")
-TORCH_FORMATS = ("onnx", "pt2", "qdq", "qdq-pc", "qdq-pre", "ptq")
+QUANTIZED_FORMATS = ("qdq", "qdq-pc", "qdq-pre", "qdq-mm", "qdq-a16", "ptq", "tflite-int8", "keras-int8")
+TORCH_FORMATS = ("onnx", "pt2", "qdq", "qdq-pc", "qdq-pre", "qdq-mm", "qdq-a16", "ptq")
+#: quantize_static's options for each ORT QDQ format (qdq-pre: after quant_pre_process)
+QDQ_OPTIONS = {
+    "qdq-pc": {"per_channel": True},
+    "qdq-mm": {"op_types_to_quantize": ["MatMul"]},  # a transformer recipe: the rest stays float
+    "qdq-a16": {"activation_type": "QInt16"},  # 16-bit activations, int8 weights: ORT runs them in float
+}
 KERAS_FORMATS = ("keras", "tflite", "keras-int8", "tflite-int8")
 CALIBRATION_SAMPLES = 8
 
@@ -383,8 +390,13 @@ def _quantize_onnx(model_name: str, fmt: str, folder: Path, onnx_path: Path, fee
         # in the model's folder: ORT's symbolic shape inference leaves its temporary files in the current one
         with contextlib.redirect_stdout(io.StringIO()), contextlib.chdir(folder):
             quant_pre_process(str(Path(onnx_path).resolve()), str(src))
+    from onnxruntime.quantization import QuantType
+
+    options = dict(QDQ_OPTIONS.get(fmt, {}))
+    if "activation_type" in options:
+        options["activation_type"] = getattr(QuantType, options["activation_type"])
     with contextlib.redirect_stdout(io.StringIO()):
-        quantize_static(str(src), str(out), _calibration_reader(feeds), per_channel=(fmt == "qdq-pc"))
+        quantize_static(str(src), str(out), _calibration_reader(feeds), **options)
     return out
 
 
@@ -553,7 +565,8 @@ def _subprocess(argv: list[str]) -> tuple[int, str, str]:
 
 FORMAT_TITLES = {
     "onnx": "ONNX float", "pt2": "`.pt2` float", "qdq": "ORT QDQ", "qdq-pc": "ORT QDQ per-channel",
-    "qdq-pre": "ORT QDQ after `quant_pre_process`", "ptq": "torch FX PTQ `.pt2`", "keras": "`.keras` float",
+    "qdq-pre": "ORT QDQ after `quant_pre_process`", "qdq-mm": "ORT QDQ, MatMuls only",
+    "qdq-a16": "ORT QDQ, 16-bit activations", "ptq": "torch FX PTQ `.pt2`", "keras": "`.keras` float",
     "tflite": "TFLite float",
     "keras-int8": "`.keras` + `--calibration`", "tflite-int8": "TFLite full-int8",
 }
