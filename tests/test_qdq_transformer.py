@@ -141,27 +141,22 @@ def test_transformer_against_onnxruntime(name, per_channel, tmp_path, capsys):
         assert any(q.get("kind") == "add" and q.get("constants") for q in quant)
 
 
-@pytest.mark.parametrize("n, axis", [(1, -1), (2, -1), (16, -1), (16, 1)])
-def test_softmax_over_few_elements_equals_onnxruntime(n, axis, tmp_path, capsys):
-    """QLinearSoftmax over an axis of 1 (MobileViT's attention over one patch): its table
-    entry is FLT_MAX / e^5, so the float32 product e * floor(1 / s_y) overflowed and irgen
-    wrote -1 where ONNX Runtime gives floor(1 / s_y) + zp (126 here); 2 and 16 elements as
-    before. Over another axis than the last (CoaT's factorized attention: axis 1 here) ORT
-    moves it last and back; irgen refused it."""
+def _softmax_against_onnxruntime(tmp_path, capsys, x: np.ndarray, axis: int, sx, zx, sy, zy) -> None:
+    """DequantizeLinear -> Softmax -> QuantizeLinear on ``x`` (int8 or uint8) through irgen:
+    one softmax layer, its golden output equal to onnxruntime's, and verify passes."""
     onnx = pytest.importorskip("onnx")
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper, numpy_helper
 
-    sx = np.float32(1.4151e-4 if axis == -1 else 0.05)
-    inits = [numpy_helper.from_array(sx, "sx"), numpy_helper.from_array(np.int8(-3), "zx"),
-             numpy_helper.from_array(np.float32(1 / 255), "sy"), numpy_helper.from_array(np.int8(-128), "zy")]
+    np_t = x.dtype.type
+    t = helper.np_dtype_to_tensor_dtype(x.dtype)
+    inits = [numpy_helper.from_array(np.float32(sx), "sx"), numpy_helper.from_array(np_t(zx), "zx"),
+             numpy_helper.from_array(np.float32(sy), "sy"), numpy_helper.from_array(np_t(zy), "zy")]
     nodes = [helper.make_node("DequantizeLinear", ["x", "sx", "zx"], ["d"]),
              helper.make_node("Softmax", ["d"], ["s"], axis=axis), helper.make_node("QuantizeLinear", ["s", "sy", "zy"], ["y"])]
-    shape = [4, n] if axis == -1 else [2, n, 3]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.INT8, shape)],
-                              [helper.make_tensor_value_info("y", TensorProto.INT8, shape)], inits)
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", t, list(x.shape))],
+                              [helper.make_tensor_value_info("y", t, list(x.shape))], inits)
     path = tmp_path / "softmax.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
-    x = np.random.default_rng(n).integers(-60, 60, shape).astype(np.int8)
     np.save(tmp_path / "x.npy", x)
     out = tmp_path / "out"
     _run(path, "-o", out, "--input", tmp_path / "x.npy")
@@ -173,6 +168,18 @@ def test_softmax_over_few_elements_equals_onnxruntime(n, axis, tmp_path, capsys)
     assert code == 0 and result["passed"], result["problems"]
 
 
+@pytest.mark.parametrize("n, axis", [(1, -1), (2, -1), (16, -1), (16, 1)])
+def test_softmax_over_few_elements_equals_onnxruntime(n, axis, tmp_path, capsys):
+    """QLinearSoftmax over an axis of 1 (MobileViT's attention over one patch): its table
+    entry is FLT_MAX / e^5, so the float32 product e * floor(1 / s_y) overflowed and irgen
+    wrote -1 where ONNX Runtime gives floor(1 / s_y) + zp (126 here); 2 and 16 elements as
+    before. Over another axis than the last (CoaT's factorized attention: axis 1 here) ORT
+    moves it last and back; irgen refused it."""
+    shape = [4, n] if axis == -1 else [2, n, 3]
+    x = np.random.default_rng(n).integers(-60, 60, shape).astype(np.int8)
+    _softmax_against_onnxruntime(tmp_path, capsys, x, axis, 1.4151e-4 if axis == -1 else 0.05, -3, 1 / 255, -128)
+
+
 @pytest.mark.parametrize("dtype", ["int8", "uint8"])
 @pytest.mark.parametrize("n", [5, 17])
 def test_softmax_with_a_calibrated_output_scale_equals_onnxruntime(dtype, n, tmp_path, capsys):
@@ -180,36 +187,15 @@ def test_softmax_with_a_calibrated_output_scale_equals_onnxruntime(dtype, n, tmp
     the next MatMul's input (2.4e-4 on ViT, not 1/256). ONNX Runtime still fuses QLinearSoftmax;
     irgen's float32 product ``e * floor(1 / s_y)`` overflowed to inf and its int8 results wrapped
     (127 LSB off), where ORT's quotient is finite and saturates."""
-    onnx = pytest.importorskip("onnx")
-    from onnx import TensorProto, helper, numpy_helper
-
-    signed = dtype == "int8"
-    np_t = np.int8 if signed else np.uint8
-    t = TensorProto.INT8 if signed else TensorProto.UINT8
-    inits = [numpy_helper.from_array(np.float32(3.36356e-4), "sx"), numpy_helper.from_array(np_t(15 if signed else 140), "zx"),
-             numpy_helper.from_array(np.float32(2.4029499e-4), "sy"), numpy_helper.from_array(np_t(-128 if signed else 0), "zy")]
-    nodes = [helper.make_node("DequantizeLinear", ["x", "sx", "zx"], ["d"]),
-             helper.make_node("Softmax", ["d"], ["s"], axis=-1), helper.make_node("QuantizeLinear", ["s", "sy", "zy"], ["y"])]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", t, [8, n])],
-                              [helper.make_tensor_value_info("y", t, [8, n])], inits)
-    path = tmp_path / "softmax.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
-    lo, hi = (-128, 128) if signed else (0, 256)
-    x = np.random.default_rng(n).integers(lo, hi, [8, n]).astype(np_t)
-    np.save(tmp_path / "x.npy", x)
-    out = tmp_path / "out"
-    _run(path, "-o", out, "--input", tmp_path / "x.npy")
-    ir = json.loads((out / "ir.json").read_text())
-    assert [la["quant"]["kind"] for la in ir["layers"]] == ["softmax"]
-    want = inference_session(path.read_bytes(), quantized=True).run(None, {"x": x})[0]
-    got = np.load(out / ir["outputs"][0]["file"])
-    np.testing.assert_array_equal(got, want)
     from irgen.quant import ort_softmax_table
 
+    signed = dtype == "int8"
+    sx, sy = 3.36356e-4, 2.4029499e-4
     with np.errstate(over="ignore"):  # the case: the float32 product overflows
-        assert np.isinf(ort_softmax_table(3.36356e-4, n, signed).max() * np.float32(np.floor(1 / np.float32(2.4029499e-4))))
-    code, result = _verify_json(capsys, out)
-    assert code == 0 and result["passed"], result["problems"]
+        assert np.isinf(ort_softmax_table(sx, n, signed).max() * np.float32(np.floor(1 / np.float32(sy))))
+    lo, hi = (-128, 128) if signed else (0, 256)
+    x = np.random.default_rng(n).integers(lo, hi, [8, n]).astype(dtype)
+    _softmax_against_onnxruntime(tmp_path, capsys, x, -1, sx, 15 if signed else 140, sy, -128 if signed else 0)
 
 
 def test_pool_token_mixer_recomputes_from_its_fused_ops(tmp_path, capsys):

@@ -127,10 +127,11 @@ def requantize_float(acc, scale, zero_point: int, lo: int, hi: int, dtype: str) 
     return (np.rint(f).astype(np.int64) + zero_point).astype(dtype)
 
 
-def quantize_linear(x, scale, zero_point: int, dtype: str) -> np.ndarray:
+def quantize_linear(x, scale, zero_point, dtype: str) -> np.ndarray:
     """ONNX QuantizeLinear as ONNX Runtime computes it: ``x / scale`` in float32,
     rounded half to even, plus the zero point, saturated; NaN becomes the type's minimum
-    (MLAS clamps with max-then-min, which takes the bound)."""
+    (MLAS clamps with max-then-min, which takes the bound). ``scale`` and ``zero_point``
+    (an int, or integers) may be per axis, shaped to broadcast with ``x``."""
     info = np.iinfo(dtype)
     f = np.asarray(x, np.float32) / np.asarray(scale, np.float32)
     f = np.where(np.isnan(f), np.float32(info.min - zero_point), f)

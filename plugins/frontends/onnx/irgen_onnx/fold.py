@@ -460,15 +460,15 @@ def explicit_auto_pads(model, specs) -> int:
     return changed
 
 
-def _weights_only(q, nodes) -> bool:
+def _weights_only(q, readers: dict[str, list[tuple[Any, int]]]) -> bool:
     """``q``'s integers are read only through DequantizeLinear nodes whose results are the
-    weights (input 1) of Conv, ConvTranspose, Gemm or MatMul nodes."""
-    dqs = [n for n in nodes if q.output[0] in n.input]
-    if not dqs or any(n.op_type != "DequantizeLinear" or n.input[0] != q.output[0] for n in dqs):
+    weights (input 1) of Conv, ConvTranspose, Gemm or MatMul nodes (``readers``: each tensor's
+    ``(node, input index)`` uses)."""
+    dqs = readers.get(q.output[0], [])
+    if not dqs or any(n.op_type != "DequantizeLinear" or k != 0 for n, k in dqs):
         return False
-    readers = [(n, list(n.input).index(d.output[0])) for d in dqs for n in nodes if d.output[0] in n.input]
-    return bool(readers) and all(n.op_type in ("Conv", "ConvTranspose", "Gemm", "MatMul") and k == 1
-                                 for n, k in readers)
+    uses = [u for d, _ in dqs for u in readers.get(d.output[0], [])]
+    return bool(uses) and all(n.op_type in ("Conv", "ConvTranspose", "Gemm", "MatMul") and k == 1 for n, k in uses)
 
 
 def _quantized_float_initializer(node, const) -> np.ndarray | None:
@@ -485,14 +485,10 @@ def _quantized_float_initializer(node, const) -> np.ndarray | None:
             return None
         shape = [-1 if i == axis else 1 for i in range(w.ndim)]
         s, z = s.reshape(shape), z.reshape(shape if z.size > 1 else ())
-    info = np.iinfo(z.dtype)
-    zi = z.astype(np.int64)
     with np.errstate(divide="ignore", invalid="ignore"):
-        f = w / s.astype(np.float32)
-    if not np.isfinite(f).all():
-        return None
-    f = np.clip(f, (info.min - zi).astype(np.float32), (info.max - zi).astype(np.float32))
-    return (np.rint(f).astype(np.int64) + zi).astype(z.dtype)
+        if not np.isfinite(w / s).all():
+            return None
+    return quantize_linear(w, s, z.astype(np.int64), str(z.dtype))
 
 
 def fold_requantized_weights(model) -> int:
@@ -522,13 +518,17 @@ def fold_requantized_weights(model) -> int:
         return node.domain in ("", "ai.onnx") and not any(a.name in ("block_size", "output_dtype", "precision")
                                                             for a in node.attribute)
 
+    readers: dict[str, list[tuple[Any, int]]] = {}
+    for n in nodes:
+        for k, name in enumerate(n.input):
+            readers.setdefault(name, []).append((n, k))
     folded: dict[str, np.ndarray] = {}
     drop: set[int] = set()
     for n in nodes:
         if n.op_type != "QuantizeLinear" or not plain(n) or len(n.input) < 2 or len(n.output) != 1:
             continue
         if n.input[0] in inits and n.input[0] not in producer:
-            if not _weights_only(n, nodes):
+            if not _weights_only(n, readers):
                 continue  # another constant quantized at run time (a table): irgen.qdq_spans.run_time_quantized
             q = _quantized_float_initializer(n, const)  # quantize_static's AddQDQPairToWeight
             if q is not None:
