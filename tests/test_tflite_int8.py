@@ -158,3 +158,76 @@ def test_a_float_input_file_is_quantized_with_the_int8_inputs_scale(tmp_path, ho
         for rec in layer["outputs"]:
             a, b = np.load(tmp_path / "f" / rec["file"]), np.load(tmp_path / "q" / rec["file"])
             assert a.dtype == np.int8 and np.array_equal(a, b), rec["name"]
+
+
+def _tied_input(path, x: np.ndarray) -> np.ndarray:
+    """``x`` with exact rounding ties of the model's input QUANTIZE (``v / scale == k + 0.5`` in
+    float32) in front and values far beyond int8 at the end."""
+    import tensorflow as tf
+
+    it = tf.lite.Interpreter(model_path=str(path))
+    q = [d for d in it.get_tensor_details() if d["dtype"] == np.int8 and d["quantization"][0] > 0][0]
+    s = np.float32(q["quantization"][0])
+    ties = [v for v in (np.float32((k + 0.5) * np.float64(s)) for k in range(-140, 140))
+            if v / s == np.float32(np.float64(v / s)) and float(v / s) % 1 == 0.5]
+    x = (x * 3).astype(np.float32)
+    flat = x.reshape(-1)
+    n = min(len(ties), flat.size - 2)
+    flat[:n] = ties[:n]
+    flat[-2:] = [1000.0, -1000.0]
+    return x
+
+
+@pytest.mark.parametrize("name", ["small_cnn", "classifier"])
+def test_a_float_interface_model_equals_the_interpreter_from_quantize_to_dequantize(name, tmp_path, host):
+    """The converter's default interface of a full-integer model is float (no
+    ``inference_input_type``): a QUANTIZE of the float input first (TFLite's AffineQuantize:
+    float32 division, rounded half away from zero, saturated; TVM's quantize rounds ties to
+    even) and a DEQUANTIZE of the int8 result last. Every layer equals the reference kernels
+    on an input full of rounding ties and of values beyond int8, and recomputes from its
+    record."""
+    path, x = tflite_models.export(name, tmp_path, "int8-floatio")
+    x = _tied_input(path, x)
+    np.save(tmp_path / "x.npy", x)
+    out = tmp_path / "out"
+    run(host, path, out, inputs=[str(tmp_path / "x.npy")])
+    ir = json.loads((out / "ir.json").read_text())
+    ref = tflite_models.tflite_reference(path, x)
+    first, last = ir["layers"][0], ir["layers"][-1]
+    assert first["quant"]["kind"] == "quantize" and first["quant"]["requant"]["rounding"] == "half_away_from_zero"
+    assert last["quant"]["kind"] == "dequantize"
+    for layer in ir["layers"]:
+        for rec, src in zip(layer["outputs"], layer["source"]["outputs"], strict=True):
+            got = np.load(out / rec["file"])
+            assert got.dtype == ref[src].dtype, layer["name"]
+            np.testing.assert_array_equal(got, ref[src], err_msg=layer["name"])
+        assert_layer_recomputes(out, layer, 0)
+    q = np.load(out / first["outputs"][0]["file"]).reshape(-1)
+    assert q[-2] == 127 and q[-1] == -128
+    out_rec = ir["outputs"][0]
+    y = np.load(out / out_rec["file"])
+    assert y.dtype == np.float32
+    np.testing.assert_array_equal(y, ref[out_rec["name"]])
+
+
+def test_per_tensor_weights_verify_and_equal_the_interpreter(tmp_path, host, capsys):
+    """Weights with one scale per tensor (``_experimental_disable_per_channel``): TFLite still
+    computes a multiplier per output channel; the consistency check compares them with the one
+    scale (it failed on the shapes), and every layer equals the reference kernels."""
+    from irgen.cli import main as irgen_main
+
+    path, x = tflite_models.export("small_cnn", tmp_path, "int8-pertensor")
+    np.save(tmp_path / "x.npy", x)
+    out = tmp_path / "out"
+    run(host, path, out, inputs=[str(tmp_path / "x.npy")])
+    ir = json.loads((out / "ir.json").read_text())
+    convs = [l for l in ir["layers"] if l["quant"]["kind"] in ("conv2d", "depthwise_conv2d", "dense")]
+    assert convs and all(len(np.asarray(l["quant"]["weight"]["scale"]).reshape(-1)) == 1 for l in convs)
+    ref = tflite_models.tflite_reference(path, x)
+    for layer in ir["layers"]:
+        for rec, src in zip(layer["outputs"], layer["source"]["outputs"], strict=True):
+            np.testing.assert_array_equal(np.load(out / rec["file"]), ref[src], err_msg=layer["name"])
+    capsys.readouterr()
+    code = irgen_main(["verify", str(out), "--no-progress", "--no-report", "--json"])
+    r = json.loads(capsys.readouterr().out)
+    assert code == 0 and r["passed"], r.get("problems")

@@ -73,9 +73,13 @@ def export(name: str, folder: Path, quant: str = "float") -> tuple[Path, np.ndar
     """Build model ``name``, convert it to ``folder/<name>_<quant>.tflite``.
 
     ``quant``: ``float``; ``int8`` (full integer: int8 inputs/outputs, a
-    representative dataset of 20 seeded random inputs); ``dynamic`` (dynamic-range:
-    float activations, int8 weights). Returns the path and a seeded input for it
-    (float32, or int8 quantized with the input tensor's scale and zero point).
+    representative dataset of 20 seeded random inputs); ``int8-floatio`` (the same
+    with the converter's default float input and output: a QUANTIZE first, a
+    DEQUANTIZE last); ``int8-pertensor`` (``int8`` with one weight scale per tensor);
+    ``int16x8`` (16-bit activations, int8 weights, float interface);
+    ``dynamic`` (dynamic-range: float activations, int8 weights). Returns the path
+    and a seeded input for it (float32, or int8 quantized with the input tensor's
+    scale and zero point).
     """
     tf = _tf()
     tf.keras.utils.set_random_seed(SEED)
@@ -83,9 +87,9 @@ def export(name: str, folder: Path, quant: str = "float") -> tuple[Path, np.ndar
     model, shape = BUILDERS[name](tf)
     _randomize(model, rng)
     conv = tf.lite.TFLiteConverter.from_keras_model(model)
-    if quant in ("int8", "dynamic"):
+    if quant in ("int8", "int8-floatio", "int8-pertensor", "int16x8", "dynamic"):
         conv.optimizations = [tf.lite.Optimize.DEFAULT]
-    if quant == "int8":
+    if quant.startswith("int8") or quant == "int16x8":
         samples = [np.random.default_rng(SEED + 1 + i).standard_normal(shape).astype(np.float32) for i in range(20)]
 
         def rep():
@@ -94,8 +98,13 @@ def export(name: str, folder: Path, quant: str = "float") -> tuple[Path, np.ndar
 
         conv.representative_dataset = rep
         conv.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
-        conv.inference_input_type = tf.int8
-        conv.inference_output_type = tf.int8
+        if quant == "int16x8":
+            conv.target_spec.supported_ops = [tf.lite.OpsSet.EXPERIMENTAL_TFLITE_BUILTINS_ACTIVATIONS_INT16_WEIGHTS_INT8]
+        elif quant != "int8-floatio":
+            conv.inference_input_type = tf.int8
+            conv.inference_output_type = tf.int8
+        if quant == "int8-pertensor":
+            conv._experimental_disable_per_channel = True
     elif quant != "float" and quant != "dynamic":
         raise ValueError(quant)
     data = conv.convert()
@@ -104,7 +113,7 @@ def export(name: str, folder: Path, quant: str = "float") -> tuple[Path, np.ndar
     path = folder / f"{name}_{quant}.tflite"
     path.write_bytes(data)
     x = np.random.default_rng(SEED + 100).standard_normal(shape).astype(np.float32)
-    if quant == "int8":
+    if quant in ("int8", "int8-pertensor"):
         det = tf.lite.Interpreter(model_content=data).get_input_details()[0]
         scale, zp = det["quantization"]
         x = np.clip(np.round(x / scale) + zp, -128, 127).astype(np.int8)

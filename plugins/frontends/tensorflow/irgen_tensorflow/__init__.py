@@ -125,6 +125,15 @@ def _check_ops(converter, subgraph, where: str) -> None:
                 f"{where}: op {op_name}: SOFTMAX with beta={_softmax_beta(op):g} is not supported "
                 "(TVM's TFLite importer computes softmax(x) and drops beta)"
             )
+        wide = [t for t in ins if _TYPES.get(subgraph.Tensors(t).Type()) == "int16"
+                and subgraph.Tensors(t).Quantization() is not None and subgraph.Tensors(t).Quantization().ScaleLength()
+                and not _is_const(converter, subgraph, t)]
+        if wide and code not in ("QUANTIZE", "DEQUANTIZE"):
+            raise IrgenError(
+                f"{where}: op {op_name}: int16 activations at tensor {_tensor_name(subgraph, wide[0])!r} "
+                "(16x8 quantization, EXPERIMENTAL_TFLITE_BUILTINS_ACTIVATIONS_INT16_WEIGHTS_INT8) are not "
+                "supported: irgen has TFLite's int8 kernels only; convert with TFLITE_BUILTINS_INT8"
+            )
         if float_acts and int_weights:
             raise IrgenError(
                 f"{where}: op {op_name}: dynamic-range quantized (float activations, int8 weights) "

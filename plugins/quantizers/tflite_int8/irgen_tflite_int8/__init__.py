@@ -22,6 +22,9 @@ what the TFLite interpreter computes, bit for bit:
   ``table[255 - v] = expf(-s_x * v)`` (a 256-entry float32 parameter),
   ``p = e * (1 / (sum(e) * s_y))`` in float32 (the sum in row order), rounded
   half away from zero, plus ``zp_y``;
+* QUANTIZE of a float model input (the converter's default float interface):
+  ``zero_point + TfLiteRound(x / scale)`` in float32, saturated; DEQUANTIZE of an
+  int8 result to a float model output: ``float32(scale * (x - zero_point))``;
 * MAX_POOL_2D, RESHAPE, CONCATENATION with shared parameters: exact in int8
   as imported (and PAD, STRIDED_SLICE, TRANSPOSE, RESIZE_NEAREST_NEIGHBOR, which
   the tflite frontend imports on int8 tensors itself);
@@ -63,9 +66,11 @@ def consistency(layer: dict[str, Any]) -> str | None:
     s_x = float(np.asarray(qr["inputs"][0]["scale"]).reshape(-1)[0])
     s_w = np.asarray(qr["weight"]["scale"], np.float64).reshape(-1)
     s_y = float(np.asarray(qr["output"]["scale"]).reshape(-1)[0])
-    want = [quantize_multiplier(float(r)) for r in s_x * s_w / s_y]
-    have = list(zip(np.broadcast_to(np.asarray(rq["multiplier"]), s_w.shape).tolist(),
-                    np.broadcast_to(np.asarray(rq["shift"]), s_w.shape).tolist()))
+    # per-tensor weights: one scale, and a multiplier per channel or one
+    n = (max(s_w.size, np.asarray(rq["multiplier"]).size),)
+    want = [quantize_multiplier(float(r)) for r in np.broadcast_to(s_x * s_w / s_y, n)]
+    have = list(zip(np.broadcast_to(np.asarray(rq["multiplier"]).reshape(-1), n).tolist(),
+                    np.broadcast_to(np.asarray(rq["shift"]).reshape(-1), n).tolist()))
     bad = [c for c, (w, h) in enumerate(zip(want, have)) if tuple(w) != tuple(h)]
     if bad:
         return (f"requant multiplier/shift of channel(s) {bad[:4]} do not follow from the input, weight and "
@@ -528,8 +533,12 @@ def realize(qg) -> None:
         if out.scale.size != 1:
             raise IrgenError(f"{SCHEME}: activation {b.name!r} is quantized per channel; TFLite int8 activations are per tensor")
         f = qg.producer(b.value.args[0])
-        if f is None:
-            raise IrgenError(f"{SCHEME}: model input {b.value.args[0].name!r} is float; give the model int8 inputs")
+        if f is None:  # the QUANTIZE of a float model input (the converter's default float interface)
+            names, expr, rec = kinds.realize_quantize_float(qg, b, out)
+            qparams[names[-1]] = out
+            qg.replace(names, expr, rec)
+            i = 0
+            continue
         act = None
         if f.op in ("relax.nn.relu", "relax.clip") and qg.n_users(f.name) == 1:
             act, f = f, qg.producer(f.value.args[0])  # a fused activation computed in float
@@ -569,10 +578,19 @@ def realize(qg) -> None:
         qparams[names[-1]] = out
         qg.replace(names, expr, rec)
         i = 0  # indices moved; realized spans no longer match
-    left = [b for b in qg.bindings if b.op in ("relax.quantize", "relax.dequantize")]
+    # a DEQUANTIZE of an int8 activation stays: TFLite's float result of an integer tensor (the
+    # converter's default float model output), exact as TVM computes it (float32(scale * (x - zp)))
+    left = [b for b in qg.bindings if b.op == "relax.quantize"
+            or (b.op == "relax.dequantize" and not isinstance(b.value.args[0], relax.Var))]
     if left:
         b = left[0]
         raise IrgenError(f"{SCHEME}: {b.op.removeprefix('relax.')} at tensor {b.name!r} is left after folding; the model is not full-integer")
+    for b in qg.bindings:  # DEQUANTIZE of an int8 activation: float32(scale * (x - zero_point))
+        if b.op == "relax.dequantize" and b.name not in qg.quant:
+            qx = _qparams(qg, b.value, "dequantize", b.value.args[0].name)
+            qg.quant[b.name] = {"scheme": SCHEME, "kind": "dequantize", "inputs": [qx.record()],
+                                "output": {"dtype": "float32", "scale": None, "zero_point": None, "axis": None},
+                                "requant": {"rounding_rule": "y = float32(scale * (x - zero_point)) (TFLite's DEQUANTIZE)"}}
     # int8 ops kept as imported (max pool, reshape...): exact in int8, same parameters
     for b in qg.bindings:
         if b.name in qg.quant or b.kind != "call" or b.name not in qparams:

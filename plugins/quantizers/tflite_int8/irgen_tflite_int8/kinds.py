@@ -771,6 +771,66 @@ def realize_requantize(qg, qb, comp, out, act, helpers):
     return [dqx] + helpers.tail(qb, act, last), helpers.finish(qg, y, out, lo, hi), rec
 
 
+def affine_quantize(x, scale: float, zero_point: int, dtype: str) -> np.ndarray:
+    """TFLite's QUANTIZE of a float tensor (``reference_ops::AffineQuantize``):
+    ``zero_point + TfLiteRound(x / float32(scale))`` with a float32 division, rounded
+    half away from zero, saturated; NaN becomes the type's minimum (the int32 cast of
+    NaN is INT32_MIN on x86, then clamped)."""
+    info = np.iinfo(dtype)
+    f = np.asarray(x, np.float32) / np.float32(scale)
+    f = np.where(np.isnan(f), np.float32(info.min - zero_point), f)
+    f = np.clip(f, np.float32(info.min - zero_point), np.float32(info.max - zero_point))
+    return (_round_away(f).astype(np.int64) + zero_point).astype(dtype)
+
+
+def recompute_quantize(layer, inputs, params) -> np.ndarray:
+    qr = layer["quant"]
+    out = qr["output"]
+    return affine_quantize(inputs[0], float(np.asarray(out["scale"]).reshape(-1)[0]),
+                           int(np.asarray(out["zero_point"]).reshape(-1)[0]), out["dtype"])
+
+
+RECOMPUTE["quantize"] = recompute_quantize
+
+
+def recompute_dequantize(layer, inputs, params) -> np.ndarray:
+    """TFLite's DEQUANTIZE: ``float32(scale * (x - zp))``; the product of a float32 scale and an
+    8-bit difference is exact in double, so this is float32 arithmetic's single rounding too."""
+    q = layer["quant"]["inputs"][0]
+    x = inputs[0].astype(np.int64) - int(np.asarray(q["zero_point"]).reshape(-1)[0])
+    return (np.float64(np.float32(np.asarray(q["scale"]).reshape(-1)[0])) * x).astype(np.float32)
+
+
+RECOMPUTE["dequantize"] = recompute_dequantize
+
+
+def realize_quantize_float(qg, qb, out):
+    """QUANTIZE of a float tensor (a model's float input, or the result of an op TFLite runs
+    in float): :func:`affine_quantize` in Relax, every step exact in float32 (the fraction
+    ``|f| - floor(|f|)`` is exact, so the half-away rounding needs no wider type)."""
+    import irgen.plugin as q
+    from tvm.relax import op
+
+    info = np.iinfo(out.dtype)
+    zp = int(out.zero_point[0])
+    lo, hi = float(info.min - zp), float(info.max - zp)
+    emit = qg.emit
+    f = emit(op.divide(qb.value.args[0], q.rx_const(float(np.float32(out.scale[0])), "float32")))
+    f = emit(op.where(emit(op.isnan(f)), q.rx_const(lo, "float32"), f))
+    f = emit(op.clip(f, lo, hi))
+    a = emit(op.abs(f))
+    r = emit(op.floor(a))
+    up = emit(op.astype(emit(op.greater_equal(emit(op.subtract(a, r)), q.rx_const(0.5, "float32"))), "float32"))
+    y = emit(op.astype(emit(op.multiply(emit(op.sign(f)), emit(op.add(r, up)))), "int32"))
+    expr = op.astype(emit(op.add(y, q.rx_const(zp, "int32"))), out.dtype)
+    rec = {"scheme": SCHEME, "kind": "quantize", "inputs": [], "output": out.record(),
+           "clamp": [int(info.min), int(info.max)],
+           "requant": {"rounding": "half_away_from_zero",
+                       "rounding_rule": "y = saturate(zero_point + round(x / float32(scale))), float32 division; "
+                                        "NaN -> the type's minimum (TFLite's AffineQuantize)"}}
+    return [qb.name], expr, rec
+
+
 #: the float Relax op between dequantize and quantize -> realization
 SPANS: dict[str, Callable] = {
     "relax.sigmoid": realize_logistic,
