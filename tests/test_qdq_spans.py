@@ -2,7 +2,8 @@
 
 Small torch modules reproduce the patterns of public architectures; each is
 exported to ONNX (opset 17), quantized by ``quantize_static`` (QDQ, default
-options; ``per_channel=True``; after ``quant_pre_process``), then ``irgen run``
+options; ``per_channel=True``; after ``quant_pre_process``; 16-bit activations;
+4-bit weights), then ``irgen run``
 and ``irgen verify`` (single, entire and the source check against
 onnxruntime) must pass:
 
@@ -165,7 +166,8 @@ MODELS = {"transformer": (Transformer, (1, 8, 16)), "densenet": (DenseNet, (1, 3
           "convnext": (ConvNeXt, (1, 3, 8, 8)), "identity": (Identity, (1, 3, 8, 8)),
           "hardswish": (HardSwish, (1, 3, 8, 8)), "shuffle": (Shuffle, (1, 3, 8, 8)),
           "groupnorm": (GroupNorm, (1, 3, 8, 8)), "linear_attention": (LinearAttention, (1, 3, 17, 15))}
-SETTINGS = ("default", "per_channel", "pre_process", "a16")  # a16: activation_type=QInt16
+#: a16: activation_type=QInt16; w4: weight_type=QInt4, per channel
+SETTINGS = ("default", "per_channel", "pre_process", "a16", "w4")
 
 
 def quantized(name: str, setting: str, folder: Path) -> tuple[Path, np.ndarray]:
@@ -197,16 +199,19 @@ def quantized(name: str, setting: str, folder: Path) -> tuple[Path, np.ndarray]:
             return next(self.it, None)
 
     out = folder / f"{name}_{setting}.onnx"
-    quantize_static(str(src), str(out), Reader(), quant_format=QuantFormat.QDQ, per_channel=setting == "per_channel",
-                    **({"activation_type": QuantType.QInt16} if setting == "a16" else {}))
+    quantize_static(str(src), str(out), Reader(), quant_format=QuantFormat.QDQ,
+                    per_channel=setting in ("per_channel", "w4"),
+                    **({"activation_type": QuantType.QInt16} if setting == "a16" else {}),
+                    **({"weight_type": QuantType.QInt4} if setting == "w4" else {}))
     return out, np.random.default_rng(99).standard_normal(shape).astype(np.float32)
 
 
 # each case takes ~10 s: the default suite runs every pattern quantized with default options and
 # the transformer and the channel split in all three settings; the rest is marked slow
 # (16-bit activations: the transformer and the linear attention, whose pad value quantize_static quantizes)
-CASES = [pytest.param(n, s, id=f"{n}-{s}", marks=[] if s == "default" or (n in ("transformer", "shuffle") and s != "a16")
-                      or (s == "a16" and n in ("transformer", "linear_attention")) else [pytest.mark.slow])
+CASES = [pytest.param(n, s, id=f"{n}-{s}", marks=[] if s == "default"
+                      or (n in ("transformer", "shuffle") and s not in ("a16", "w4"))
+                      or (s in ("a16", "w4") and n in ("transformer", "linear_attention")) else [pytest.mark.slow])
          for n in sorted(MODELS) for s in SETTINGS]
 
 
@@ -238,6 +243,10 @@ def test_run_and_verify_against_onnxruntime(name, setting, tmp_path, capsys):
                      (None, "quantize", "dequantize", "integer", "lut")]
         assert computing and all(layer["quant"]["realization"] == "float" for layer in computing), kinds
         return
+    if setting == "w4":  # ORT has no 4-bit kernels: Conv, Gemm, MatMul on 4-bit weights run in float
+        weighted = [f for f in floats if any(k in f["quant"]["op"] for k in ("conv2d", "matmul"))]
+        assert weighted, kinds
+        assert not kinds & {"conv2d", "dense", "depthwise_conv2d"}, kinds
     if name in ("transformer", "convnext"):  # LayerNorm: a float layer; bias add / gamma mul: integer with a constant
         assert any("layer_norm" in f["quant"]["op"] for f in floats), kinds
         assert any((layer["quant"] or {}).get("constants") for layer in ir["layers"])

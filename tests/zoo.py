@@ -7,14 +7,16 @@ quantized the ways users quantize:
 * torch models: exported to ONNX (``onnx``), to ``.pt2`` (``pt2``), and (the
   models of ``QUANTIZED_TORCH_MODELS``) ONNX quantized by onnxruntime's ``quantize_static`` with default options
   (``qdq``), with ``per_channel=True`` (``qdq-pc``), after
-  ``quant_pre_process`` (``qdq-pre``), at the MatMuls only (``qdq-mm``), and with
-  16-bit activations (``qdq-a16``); the models of ``TORCH_PTQ_MODELS`` also
+  ``quant_pre_process`` (``qdq-pre``), at the MatMuls only (``qdq-mm``), with
+  16-bit activations (``qdq-a16``), and with 4-bit weights per channel (``qdq-w4``); the models of ``TORCH_PTQ_MODELS`` also
   quantized by torch's own FX post-training quantization with its default
   mapping, exported as ``.pt2`` (``ptq``);
 * Keras models: ``.keras`` (``keras``) and the TFLite converter's ``.tflite``
   (``tflite``), float; the ``.keras`` file with irgen's
   ``--calibration`` (``keras-int8``), and the TFLite converter's full-int8
-  ``.tflite`` with a representative dataset (``tflite-int8``).
+  ``.tflite`` with a representative dataset, int8 input and output
+  (``tflite-int8``) or the converter's default float input and output
+  (``tflite-int8-fio``: a QUANTIZE first, a DEQUANTIZE last).
 
 ``python tests/zoo.py --table [--update-readme] [CASE ...]`` runs every case
 through ``irgen run`` + ``irgen verify`` and prints the table of what works
@@ -36,15 +38,17 @@ from typing import Callable
 
 import numpy as np
 
-QUANTIZED_FORMATS = ("qdq", "qdq-pc", "qdq-pre", "qdq-mm", "qdq-a16", "ptq", "tflite-int8", "keras-int8")
-TORCH_FORMATS = ("onnx", "pt2", "qdq", "qdq-pc", "qdq-pre", "qdq-mm", "qdq-a16", "ptq")
+QUANTIZED_FORMATS = ("qdq", "qdq-pc", "qdq-pre", "qdq-mm", "qdq-a16", "qdq-w4", "ptq", "tflite-int8", "tflite-int8-fio",
+                     "keras-int8")
+TORCH_FORMATS = ("onnx", "pt2", "qdq", "qdq-pc", "qdq-pre", "qdq-mm", "qdq-a16", "qdq-w4", "ptq")
 #: quantize_static's options for each ORT QDQ format (qdq-pre: after quant_pre_process)
 QDQ_OPTIONS = {
     "qdq-pc": {"per_channel": True},
     "qdq-mm": {"op_types_to_quantize": ["MatMul"]},  # a transformer recipe: the rest stays float
     "qdq-a16": {"activation_type": "QInt16"},  # 16-bit activations, int8 weights: ORT runs them in float
+    "qdq-w4": {"weight_type": "QInt4", "per_channel": True},  # 4-bit weights: ORT runs their ops in float
 }
-KERAS_FORMATS = ("keras", "tflite", "keras-int8", "tflite-int8")
+KERAS_FORMATS = ("keras", "tflite", "keras-int8", "tflite-int8", "tflite-int8-fio")
 CALIBRATION_SAMPLES = 8
 
 
@@ -396,8 +400,9 @@ def _quantize_onnx(model_name: str, fmt: str, folder: Path, onnx_path: Path, fee
     from onnxruntime.quantization import QuantType
 
     options = dict(QDQ_OPTIONS.get(fmt, {}))
-    if "activation_type" in options:
-        options["activation_type"] = getattr(QuantType, options["activation_type"])
+    for key in ("activation_type", "weight_type"):
+        if key in options:
+            options[key] = getattr(QuantType, options[key])
     with contextlib.redirect_stdout(io.StringIO()):
         quantize_static(str(src), str(out), _calibration_reader(feeds), **options)
     return out
@@ -450,8 +455,8 @@ def _keras(model_name: str, fmt: str, folder: Path):
             model = tf.keras.models.load_model(keras_path)
             path.write_bytes(tf.lite.TFLiteConverter.from_keras_model(model).convert())
         return path, x, []
-    if fmt == "tflite-int8":
-        path = folder / f"{model_name}.int8.tflite"
+    if fmt in ("tflite-int8", "tflite-int8-fio"):
+        path = folder / f"{model_name}.{'int8' if fmt == 'tflite-int8' else 'int8-fio'}.tflite"
         if not path.exists():
             model = tf.keras.models.load_model(keras_path)
             conv = tf.lite.TFLiteConverter.from_keras_model(model)
@@ -459,9 +464,12 @@ def _keras(model_name: str, fmt: str, folder: Path):
             samples = [np.load(f) for f in sorted(calib.glob("*.npy"))]
             conv.representative_dataset = lambda: ([s] for s in samples)
             conv.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
-            conv.inference_input_type = tf.int8
-            conv.inference_output_type = tf.int8
+            if fmt == "tflite-int8":
+                conv.inference_input_type = tf.int8
+                conv.inference_output_type = tf.int8
             path.write_bytes(conv.convert())
+        if fmt == "tflite-int8-fio":
+            return path, x, []
         detail = tf.lite.Interpreter(model_path=str(path)).get_input_details()[0]
         scale, zp = detail["quantization"]
         x = np.clip(np.round(x / scale) + zp, -128, 127).astype(np.int8)
@@ -569,9 +577,10 @@ def _subprocess(argv: list[str]) -> tuple[int, str, str]:
 FORMAT_TITLES = {
     "onnx": "ONNX float", "pt2": "`.pt2` float", "qdq": "ORT QDQ", "qdq-pc": "ORT QDQ per-channel",
     "qdq-pre": "ORT QDQ after `quant_pre_process`", "qdq-mm": "ORT QDQ, MatMuls only",
-    "qdq-a16": "ORT QDQ, 16-bit activations", "ptq": "torch FX PTQ `.pt2`", "keras": "`.keras` float",
+    "qdq-a16": "ORT QDQ, 16-bit activations", "qdq-w4": "ORT QDQ, 4-bit weights", "ptq": "torch FX PTQ `.pt2`", "keras": "`.keras` float",
     "tflite": "TFLite float",
     "keras-int8": "`.keras` + `--calibration`", "tflite-int8": "TFLite full-int8",
+    "tflite-int8-fio": "TFLite full-int8, float input/output",
 }
 
 

@@ -119,6 +119,20 @@ def _const_chain(qg, expr, tensor: str, what: str):
     return q.follow_constant(qg, expr, qparams, SCHEME, what, tensor)
 
 
+def _float_weights(qg, expr) -> bool:
+    """``expr`` is a float32 constant, maybe behind reshapes and transposes (no dequantize)."""
+    from irgen.graph import Constant
+
+    for _ in range(8):
+        if isinstance(expr, Constant):
+            return str(expr.value.dtype) == "float32"
+        b = qg.producer(expr)
+        if b is None or b.op not in ("relax.reshape", "relax.permute_dims"):
+            return False
+        expr = b.value.args[0]
+    return False
+
+
 def _drop(qg, chain):
     return [b.name for b in chain if qg.n_users(b.name) == 1]
 
@@ -247,6 +261,9 @@ def _realize_conv(qg, qb, comp, bias_b, acts, out, requant=None):
     relax, op, q, Constant = _ops()
     tensor = qb.name
     x, qx, dqx = _need(qg, comp.value.args[0], "the input", tensor)
+    if not _is_torch(qg) and _float_weights(qg, comp.value.args[1]):
+        # 4-bit weights (the onnx frontend folds their DequantizeLinear: ORT runs the op in float)
+        raise IrgenError(f"{SCHEME}: weights of {tensor!r} are float: no integer kernel")
     w, qw, wchain = _const_chain(qg, comp.value.args[1], tensor, "weights")
     w, w_offset = _weights_less_zero_point(w, qw, tensor)
     a = comp.value.attrs

@@ -577,6 +577,91 @@ def fold_requantized_weights(model) -> int:
     return len(folded)
 
 
+#: ONNX's 4-bit integer types (INT4, UINT4): ONNX Runtime has no integer kernel for them
+_FOUR_BIT = (22, 21)
+
+
+def _dequantized_4bit(node, const) -> np.ndarray | None:
+    """The float32 values of a DequantizeLinear of a 4-bit initializer, as ONNX Runtime computes
+    them: ``float32(w - zero_point) * scale`` per tensor, per axis or per block (``block_size``)."""
+    w, s = const(node.input[0]), const(node.input[1])
+    z = const(node.input[2]) if len(node.input) > 2 and node.input[2] else np.zeros((), np.int64)
+    if w is None or s is None or z is None or s.dtype != np.float32:
+        return None
+    w, z = w.astype(np.int64), z.astype(np.int64)
+    if s.size > 1 or z.size > 1:
+        axis = next((int(a.i) for a in node.attribute if a.name == "axis"), 1) % max(w.ndim, 1)
+        block = next((int(a.i) for a in node.attribute if a.name == "block_size"), 0)
+        if block > 0:  # blocked: scale shaped as w with the axis divided into blocks
+            if s.ndim != w.ndim or z.size not in (1, s.size) or (z.size > 1 and z.shape != s.shape):
+                return None
+            s = np.repeat(s, block, axis=axis)[tuple(slice(0, d) for d in w.shape)]
+            z = np.repeat(z, block, axis=axis)[tuple(slice(0, d) for d in w.shape)] if z.size > 1 else z.reshape(())
+            if s.shape != w.shape:
+                return None
+        else:
+            if s.ndim != 1 or s.size != w.shape[axis] or z.size not in (1, s.size):
+                return None
+            shape = [-1 if i == axis else 1 for i in range(w.ndim)]
+            s, z = s.reshape(shape), z.reshape(shape if z.size > 1 else ())
+    return ((w - z).astype(np.float32) * s).astype(np.float32)
+
+
+def standard_8bit_qdq(model) -> int:
+    """com.microsoft's QuantizeLinear/DequantizeLinear of 8-bit types become ONNX's (the same
+    arithmetic): ``quantize_static`` writes every Q/DQ node in that domain once one tensor is
+    4-bit (before opset 21), and ONNX's shape inference, hence the folding of shape arithmetic,
+    knows only ONNX's. The zero point's initializer gives the type. Returns how many changed."""
+    inits = {t.name: t for t in model.graph.initializer}
+    eight = (2, 3)  # UINT8, INT8
+    changed = 0
+    for n in model.graph.node:
+        if n.domain != "com.microsoft" or n.op_type not in _QDQ_OPS or len(n.input) < 3 \
+                or n.input[2] not in inits or inits[n.input[2]].data_type not in eight:
+            continue
+        n.domain = ""
+        changed += 1
+    return changed
+
+
+def fold_4bit_weights(model) -> int:
+    """A DequantizeLinear of an INT4/UINT4 initializer (``quantize_static`` with
+    ``weight_type=QInt4``/``QUInt4``) becomes the float32 initializer of its values.
+
+    ONNX Runtime has no integer kernel for 4-bit weights: it runs such a Conv, Gemm or MatMul in
+    float on the dequantized weights (a MatMul as ``MatMulNBits``, in float32 when asked to), so
+    the op is a float layer in irgen too, between the dequantize and quantize of its activations.
+    (TVM's importer cannot read 4-bit initializers either: it copied them at one byte per value.)
+    Returns how many were folded."""
+    from onnx import numpy_helper
+
+    g = model.graph
+    inits = {t.name: t for t in g.initializer}
+    producer = {o for n in g.node for o in n.output}
+
+    def const(name: str):
+        return tensor_array(inits[name]) if name in inits and name not in producer else None
+
+    folded: dict[str, np.ndarray] = {}
+    for n in g.node:
+        # quantize_static writes com.microsoft's DequantizeLinear for 4-bit types before opset 21
+        if n.op_type != "DequantizeLinear" or n.domain not in ("", "ai.onnx", "com.microsoft") or len(n.input) < 2 \
+                or len(n.output) != 1 or n.input[0] not in inits or inits[n.input[0]].data_type not in _FOUR_BIT:
+            continue
+        v = _dequantized_4bit(n, const)
+        if v is not None:
+            folded[n.output[0]] = v
+    if not folded:
+        return 0
+    _set_nodes(g, [n for n in g.node if not (n.op_type == "DequantizeLinear" and n.output[0] in folded)])
+    g.initializer.extend(numpy_helper.from_array(v, name) for name, v in folded.items())
+    read = {i for n in g.node for i in n.input} | {o.name for o in g.output}
+    unread = [t for t in g.initializer if t.data_type in _FOUR_BIT and t.name not in read]
+    for t in unread:
+        g.initializer.remove(t)
+    return len(folded)
+
+
 #: the ``doc_string`` of a node irgen added: its outputs have no tensor in the source model
 #: (the importer records no source tensor for them; a model's own such doc strings are cleared)
 INVENTED = "irgen: added before import; not in the source model"

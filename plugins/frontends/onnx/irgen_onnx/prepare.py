@@ -9,8 +9,8 @@ from typing import Any
 from irgen.plugin import UnsupportedOpsError
 
 from . import checks, loader
-from .fold import (INVENTED, explicit_auto_pads, fold_requantized_weights, fold_shape_computations,
-                   fuse_erf_gelu, quantize_inputs_first)
+from .fold import (INVENTED, explicit_auto_pads, fold_4bit_weights, fold_requantized_weights,
+                   fold_shape_computations, fuse_erf_gelu, quantize_inputs_first, standard_8bit_qdq)
 from .inline import inline_constant_ifs
 from .loader import all_graphs
 
@@ -46,6 +46,8 @@ def prepare(path: Path, options: dict[str, Any], for_tvm: bool = True):
     specs = checks.input_specs(model, options.get("input_shapes") or {}, limit, path)
     checks.check_sizes(model, checks.skeleton(model), specs, limit, path)
     if for_tvm:
+        fold_4bit_weights(model)  # first: a 4-bit constant may feed the shape arithmetic
+        standard_8bit_qdq(model)
         fold_shape_computations(model, specs)
         fold_requantized_weights(model)
         quantize_inputs_first(model)
