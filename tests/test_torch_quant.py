@@ -487,6 +487,25 @@ def test_qat_conv_bn_simulation_refused(tmp_path, capsys):
              "_convert_to_reference_decomposed_fx")
 
 
+def test_dynamic_quantization_refused_by_name(tmp_path, capsys):
+    """torch's dynamic quantization (FX ``default_dynamic_qconfig`` on Linear; PT2E's ``is_dynamic``
+    writes the same ``choose_qparams``): one error that says so and names the static flows, not
+    "unsupported ops: quantized_decomposed.choose_qparams.tensor"."""
+    import warnings
+
+    from torch.ao.quantization import QConfigMapping, default_dynamic_qconfig
+    from torch.ao.quantization.quantize_fx import _convert_to_reference_decomposed_fx, prepare_fx
+
+    warnings.simplefilter("ignore")
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 8)).eval()
+    x = torch.randn(1, 16)
+    p = prepare_fx(m, QConfigMapping().set_object_type(nn.Linear, default_dynamic_qconfig), (x,))
+    p(x)
+    _refused(tmp_path, capsys, _convert_to_reference_decomposed_fx(p), x, "choose_qparams",
+             "dynamic quantization", "static quantization parameters")
+
+
 def _ptq_qnnpack(model, d: Path, qmap=None):
     """``model`` quantized by FX PTQ with the qnnpack mapping (our observers elsewhere; or
     ``qmap``), calibrated on four samples, then through irgen (:func:`_irgen`) on a [1, 3, 8, 8] input."""

@@ -189,6 +189,14 @@ def _check_ops(ep, importer, where: str, computed=()) -> None:
             missing.append(str(node.target))
         elif node.op not in ("placeholder", "call_function", "output", "get_attr"):
             missing.append(f"{node.op}:{node.target}")
+    dynamic = [m for m in missing if "choose_qparams" in m]
+    if dynamic:
+        raise IrgenError(
+            f"{where}: {dynamic[0]}: activations are quantized with parameters computed while the model runs "
+            "(dynamic quantization: torch's default_dynamic_qconfig, quantize_dynamic, or a PT2E quantizer with "
+            "is_dynamic=True); irgen needs static quantization parameters (calibrate with prepare_fx / "
+            "prepare_pt2e and a static config, then convert)"
+        )
     if missing:
         raise UnsupportedOpsError(where, missing)
 
