@@ -491,6 +491,10 @@ def _quantized_float_initializer(node, const) -> np.ndarray | None:
     return quantize_linear(w, s, z.astype(np.int64), str(z.dtype))
 
 
+#: the integer types of an activation's QuantizeLinear
+_Q_TYPES = tuple(np.dtype(t) for t in ("int8", "uint8", "int16", "uint16"))
+
+
 def fold_requantized_weights(model) -> int:
     """A QuantizeLinear of a dequantized integer initializer (through ``Identity`` nodes)
     becomes an integer initializer: its output, computed as ONNX Runtime computes the two
@@ -538,16 +542,16 @@ def fold_requantized_weights(model) -> int:
         src = producer.get(n.input[0])
         while src is not None and src.op_type == "Identity":
             src = producer.get(src.input[0])
+        s2 = const(n.input[1])
+        z2 = const(n.input[2]) if len(n.input) > 2 and n.input[2] else np.zeros((), np.uint8)
         if src is None or src.op_type != "DequantizeLinear" or not plain(src) or len(src.input) < 2:
             continue
         w, s1 = const(src.input[0]), const(src.input[1])
         z1 = const(src.input[2]) if len(src.input) > 2 and src.input[2] else None
-        s2 = const(n.input[1])
-        z2 = const(n.input[2]) if len(n.input) > 2 and n.input[2] else np.zeros((), np.uint8)
         if w is None or s1 is None or s2 is None or z2 is None or (len(src.input) > 2 and src.input[2] and z1 is None):
             continue
         if w.dtype.kind not in "iu" or s1.dtype != np.float32 or s2.dtype != np.float32 or s2.size != 1 or z2.size != 1 \
-                or z2.dtype not in (np.dtype(np.int8), np.dtype(np.uint8), np.dtype(np.int16), np.dtype(np.uint16)):
+                or z2.dtype not in _Q_TYPES:
             continue
         z1 = np.zeros((), np.int64) if z1 is None else z1
         if s1.size > 1 or z1.size > 1:  # per axis: scale and zero point along the DequantizeLinear's axis
@@ -582,7 +586,7 @@ _FOUR_BIT = (22, 21)
 
 
 def _dequantized_4bit(node, const) -> np.ndarray | None:
-    """The float32 values of a DequantizeLinear of a 4-bit initializer, as ONNX Runtime computes
+    """The float32 values of a DequantizeLinear of 4-bit integers, as ONNX Runtime computes
     them: ``float32(w - zero_point) * scale`` per tensor, per axis or per block (``block_size``)."""
     w, s = const(node.input[0]), const(node.input[1])
     z = const(node.input[2]) if len(node.input) > 2 and node.input[2] else np.zeros((), np.int64)
@@ -624,42 +628,89 @@ def standard_8bit_qdq(model) -> int:
     return changed
 
 
+def _quantized_4bit(node, x: np.ndarray, const, types: dict[str, int]) -> np.ndarray | None:
+    """A QuantizeLinear of float32 values ``x`` to a 4-bit type (its zero point's), as ONNX Runtime
+    computes it: ``saturate(round_half_even(x / scale) + zero_point)``, per tensor or per axis."""
+    s = const(node.input[1])
+    zname = node.input[2] if len(node.input) > 2 else ""
+    if s is None or not zname or s.dtype != np.float32 or x.dtype != np.float32:
+        return None
+    z, signed = const(zname), _FOUR_BIT_SIGNED.get(types.get(zname))
+    if z is None or signed is None:
+        return None
+    lo, hi = (-8, 7) if signed else (0, 15)
+    z = z.astype(np.int64)
+    if s.size > 1 or z.size > 1:
+        axis = next((int(a.i) for a in node.attribute if a.name == "axis"), 1) % max(x.ndim, 1)
+        if s.ndim != 1 or s.size != x.shape[axis] or z.size not in (1, s.size):
+            return None
+        shape = [-1 if i == axis else 1 for i in range(x.ndim)]
+        s, z = s.reshape(shape), z.reshape(shape if z.size > 1 else ())
+    with np.errstate(divide="ignore", invalid="ignore"):
+        f = x / s
+    f = np.where(np.isnan(f), np.float32(lo) - z, f)
+    return np.clip(np.rint(np.clip(f, -(2.0 ** 31), 2.0 ** 31)).astype(np.int64) + z, lo, hi)
+
+
+#: 4-bit ONNX type -> signed
+_FOUR_BIT_SIGNED = {22: True, 21: False}
+
+
 def fold_4bit_weights(model) -> int:
-    """A DequantizeLinear of an INT4/UINT4 initializer (``quantize_static`` with
-    ``weight_type=QInt4``/``QUInt4``) becomes the float32 initializer of its values.
+    """Dequantized INT4/UINT4 initializers (``quantize_static`` with ``weight_type=QInt4`` or
+    ``QUInt4``) become float32 initializers of their values: a DequantizeLinear of one, and the
+    chains a shared weight gets (``DequantizeLinear -> Identity -> QuantizeLinear`` to 4 bits
+    again -> ``DequantizeLinear``: ALBERT's layers), each node as ONNX Runtime computes it.
 
     ONNX Runtime has no integer kernel for 4-bit weights: it runs such a Conv, Gemm or MatMul in
     float on the dequantized weights (a MatMul as ``MatMulNBits``, in float32 when asked to), so
     the op is a float layer in irgen too, between the dequantize and quantize of its activations.
     (TVM's importer cannot read 4-bit initializers either: it copied them at one byte per value.)
-    Returns how many were folded."""
+    Returns how many nodes were folded."""
     from onnx import numpy_helper
 
     g = model.graph
     inits = {t.name: t for t in g.initializer}
-    producer = {o for n in g.node for o in n.output}
+    produced = {o for n in g.node for o in n.output}
+    vals: dict[str, np.ndarray] = {}  # folded values: float32, or 4-bit integers (int64) in ``four``
+    four = {t.name for t in g.initializer if t.data_type in _FOUR_BIT and t.name not in produced}
+    types = {t.name: t.data_type for t in g.initializer}
 
     def const(name: str):
-        return tensor_array(inits[name]) if name in inits and name not in producer else None
+        if name in vals:
+            return vals[name]
+        return tensor_array(inits[name]) if name in inits and name not in produced else None
 
-    folded: dict[str, np.ndarray] = {}
-    for n in g.node:
-        # quantize_static writes com.microsoft's DequantizeLinear for 4-bit types before opset 21
-        if n.op_type != "DequantizeLinear" or n.domain not in ("", "ai.onnx", "com.microsoft") or len(n.input) < 2 \
-                or len(n.output) != 1 or n.input[0] not in inits or inits[n.input[0]].data_type not in _FOUR_BIT:
+    nodes = list(g.node)  # the wrappers stay alive: their ids name them below
+    done: set[int] = set()
+    for n in nodes:  # topological order, as ONNX requires
+        # quantize_static writes com.microsoft's Q/DQ nodes for 4-bit types before opset 21
+        if n.domain not in ("", "ai.onnx", "com.microsoft") or len(n.output) != 1 or not n.input:
             continue
-        v = _dequantized_4bit(n, const)
+        v = None
+        if n.op_type == "DequantizeLinear" and n.input[0] in four and len(n.input) >= 2:
+            v = _dequantized_4bit(n, const)
+        elif n.op_type == "Identity" and n.input[0] in vals:
+            v = vals[n.input[0]]
+            if n.input[0] in four:
+                four.add(n.output[0])
+        elif n.op_type == "QuantizeLinear" and n.input[0] in vals and n.input[0] not in four and len(n.input) >= 3:
+            v = _quantized_4bit(n, vals[n.input[0]], const, types)
+            if v is not None:
+                four.add(n.output[0])
         if v is not None:
-            folded[n.output[0]] = v
-    if not folded:
+            vals[n.output[0]] = v
+            done.add(id(n))
+    if not done:
         return 0
-    _set_nodes(g, [n for n in g.node if not (n.op_type == "DequantizeLinear" and n.output[0] in folded)])
-    g.initializer.extend(numpy_helper.from_array(v, name) for name, v in folded.items())
+    _set_nodes(g, [n for n in nodes if id(n) not in done])
     read = {i for n in g.node for i in n.input} | {o.name for o in g.output}
-    unread = [t for t in g.initializer if t.data_type in _FOUR_BIT and t.name not in read]
-    for t in unread:
+    for name in sorted(read & set(vals)):  # a folded 4-bit value still read: as int8 (TVM reads those)
+        v = vals[name]
+        g.initializer.append(numpy_helper.from_array(v.astype(np.int8) if name in four else v, name))
+    for t in [t for t in g.initializer if t.data_type in _FOUR_BIT and t.name not in read]:
         g.initializer.remove(t)
-    return len(folded)
+    return len(done)
 
 
 #: the ``doc_string`` of a node irgen added: its outputs have no tensor in the source model
