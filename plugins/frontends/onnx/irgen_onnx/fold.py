@@ -471,6 +471,18 @@ def _weights_only(q, readers: dict[str, list[tuple[Any, int]]]) -> bool:
     return bool(uses) and all(n.op_type in ("Conv", "ConvTranspose", "Gemm", "MatMul") and k == 1 for n, k in uses)
 
 
+def _per_axis(node, shape, s: np.ndarray, z: np.ndarray):
+    """A Q/DQ node's scale and zero point shaped to broadcast along its ``axis`` over a tensor of
+    ``shape`` (per tensor: as they are); None when they do not fit that axis."""
+    if s.size <= 1 and z.size <= 1:
+        return s, z
+    axis = next((int(a.i) for a in node.attribute if a.name == "axis"), 1) % max(len(shape), 1)
+    if s.ndim != 1 or s.size != shape[axis] or z.size not in (1, s.size):
+        return None
+    bshape = [-1 if i == axis else 1 for i in range(len(shape))]
+    return s.reshape(bshape), z.reshape(bshape if z.size > 1 else ())
+
+
 def _quantized_float_initializer(node, const) -> np.ndarray | None:
     """The integers a QuantizeLinear of a float32 initializer gives (per tensor or per axis), as
     ONNX Runtime folds it: ``saturate(round_half_even(w / scale) + zero_point)`` in float32."""
@@ -479,12 +491,10 @@ def _quantized_float_initializer(node, const) -> np.ndarray | None:
     if w is None or s is None or z is None or w.dtype != np.float32 or s.dtype != np.float32 \
             or z.dtype not in (np.dtype(t) for t in ("int8", "uint8", "int16", "uint16")):
         return None
-    if s.size > 1 or z.size > 1:
-        axis = next((int(a.i) for a in node.attribute if a.name == "axis"), 1) % max(w.ndim, 1)
-        if s.ndim != 1 or s.size != w.shape[axis] or z.size not in (1, s.size):
-            return None
-        shape = [-1 if i == axis else 1 for i in range(w.ndim)]
-        s, z = s.reshape(shape), z.reshape(shape if z.size > 1 else ())
+    fit = _per_axis(node, w.shape, s, z)
+    if fit is None:
+        return None
+    s, z = fit
     with np.errstate(divide="ignore", invalid="ignore"):
         if not np.isfinite(w / s).all():
             return None
@@ -554,12 +564,10 @@ def fold_requantized_weights(model) -> int:
                 or z2.dtype not in _Q_TYPES:
             continue
         z1 = np.zeros((), np.int64) if z1 is None else z1
-        if s1.size > 1 or z1.size > 1:  # per axis: scale and zero point along the DequantizeLinear's axis
-            axis = next((int(a.i) for a in src.attribute if a.name == "axis"), 1) % max(w.ndim, 1)
-            if s1.ndim != 1 or s1.size != w.shape[axis] or z1.size not in (1, s1.size):
-                continue
-            shape = [-1 if i == axis else 1 for i in range(w.ndim)]
-            s1, z1 = s1.reshape(shape), z1.reshape(shape if z1.size > 1 else ())
+        fit = _per_axis(src, w.shape, s1, z1)  # per axis: along the DequantizeLinear's axis
+        if fit is None:
+            continue
+        s1, z1 = fit
         f = ((w.astype(np.int64) - z1.astype(np.int64)).astype(np.float32) * s1).astype(np.float32)
         if not np.isfinite(f / np.float32(s2.reshape(()))).all():
             continue
@@ -604,10 +612,10 @@ def _dequantized_4bit(node, const) -> np.ndarray | None:
             if s.shape != w.shape:
                 return None
         else:
-            if s.ndim != 1 or s.size != w.shape[axis] or z.size not in (1, s.size):
+            fit = _per_axis(node, w.shape, s, z)
+            if fit is None:
                 return None
-            shape = [-1 if i == axis else 1 for i in range(w.ndim)]
-            s, z = s.reshape(shape), z.reshape(shape if z.size > 1 else ())
+            s, z = fit
     return ((w - z).astype(np.float32) * s).astype(np.float32)
 
 
@@ -640,12 +648,10 @@ def _quantized_4bit(node, x: np.ndarray, const, types: dict[str, int]) -> np.nda
         return None
     lo, hi = (-8, 7) if signed else (0, 15)
     z = z.astype(np.int64)
-    if s.size > 1 or z.size > 1:
-        axis = next((int(a.i) for a in node.attribute if a.name == "axis"), 1) % max(x.ndim, 1)
-        if s.ndim != 1 or s.size != x.shape[axis] or z.size not in (1, s.size):
-            return None
-        shape = [-1 if i == axis else 1 for i in range(x.ndim)]
-        s, z = s.reshape(shape), z.reshape(shape if z.size > 1 else ())
+    fit = _per_axis(node, x.shape, s, z)
+    if fit is None:
+        return None
+    s, z = fit
     with np.errstate(divide="ignore", invalid="ignore"):
         f = x / s
     f = np.where(np.isnan(f), np.float32(lo) - z, f)
