@@ -128,11 +128,19 @@ def test_unsupported_ops_listed_at_once(models_dir, tmp_path, capsys):
     assert "RNN" in line and "SKIP_GRAM" in line
 
 
-def test_dynamic_range_quantized_is_rejected(models_dir, tmp_path, capsys):
-    path, _ = models_dir[("mlp", "dynamic")]
-    line = assert_user_error(_irgen, capsys, [str(path), "-o", str(tmp_path / "out")], tmp_path / "out",
-                              "dynamic-range quantized", "full-integer quantization", path.name)
-    assert "at tensor '" in line
+def test_dynamic_range_quantized_mlp_runs_as_tflite_computes_it(models_dir, tmp_path):
+    """Dynamic-range FULLY_CONNECTED layers (refused until irgen built TFLite's hybrid kernel:
+    tests/test_tflite_dynamic_range.py) give the interpreter's values."""
+    path, x = models_dir[("mlp", "dynamic")]
+    np.save(tmp_path / "x.npy", x)
+    assert _irgen([str(path), "-o", str(tmp_path / "out"), "--input", str(tmp_path / "x.npy")]) == 0
+    ir = json.loads((tmp_path / "out" / "ir.json").read_text())
+    ref = tflite_models.tflite_reference(path, x)
+    dense = [layer for layer in ir["layers"] if layer["op"] == "dense"]
+    assert dense and any(p["dtype"] == "int8" for layer in dense for p in layer["params"].values())
+    for layer in ir["layers"]:
+        src = layer["source"]["outputs"][0]
+        np.testing.assert_array_equal(np.load(tmp_path / "out" / layer["outputs"][0]["file"]), ref[src])
 
 
 def test_16x8_quantized_is_rejected_naming_the_setting(models_dir, tmp_path, capsys):

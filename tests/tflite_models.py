@@ -58,7 +58,25 @@ def classifier(tf):
     return tf.keras.Model(x, L.Softmax(name="probs")(y)), (1, 32)
 
 
-BUILDERS = {"small_cnn": small_cnn, "mlp": mlp, "classifier": classifier}
+def hybrid_cnn(tf):
+    """Layers big enough for the converter's dynamic-range quantization (1024 weights or more):
+    conv + relu6, a strided depthwise + relu, a depthwise with depth multiplier 2, a 1x1 conv,
+    global average pool, dense + relu, dense; and a dense on [1, 4, 64] tokens (keep_num_dims)."""
+    L = tf.keras.layers
+    x = L.Input((12, 12, 8), batch_size=1, name="x")
+    h = L.Conv2D(128, 3, padding="same", activation="relu6", name="conv1")(x)
+    h = L.DepthwiseConv2D(3, strides=2, padding="same", activation="relu", name="dw1")(h)
+    h = L.Conv2D(64, 1, name="pw1")(h)
+    h = L.DepthwiseConv2D(3, depth_multiplier=2, padding="valid", name="dw2")(h)
+    t = L.Reshape((4, 64), name="tokens")(L.Conv2D(16, 1, name="pw2")(h))
+    t = L.Dense(64, name="token_fc")(t)
+    g = L.GlobalAveragePooling2D(name="gap")(h)
+    g = L.Dense(64, activation="relu", name="fc1")(g)
+    y = L.Dense(40, name="fc2")(L.Concatenate(name="cat")([g, L.Flatten(name="flat")(t)]))
+    return tf.keras.Model(x, y), (1, 12, 12, 8)
+
+
+BUILDERS = {"small_cnn": small_cnn, "mlp": mlp, "classifier": classifier, "hybrid_cnn": hybrid_cnn}
 
 
 def _randomize(model, rng) -> None:

@@ -16,7 +16,9 @@ quantized the ways users quantize:
   ``--calibration`` (``keras-int8``), and the TFLite converter's full-int8
   ``.tflite`` with a representative dataset, int8 input and output
   (``tflite-int8``) or the converter's default float input and output
-  (``tflite-int8-fio``: a QUANTIZE first, a DEQUANTIZE last).
+  (``tflite-int8-fio``: a QUANTIZE first, a DEQUANTIZE last); and the converter's
+  dynamic-range quantization (``tflite-dr``: int8 weights, float activations,
+  TFLite's hybrid kernels).
 
 ``python tests/zoo.py --table [--update-readme] [CASE ...]`` runs every case
 through ``irgen run`` + ``irgen verify`` and prints the table of what works
@@ -48,7 +50,7 @@ QDQ_OPTIONS = {
     "qdq-a16": {"activation_type": "QInt16"},  # 16-bit activations, int8 weights: ORT runs them in float
     "qdq-w4": {"weight_type": "QInt4", "per_channel": True},  # 4-bit weights: ORT runs their ops in float
 }
-KERAS_FORMATS = ("keras", "tflite", "keras-int8", "tflite-int8", "tflite-int8-fio")
+KERAS_FORMATS = ("keras", "tflite", "keras-int8", "tflite-int8", "tflite-int8-fio", "tflite-dr")
 CALIBRATION_SAMPLES = 8
 
 
@@ -455,6 +457,14 @@ def _keras(model_name: str, fmt: str, folder: Path):
             model = tf.keras.models.load_model(keras_path)
             path.write_bytes(tf.lite.TFLiteConverter.from_keras_model(model).convert())
         return path, x, []
+    if fmt == "tflite-dr":
+        path = folder / f"{model_name}.dr.tflite"
+        if not path.exists():
+            model = tf.keras.models.load_model(keras_path)
+            conv = tf.lite.TFLiteConverter.from_keras_model(model)
+            conv.optimizations = [tf.lite.Optimize.DEFAULT]  # no representative dataset: dynamic range
+            path.write_bytes(conv.convert())
+        return path, x, []
     if fmt in ("tflite-int8", "tflite-int8-fio"):
         path = folder / f"{model_name}.{'int8' if fmt == 'tflite-int8' else 'int8-fio'}.tflite"
         if not path.exists():
@@ -580,7 +590,7 @@ FORMAT_TITLES = {
     "qdq-a16": "ORT QDQ, 16-bit activations", "qdq-w4": "ORT QDQ, 4-bit weights", "ptq": "torch FX PTQ `.pt2`", "keras": "`.keras` float",
     "tflite": "TFLite float",
     "keras-int8": "`.keras` + `--calibration`", "tflite-int8": "TFLite full-int8",
-    "tflite-int8-fio": "TFLite full-int8, float input/output",
+    "tflite-int8-fio": "TFLite full-int8, float input/output", "tflite-dr": "TFLite dynamic range",
 }
 
 

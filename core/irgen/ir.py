@@ -165,6 +165,12 @@ def _depthwise(attrs: dict[str, Any], ext: list[str], by_name: dict[str, Binding
     return t[0][layout.index("C")] == groups
 
 
+def _conv_groups(b: Binding) -> dict[str, Any]:
+    """A convolution binding's ``groups`` and ``data_layout`` (what :func:`_depthwise` reads)."""
+    a = b.value.attrs
+    return {"groups": int(a.groups), "data_layout": str(a.data_layout)} if hasattr(a, "groups") else {}
+
+
 #: activations made of several steps: a layer that is one such source op is named after it
 COMPOUND_OPS = frozenset({"hardsigmoid", "hardswish", "silu", "gelu", "mish", "softplus"})
 
@@ -531,6 +537,14 @@ def _layer_op(layer: Layer, members: list[Binding], anchor: Binding, attrs: dict
     op = CANONICAL_OPS.get(op, op)
     if op == "roll" and is_roll(members):  # .pt2's aten.roll steps and quantized rolls too
         attrs = _roll_attrs(members)
+    weighted = [m for m in members if m.op in _WEIGHTED]
+    if quant is None and anchor.op not in _WEIGHTED and len(weighted) == 1 and len(set(nodes)) == 1:
+        # one source op the frontend wrote as many steps around one conv or matmul (a TFLite
+        # dynamic-range kernel: the input quantized at run time, the result scaled back): that op
+        w = weighted[0]
+        op = CANONICAL_OPS.get(short_op(w), short_op(w))
+        if op == "conv2d" and _depthwise({**attrs, **_conv_groups(w)}, ext, {**by_name, layer.anchor: w}, layer):
+            op = "depthwise_conv2d"
     if op == "conv2d" and _depthwise(attrs, ext, by_name, layer):
         op = "depthwise_conv2d"
     if quant is None and len(members) > 1 and len(set(nodes)) == 1 and source_op_name(op_types[0]) in COMPOUND_OPS:

@@ -92,6 +92,16 @@ class Thresholds:
 NOT_WRITTEN = "not written (irgen run --layers wrote a subset of the layers)"
 
 
+def _quantizes_its_input(layer: dict[str, Any]) -> bool:
+    """The layer quantizes a float input: a quantize layer, or a float layer with 8-bit integer
+    weights (a dynamic-range kernel, which quantizes its input at run time). A float rounding
+    of that input can become a step of its quantization."""
+    if (layer.get("quant") or {}).get("kind") == "quantize":
+        return True
+    return layer.get("quant") is None and any(
+        str(p.get("dtype")) in ("int8", "uint8") for p in (layer.get("params") or {}).values())
+
+
 def _unwritten(*records: dict) -> bool:
     return any(r.get("file") is None for r in records)
 
@@ -854,8 +864,9 @@ class _VerifyRun:
         """Stage 4, ``entire``: the layers chained from the model input file(s), each fed
         its producers' reference outputs (a golden file, said in the message, where a
         producer could not run); every output against its golden file. A float tensor a
-        quantize layer reads carries on from its golden file once it passed (within the
-        float tolerance: a quantize would turn float rounding into LSB)."""
+        quantize layer (or a dynamic-range kernel, :func:`_quantizes_its_input`) reads carries
+        on from its golden file once it passed (within the float tolerance: a quantize would
+        turn float rounding into LSB)."""
         if "entire" not in self.modes:
             return
         if self.inputs_refused:
@@ -869,7 +880,7 @@ class _VerifyRun:
         for layer in layers:
             for r in layer.get("inputs") or []:
                 uses[r["name"]] = uses.get(r["name"], 0) + 1
-        quantized_floats = {r["name"] for layer in layers if (layer.get("quant") or {}).get("kind") == "quantize"
+        quantized_floats = {r["name"] for layer in layers if _quantizes_its_input(layer)
                             for r in layer.get("inputs") or [] if not _is_int_name(r.get("dtype"))}
         for i, layer in enumerate(layers, 1):
             if self.refused(layer, "entire"):
@@ -1093,8 +1104,10 @@ class _VerifyRun:
         layers = self.layers
         src_of = {t["name"]: t["name"] for t in self.graph_inputs}
         lookup = {**values, **feeds}  # the model inputs too: a first layer recomputes from them
+        # a model whose layers quantize at run time (dynamic range) is quantized too: a float
+        # rounding upstream can become a step of a later layer's quantization
         quantized = any(l.get("quant") is not None or _is_int_name((l.get("outputs") or [{}])[0].get("dtype"))
-                        for l in layers)
+                        or _quantizes_its_input(l) for l in layers)
         for layer in layers:
             src_of.update(zip((r["name"] for r in layer["outputs"]), (layer.get("source") or {}).get("outputs") or []))
         for i, layer in enumerate(layers, 1):

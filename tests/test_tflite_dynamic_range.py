@@ -1,0 +1,94 @@
+"""TFLite dynamic-range quantization (``optimizations=[Optimize.DEFAULT]``, no representative
+dataset): float activations, int8 weights per output channel, TFLite's hybrid kernels.
+
+TVM's importer refuses such models; irgen builds each hybrid CONV_2D, DEPTHWISE_CONV_2D and
+FULLY_CONNECTED as TFLite computes it (``irgen_tensorflow.hybrid``): the float input quantized
+at run time per batch (per row for FULLY_CONNECTED), an int32 accumulation, the float rescale.
+The golden data must equal the TFLite interpreter's reference kernels bit for bit, layer by
+layer, on seeded inputs and on inputs that hit the quantization's corner cases (exact rounding
+ties, an all-zero tensor, values far apart).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import tflite_models
+from irgen.cli import main as irgen_main
+from irgen.pipeline import run
+from irgen.plugins import PluginHost
+
+pytest.importorskip("tensorflow")
+
+
+@pytest.fixture(scope="module")
+def host():
+    return PluginHost().load()
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("hybrid")
+    path, x = tflite_models.export("hybrid_cnn", folder, "dynamic")
+    return path, x, folder
+
+
+def _inputs(x: np.ndarray) -> list[np.ndarray]:
+    rng = np.random.default_rng(5)
+    out = [x, np.abs(x) * 3, rng.standard_normal(x.shape).astype(np.float32) * 100, np.zeros_like(x)]
+    tied = x.copy()
+    # values on a grid: many products x * (1 / scale) land on (or one float32 step beside) a half
+    tied.reshape(-1)[::3] = np.round(tied.reshape(-1)[::3] * 8) / 8 + np.float32(1 / 16)
+    out.append(tied)
+    spiky = x.copy()
+    spiky.reshape(-1)[7] = 1e4  # one value far from the rest: most quantize to the zero point
+    out.append(spiky)
+    return out
+
+
+def test_every_layer_equals_the_interpreter(model, host):
+    path, x, folder = model
+    hybrid_layers = 0
+    for k, xin in enumerate(_inputs(x)):
+        np.save(folder / f"x{k}.npy", xin)
+        out = folder / f"out{k}"
+        run(host, path, out, inputs=[str(folder / f"x{k}.npy")], opt_level=3 if k % 2 == 0 else 0)
+        ir = json.loads((out / "ir.json").read_text())
+        ref = tflite_models.tflite_reference(path, xin)
+        for layer in ir["layers"]:
+            weights = [p for p in (layer.get("params") or {}).values() if p["dtype"] == "int8"]
+            hybrid_layers += bool(weights)
+            for rec, src in zip(layer["outputs"], layer["source"]["outputs"], strict=True):
+                got = np.load(out / rec["file"])
+                assert got.dtype == np.float32
+                np.testing.assert_array_equal(got, ref[src], err_msg=f"input {k}: {layer['name']} ({layer['op']})")
+    assert hybrid_layers == len(_inputs(x)) * 8  # 3 convs, 2 depthwise, 3 dense in each run
+
+
+def test_layers_are_named_by_their_op_and_keep_int8_weights(model, host):
+    path, x, folder = model
+    np.save(folder / "xa.npy", x)
+    out = folder / "outa"
+    run(host, path, out, inputs=[str(folder / "xa.npy")])
+    ir = json.loads((out / "ir.json").read_text())
+    ops = {layer["op"] for layer in ir["layers"] if any(p["dtype"] == "int8" for p in layer["params"].values())}
+    assert ops == {"conv2d", "depthwise_conv2d", "dense"}, ops
+    dw = next(layer for layer in ir["layers"] if layer["op"] == "depthwise_conv2d")
+    assert dw["attrs"]["activation"]["op"] in ("relu", "clip")
+
+
+def test_verify_passes_against_the_interpreter(model, host, capsys):
+    path, x, folder = model
+    np.save(folder / "xv.npy", x)
+    out = folder / "outv"
+    run(host, path, out, inputs=[str(folder / "xv.npy")])
+    capsys.readouterr()
+    code = irgen_main(["verify", str(out), "--no-progress", "--no-report", "--json"])
+    r = json.loads(capsys.readouterr().out)
+    assert code == 0 and r["passed"], r.get("problems")
+    assert r["source"]["ran"] and "reference kernels" in r["source"]["runtime"]
+    rows = [row["checks"]["source"] for row in r["layers"]]
+    assert rows and all(m["status"] == "pass" and m["exact"] for m in rows), rows
