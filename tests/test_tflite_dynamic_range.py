@@ -92,3 +92,29 @@ def test_verify_passes_against_the_interpreter(model, host, capsys):
     assert r["source"]["ran"] and "reference kernels" in r["source"]["runtime"]
     rows = [row["checks"]["source"] for row in r["layers"]]
     assert rows and all(m["status"] == "pass" and m["exact"] for m in rows), rows
+
+
+def test_an_int8_embedding_table_is_gathered_then_dequantized(tmp_path, host):
+    """The converter quantizes a large embedding table to int8 (GATHER of the int8 table, then a
+    DEQUANTIZE; TVM refused the quantized GATHER) and the Dense after it is a hybrid
+    FULLY_CONNECTED on 6 token rows, each quantized on its own: every layer equals the interpreter."""
+    import tensorflow as tf
+
+    tf.keras.utils.set_random_seed(3)
+    tokens = tf.keras.layers.Input((6,), batch_size=1, dtype="int32", name="tokens")
+    e = tf.keras.layers.Embedding(100, 64, name="embed")(tokens)
+    model = tf.keras.Model(tokens, tf.keras.layers.Dense(64, name="fc")(e))
+    conv = tf.lite.TFLiteConverter.from_keras_model(model)
+    conv.optimizations = [tf.lite.Optimize.DEFAULT]
+    path = tmp_path / "embed.tflite"
+    path.write_bytes(conv.convert())
+    ids = np.array([[3, 97, 0, 42, 42, 7]], np.int32)
+    np.save(tmp_path / "ids.npy", ids)
+    run(host, path, tmp_path / "out", inputs=[str(tmp_path / "ids.npy")])
+    ir = json.loads((tmp_path / "out" / "ir.json").read_text())
+    ref = tflite_models.tflite_reference(path, ids)
+    ops = [layer["op"] for layer in ir["layers"]]
+    assert "dequantize" in ops and "dense" in ops, ops
+    for layer in ir["layers"]:
+        for rec, src in zip(layer["outputs"], layer["source"]["outputs"], strict=True):
+            np.testing.assert_array_equal(np.load(tmp_path / "out" / rec["file"]), ref[src], err_msg=layer["name"])

@@ -3,7 +3,8 @@ imports wrongly on quantized (int8) tensors.
 
 TVM's ``OperatorConverter`` refuses any quantized operator outside its
 ``_SUPPORTED_QUANTIZED_OPS``, although several of them only move int8 values
-(PAD, STRIDED_SLICE, SLICE, TRANSPOSE, SQUEEZE, RESIZE_NEAREST_NEIGHBOR) and one does
+(PAD, STRIDED_SLICE, SLICE, TRANSPOSE, SQUEEZE, RESIZE_NEAREST_NEIGHBOR, and GATHER: a
+dynamic-range model's int8 embedding table, dequantized after the gather) and one does
 not read them at all (SHAPE). :data:`CONVERTERS` holds one function per TFLite
 operator, ``fn(converter, op) -> relax.Expr``; the frontend's converter installs
 them over TVM's and accepts these operators on quantized tensors
@@ -369,7 +370,7 @@ CONVERTERS: dict[str, Callable[[Any, Any], Any]] = {
 
 #: operators accepted on quantized tensors besides TVM's own list
 QUANTIZED_OK = frozenset({"PAD", "PADV2", "SHAPE", "STRIDED_SLICE", "SLICE", "TRANSPOSE", "SQUEEZE",
-                          "RESIZE_NEAREST_NEIGHBOR", "PACK", "BATCH_MATMUL", "GELU"})
+                          "RESIZE_NEAREST_NEIGHBOR", "PACK", "BATCH_MATMUL", "GELU", "GATHER"})
 
 _FOLD_LIMIT = 4096  # elements: shape arithmetic, not data
 
