@@ -118,3 +118,34 @@ def test_an_int8_embedding_table_is_gathered_then_dequantized(tmp_path, host):
     for layer in ir["layers"]:
         for rec, src in zip(layer["outputs"], layer["source"]["outputs"], strict=True):
             np.testing.assert_array_equal(np.load(tmp_path / "out" / rec["file"]), ref[src], err_msg=layer["name"])
+
+
+def test_symmetric_input_quantization_of_fully_connected(model, host, tmp_path):
+    """A FULLY_CONNECTED without ``asymmetric_quantize_inputs`` (older converters wrote it so; the
+    flag is flipped in the flatbuffer here) quantizes each row symmetrically:
+    ``range = max(|min|, |max|)``, ``q = round(x * (127 / range))`` in [-127, 127]. Every layer
+    equals the interpreter."""
+    import flatbuffers
+    from tensorflow.lite.python import schema_py_generated as schema
+
+    path, x, _ = model
+    m = schema.ModelT.InitFromObj(schema.Model.GetRootAsModel(path.read_bytes(), 0))
+    flipped = 0
+    for op in m.subgraphs[0].operators:
+        if isinstance(op.builtinOptions, schema.FullyConnectedOptionsT):
+            op.builtinOptions.asymmetricQuantizeInputs = False
+            flipped += 1
+    assert flipped == 3
+    b = flatbuffers.Builder(1024)
+    b.Finish(m.Pack(b), file_identifier=b"TFL3")
+    sym = tmp_path / "symmetric.tflite"
+    sym.write_bytes(bytes(b.Output()))
+    for k, xin in enumerate(_inputs(x)[:4]):
+        np.save(tmp_path / f"x{k}.npy", xin)
+        out = tmp_path / f"out{k}"
+        run(host, sym, out, inputs=[str(tmp_path / f"x{k}.npy")])
+        ir = json.loads((out / "ir.json").read_text())
+        ref = tflite_models.tflite_reference(sym, xin)
+        for layer in ir["layers"]:
+            src = layer["source"]["outputs"][0]
+            np.testing.assert_array_equal(np.load(out / layer["outputs"][0]["file"]), ref[src], err_msg=layer["name"])
