@@ -149,3 +149,32 @@ def test_symmetric_input_quantization_of_fully_connected(model, host, tmp_path):
         for layer in ir["layers"]:
             src = layer["source"]["outputs"][0]
             np.testing.assert_array_equal(np.load(out / layer["outputs"][0]["file"]), ref[src], err_msg=layer["name"])
+
+
+def test_per_tensor_fully_connected_weights(tmp_path, host):
+    """One weight scale per tensor (``_experimental_disable_per_channel``): TFLite folds it into
+    each row's scale, irgen broadcasts it per channel; the product is the same, bit for bit."""
+    import tensorflow as tf
+
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential([tf.keras.Input((32,), batch_size=1), tf.keras.layers.Dense(64, activation="relu"),
+                                 tf.keras.layers.Dense(48)])
+    conv = tf.lite.TFLiteConverter.from_keras_model(model)
+    conv.optimizations = [tf.lite.Optimize.DEFAULT]
+    conv._experimental_disable_per_channel = True
+    path = tmp_path / "fc_per_tensor.tflite"
+    path.write_bytes(conv.convert())
+    rng = np.random.default_rng(0)
+    for k in range(4):
+        x = rng.standard_normal((1, 32)).astype(np.float32) * (k + 1)
+        np.save(tmp_path / f"x{k}.npy", x)
+        out = tmp_path / f"out{k}"
+        run(host, path, out, inputs=[str(tmp_path / f"x{k}.npy")])
+        ir = json.loads((out / "ir.json").read_text())
+        ref = tflite_models.tflite_reference(path, x)
+        assert [layer["op"] for layer in ir["layers"]] == ["dense", "dense"]
+        for layer in ir["layers"]:
+            w = next(p for p in layer["params"].values() if p["dtype"] == "int8")
+            assert len(w["shape"]) == 2  # the int8 weight matrix itself
+            src = layer["source"]["outputs"][0]
+            np.testing.assert_array_equal(np.load(out / layer["outputs"][0]["file"]), ref[src], err_msg=layer["name"])

@@ -149,14 +149,18 @@ def _options(op, cls):
     return options
 
 
-def _weights(conv, t, code: str, channels: int, axis: int):
-    """(int8 weights, float32 scale per output channel)."""
+def _weights(conv, t, code: str, channels: int, axis: int, per_tensor_ok: bool = False):
+    """(int8 weights, float32 scale per output channel). ``per_tensor_ok``: one scale for every
+    channel is taken as that scale per channel (FULLY_CONNECTED: TFLite multiplies it into the
+    row's scale, ``acc * (scale * w_scale)``, the same product)."""
     w = np.asarray(conv.get_tensor_value(t))
     q = t.tensor.Quantization()
     scales = np.asarray(q.ScaleAsNumpy(), np.float32).reshape(-1)
     zps = np.asarray(q.ZeroPointAsNumpy()).reshape(-1) if q.ZeroPointLength() else np.zeros(1, np.int64)
     if np.any(zps != 0):
         raise ValueError(f"{code}: dynamic-range weights with non-zero zero points are not supported")
+    if scales.size == 1 and channels > 1 and per_tensor_ok:
+        return w.astype(np.int8), np.full(channels, scales[0], np.float32)
     if scales.size == 1 and channels > 1:
         raise ValueError(f"{code}: dynamic-range weights with one scale for {channels} channels (TFLite's per-tensor "
                          "hybrid kernel) are not supported")
@@ -244,7 +248,7 @@ def convert_fully_connected(conv, op):
     o = _options(op, FullyConnectedOptions)
     dims = [int(d) for d in ins[0].tensor.ShapeAsNumpy()]
     units, k = (int(d) for d in ins[1].tensor.ShapeAsNumpy())
-    w, scales = _weights(conv, ins[1], "FULLY_CONNECTED", units, 0)
+    w, scales = _weights(conv, ins[1], "FULLY_CONNECTED", units, 0, per_tensor_ok=True)
     rows = int(np.prod(dims)) // k
     x = bb.normalize(rop.reshape(conv.get_tensor_expr(ins[0]), [rows, k]))
     if o.AsymmetricQuantizeInputs():
