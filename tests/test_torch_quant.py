@@ -506,8 +506,9 @@ def test_dynamic_quantization_refused_by_name(tmp_path, capsys):
              "dynamic quantization", "static quantization parameters")
 
 
-def _ptq_qnnpack(model, d: Path, qmap=None):
-    """``model`` quantized by FX PTQ with the qnnpack mapping (our observers elsewhere; or
+def _ptq_qnnpack(model_cls, d: Path, qmap=None):
+    """``model_cls()`` (built after seeding torch, so its weights do not depend on the tests that
+    ran before) quantized by FX PTQ with the qnnpack mapping (our observers elsewhere; or
     ``qmap``), calibrated on four samples, then through irgen (:func:`_irgen`) on a [1, 3, 8, 8] input."""
     import warnings
 
@@ -516,6 +517,7 @@ def _ptq_qnnpack(model, d: Path, qmap=None):
 
     warnings.simplefilter("ignore")
     torch.manual_seed(0)
+    model = model_cls()
     x = torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(1))
     p = prepare_fx(model.eval(), qmap or get_default_qconfig_mapping("qnnpack").set_global(_qconfigs(False)), (x,))
     with torch.no_grad():
@@ -555,7 +557,7 @@ def test_requantizing_dropout_and_global_pool(tmp_path, capsys):
     ``requantize`` table with torch's rounding. verify's float64 adaptive-pool mean then disagreed
     with TVM's float32 row-order sum by one LSB after the pool's quantize (MobileNetV2: 3 of 1280
     values); the numpy reference now sums as TVM does. Every layer equals torch's value."""
-    r = _ptq_qnnpack(_Head(), tmp_path)
+    r = _ptq_qnnpack(_Head, tmp_path)
     ops = [layer["op"] for layer in r["ir"]["layers"]]
     assert "requantize" in ops and "global_avg_pool2d" in ops, ops
     _equal_to_torch_and_verified(r, [la for la in r["ir"]["layers"] if la["outputs"][0]["dtype"] in ("uint8", "int8")],
@@ -582,7 +584,7 @@ def test_silu_and_squeeze_excite_multiply(tmp_path, capsys):
     ... in a torch graph is not supported"): torchvision EfficientNet-B0 and RegNetY-400MF PTQ.
     SiLU is now a table of torch's own kernel; the multiply ``quantize(deq(a) * deq(b))`` in
     float32, as torch's reference graph computes it. Those layers equal torch's values."""
-    r = _ptq_qnnpack(_SqueezeExcite(), tmp_path)
+    r = _ptq_qnnpack(_SqueezeExcite, tmp_path)
     layers = r["ir"]["layers"]
     mine = [la for la in layers if (la["quant"] or {}).get("kind") == "mul" or (la["quant"] or {}).get("op") == "nn.silu"]
     assert {la["op"] for la in mine} == {"multiply", "silu"}, [la["op"] for la in layers]
@@ -606,7 +608,7 @@ def test_hardswish_and_hardsigmoid_tables(tmp_path, capsys):
     in torch graphs ("the float ops before ... in a torch graph are not supported"; torchvision
     MobileNetV3 PTQ). That chain (and hardsigmoid's) is now a table of torch's own kernel: the four
     float ops round otherwise than torch's hardswish for 16% of float32 inputs. Equal to torch."""
-    r = _ptq_qnnpack(_HardSwishBlock(), tmp_path)
+    r = _ptq_qnnpack(_HardSwishBlock, tmp_path)
     layers = r["ir"]["layers"]
     mine = [la for la in layers if (la["quant"] or {}).get("op") in ("hardswish", "hardsigmoid")]
     assert sorted(la["op"] for la in mine) == ["hardsigmoid", "hardswish"], [la["op"] for la in layers]
@@ -632,7 +634,7 @@ def test_chunk_items_with_their_own_parameters(tmp_path, capsys):
     parameters"): each item is now a table then the slice. verify's float64 ``mean`` then disagreed
     with TVM's row-order float32 sum after the quantize; the reference sums as TVM does. torchvision
     ShuffleNetV2 PTQ: 167 layers, all equal to torch."""
-    r = _ptq_qnnpack(_ShuffleUnit(), tmp_path)
+    r = _ptq_qnnpack(_ShuffleUnit, tmp_path)
     layers = r["ir"]["layers"]
     items = [la for la in layers if (la["quant"] or {}).get("op") == "strided_slice"]
     assert items and all(la["quant"]["kind"] in ("lut", "integer") for la in items), [la["op"] for la in layers]
@@ -693,7 +695,7 @@ def test_float_spans_as_torch_runs_them(tmp_path, capsys):
     runs every op between a dequantize and a quantize in float; they are now float layers (the
     float ops in float64, rounded once to float32, then torch's quantize_per_tensor), each equal
     to torch's values here, recomputed from its record, and verified."""
-    r = _ptq_qnnpack(_FloatSpans(), tmp_path)
+    r = _ptq_qnnpack(_FloatSpans, tmp_path)
     layers = r["ir"]["layers"]
     spans = [la for la in layers if (la["quant"] or {}).get("kind") == "float"]
     ops = " ".join(la["quant"]["op"] for la in spans)
@@ -746,7 +748,7 @@ def test_attention_spans_as_torch_runs_them(tmp_path, capsys):
     and a chunk read by three float spans left its tuple outside their layers ("layers whose
     inputs are never bound"). The softmax and the chain are float spans, the chunk's items strided
     slices inside them; every integer layer equals torch's values and verify passes."""
-    r = _ptq_qnnpack(_WindowAttention(), tmp_path)
+    r = _ptq_qnnpack(_WindowAttention, tmp_path)
     layers = r["ir"]["layers"]
     ops = " ".join((la["quant"] or {}).get("op") or "" for la in layers if (la["quant"] or {}).get("kind") == "float")
     assert "nn.softmax" in ops and "split" in ops, [((la["quant"] or {}).get("kind"), la["op"]) for la in layers]
@@ -757,7 +759,7 @@ def test_add_of_a_quantized_constant(tmp_path, capsys):
     """The add's second operand is a quantized constant TVM folds into a literal: verify's
     recompute found one input for two ("list index out of range"; MaxViT-T's attention). The
     record keeps the constant's integers (``constants``), as ONNX Runtime's QLinearAdd records do."""
-    r = _ptq_qnnpack(_PositionBias(), tmp_path)
+    r = _ptq_qnnpack(_PositionBias, tmp_path)
     (add,) = [la for la in r["ir"]["layers"] if (la["quant"] or {}).get("kind") == "add"]
     assert len(add["inputs"]) == 1 and list(add["quant"]["constants"]) == ["1"]
     _equal_to_torch_and_verified(r, [add], capsys)
@@ -779,7 +781,7 @@ class _ClassToken(nn.Module):
 def test_concat_of_a_quantized_constant(tmp_path, capsys):
     """torchvision ViT-B/16 PTQ: the class token, quantized at import and folded by TVM, left the
     concatenation one input for two in verify's recompute; its integers are in the record now."""
-    r = _ptq_qnnpack(_ClassToken(), tmp_path)
+    r = _ptq_qnnpack(_ClassToken, tmp_path)
     (cat,) = [la for la in r["ir"]["layers"] if (la["quant"] or {}).get("kind") == "concatenate"]
     assert len(cat["inputs"]) == 1 and list(cat["quant"]["constants"]) == ["0"], cat["quant"]
     _equal_to_torch_and_verified(r, [cat], capsys)
@@ -808,7 +810,7 @@ def test_pools_and_biases_as_torch_runs_them(tmp_path, capsys):
     constant TVM folds, as a layer input that no longer exists ("unresolvable argument
     'input:1'"), and an importer error stopped it first. They are float spans now, the constant
     one of their parameters; torch's nearest rows are gathered (TVM's resize picks others here)."""
-    r = _ptq_qnnpack(_PoolsAndBiases(), tmp_path)
+    r = _ptq_qnnpack(_PoolsAndBiases, tmp_path)
     spans = {la["name"]: la for la in r["ir"]["layers"] if (la["quant"] or {}).get("kind") == "float"}
     ops = {la["quant"]["op"] for la in spans.values()}
     assert {"nn.adaptive_avg_pool2d", "maximum+nn.softmax", "take+take"} <= ops, ops
@@ -841,7 +843,7 @@ def test_timm_parts_as_torch_runs_them(tmp_path, capsys):
     the ceil-mode pool was refused. All are float spans now, as torch computes them."""
     from torch.ao.quantization import get_default_qconfig_mapping
 
-    r = _ptq_qnnpack(_TimmParts(), tmp_path, get_default_qconfig_mapping())  # x86: it quantizes the matmuls
+    r = _ptq_qnnpack(_TimmParts, tmp_path, get_default_qconfig_mapping())  # x86: it quantizes the matmuls
     ops = [(la["quant"] or {}).get("op") for la in r["ir"]["layers"] if (la["quant"] or {}).get("kind") == "float"]
     assert any(o and "split" in o for o in ops) and any(o and "matmul" in o for o in ops) and "nn.avg_pool2d" in ops, ops
     # the first conv bit for bit; after the float spans, verify's per-layer verdict
