@@ -506,6 +506,45 @@ def test_dynamic_quantization_refused_by_name(tmp_path, capsys):
              "dynamic quantization", "static quantization parameters")
 
 
+class _FloatTail(nn.Module):
+    """PT2E's X86 quantizer quantizes a Linear's input and weight but leaves its output float when
+    nothing quantizable follows (the classifier at a model's end): ``dequantize(x)``,
+    ``dequantize_per_channel(w)`` -> linear -> the model output, written here with torch's
+    decomposed ops themselves."""
+
+    def __init__(self):
+        super().__init__()
+        import torch.ao.quantization.fx._decomposed  # noqa: F401  registers quantized_decomposed
+
+        g = torch.Generator().manual_seed(2)
+        self.register_buffer("w", torch.randint(-127, 128, (10, 24), generator=g, dtype=torch.int8))
+        self.register_buffer("ws", torch.rand(10, generator=g) * 0.01 + 0.001)
+        self.register_buffer("wz", torch.zeros(10, dtype=torch.int64))
+        self.b = nn.Parameter(torch.randn(10, generator=g))
+
+    def forward(self, x):
+        qd = torch.ops.quantized_decomposed
+        xq = qd.quantize_per_tensor(x, 0.02, 128, 0, 255, torch.uint8)
+        xd = qd.dequantize_per_tensor(xq, 0.02, 128, 0, 255, torch.uint8)
+        wd = qd.dequantize_per_channel(self.w, self.ws, self.wz, 0, -127, 127, torch.int8)
+        return nn.functional.linear(xd, wd, self.b)
+
+
+def test_a_float_linear_on_a_dequantized_weight_at_the_end(tmp_path, capsys):
+    """irgen refused it ("constant ... is dequantized for a float op that is not quantized"): the
+    weight is dequantized as torch does, float32(w - zp) * scale, and the Linear is a float layer;
+    its output matches torch's and verify passes."""
+    x = torch.randn(1, 24, generator=torch.Generator().manual_seed(3))
+    r = _irgen(_FloatTail().eval(), x, tmp_path)
+    with torch.no_grad():
+        want = _FloatTail().eval()(x).numpy()
+    out = r["ir"]["outputs"][0]
+    np.testing.assert_allclose(np.load(r["out"] / out["file"]), want, rtol=1e-6, atol=1e-6)
+    assert r["ir"]["layers"][-1]["op"] == "dense"
+    capsys.readouterr()
+    assert irgen_main(["verify", str(r["out"]), "--no-progress", "--no-report"]) == 0, capsys.readouterr().out[-2000:]
+
+
 def _ptq_qnnpack(model_cls, d: Path, qmap=None):
     """``model_cls()`` (built after seeding torch, so its weights do not depend on the tests that
     ran before) quantized by FX PTQ with the qnnpack mapping (our observers elsewhere; or

@@ -1225,7 +1225,11 @@ def _dequantize_rest(qg) -> None:
             if qg.n_users(b.name) == 0:
                 continue
             if _is_torch(qg):
-                raise IrgenError(f"{SCHEME}: constant {b.name!r} is dequantized for a float op that is not quantized")
+                # a weight dequantized for a float op whose result is never quantized (PT2E's X86
+                # quantizer leaves the last Linear's output float): torch dequantizes it in float32,
+                # float32(w - zp) * scale per channel, and the float op reads those values
+                qg.replace([b.name], relax.const(_spans()._dequantized_constant(qg, b)))
+                continue
         # a constant too (ONNX): ORT dequantizes it in float for the float op that reads it
         # (EfficientViT-M's attention biases, gathered twice before their quantize)
         qx = _qparams(qg, b.value, getattr(src, "name", b.name))
