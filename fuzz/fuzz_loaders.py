@@ -150,7 +150,9 @@ def fuzz_one(target: str, args: argparse.Namespace) -> None:
     with atheris.instrument_imports(include=["irgen", "irgen_onnx", "irgen_tensorflow", "irgen_torch"]):
         from irgen.api import IrgenError
 
-        scratch = Path(tempfile.mkdtemp(prefix=f"irgen-fuzz-{target}-"))
+        # the driver's folder, which it removes when this process ends (atheris.Fuzz exits the
+        # process itself: nothing after it runs here)
+        scratch = Path(args.scratch) if args.scratch else Path(tempfile.mkdtemp(prefix=f"irgen-fuzz-{target}-"))
         read = _reader(target, scratch)
     path = scratch / f"input{SUFFIX[target]}"
 
@@ -187,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--corpus", type=Path, default=Path("fuzz/corpus"), help="working corpus (not committed)")
     parser.add_argument("--findings", type=Path, default=Path("fuzz/findings"), help="where crashing inputs go")
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--scratch", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.corpus, args.findings = args.corpus.resolve(), args.findings.resolve()
     if args.child:
@@ -202,11 +205,15 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         before = set(args.findings.iterdir())
+        scratch = Path(tempfile.mkdtemp(prefix=f"irgen-fuzz-{target}-"))
         cmd = [sys.executable, __file__, "--child", target, "--runs", str(args.runs), "--seconds", str(args.seconds),
                "--timeout", str(args.timeout), "--rss-limit-mb", str(args.rss_limit_mb), "--max-len", str(args.max_len),
-               "--corpus", str(args.corpus), "--findings", str(args.findings)]
+               "--corpus", str(args.corpus), "--findings", str(args.findings), "--scratch", str(scratch)]
         env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
         log = args.findings / f"{target}.log"
         log.write_text(proc.stdout + proc.stderr)
         runs = re.findall(r"stat::number_of_executed_units:\s*(\d+)", proc.stderr)

@@ -3,6 +3,7 @@ and reports the executions it ran (the long runs are documented in the README)."
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -17,11 +18,14 @@ SCRIPT = Path(__file__).resolve().parents[1] / "fuzz" / "fuzz_loaders.py"
 
 @pytest.mark.parametrize("target,runs", [("npy", 400), ("manifest", 60)])
 def test_bounded_fuzz_run_finds_nothing(tmp_path, target, runs) -> None:
+    tmp = tmp_path / "tmp"  # the run's own temporary folder: nothing may be left in it
+    tmp.mkdir()
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), "--target", target, "--runs", str(runs), "--seconds", "120",
          "--corpus", str(tmp_path / "corpus"), "--findings", str(tmp_path / "findings")],
-        capture_output=True, text=True, timeout=600,
+        capture_output=True, text=True, timeout=600, env={**os.environ, "TMPDIR": str(tmp)},
     )
+    assert not list(tmp.iterdir()), list(tmp.iterdir())  # the fuzzing child's scratch folder too
     assert proc.returncode == 0, proc.stdout + proc.stderr
     m = re.search(rf"^{target}\s+(\d+) executions\s+ok$", proc.stdout, re.M)
     assert m and int(m.group(1)) >= runs, proc.stdout
