@@ -152,12 +152,12 @@ def _quant_op(quant: dict[str, Any], members: list[Binding]) -> str:
     return kind
 
 
-def _depthwise(attrs: dict[str, Any], ext: list[str], by_name: dict[str, Binding], layer: Layer) -> bool:
-    """A grouped convolution with one group per input channel."""
+def _depthwise(attrs: dict[str, Any], data: Binding | None) -> bool:
+    """A grouped convolution (``attrs``, and ``data``: the binding whose first argument is its
+    input) with one group per input channel."""
     groups = int(attrs.get("groups") or 1)
     if groups <= 1:
         return False
-    data = by_name.get(layer.anchor)
     t = tensor_type(data.value.args[0]) if data is not None and isinstance(data.value, relax.Call) else None
     if t is None or len(t[0]) != 4:
         return False
@@ -543,9 +543,9 @@ def _layer_op(layer: Layer, members: list[Binding], anchor: Binding, attrs: dict
         # dynamic-range kernel: the input quantized at run time, the result scaled back): that op
         w = weighted[0]
         op = CANONICAL_OPS.get(short_op(w), short_op(w))
-        if op == "conv2d" and _depthwise({**attrs, **_conv_groups(w)}, ext, {**by_name, layer.anchor: w}, layer):
+        if op == "conv2d" and _depthwise({**attrs, **_conv_groups(w)}, w):
             op = "depthwise_conv2d"
-    if op == "conv2d" and _depthwise(attrs, ext, by_name, layer):
+    if op == "conv2d" and _depthwise(attrs, by_name.get(layer.anchor)):
         op = "depthwise_conv2d"
     if quant is None and len(members) > 1 and len(set(nodes)) == 1 and source_op_name(op_types[0]) in COMPOUND_OPS:
         # one source op that the importer wrote as several steps (ONNX HardSigmoid: multiply,

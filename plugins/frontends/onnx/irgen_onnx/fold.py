@@ -483,13 +483,17 @@ def _per_axis(node, shape, s: np.ndarray, z: np.ndarray):
     return s.reshape(bshape), z.reshape(bshape if z.size > 1 else ())
 
 
+#: the integer types of an activation's QuantizeLinear
+_Q_TYPES = tuple(np.dtype(t) for t in ("int8", "uint8", "int16", "uint16"))
+
+
 def _quantized_float_initializer(node, const) -> np.ndarray | None:
     """The integers a QuantizeLinear of a float32 initializer gives (per tensor or per axis), as
     ONNX Runtime folds it: ``saturate(round_half_even(w / scale) + zero_point)`` in float32."""
     w, s = const(node.input[0]), const(node.input[1])
     z = const(node.input[2]) if len(node.input) > 2 and node.input[2] else np.zeros((), np.uint8)
     if w is None or s is None or z is None or w.dtype != np.float32 or s.dtype != np.float32 \
-            or z.dtype not in (np.dtype(t) for t in ("int8", "uint8", "int16", "uint16")):
+            or z.dtype not in _Q_TYPES:
         return None
     fit = _per_axis(node, w.shape, s, z)
     if fit is None:
@@ -499,10 +503,6 @@ def _quantized_float_initializer(node, const) -> np.ndarray | None:
         if not np.isfinite(w / s).all():
             return None
     return quantize_linear(w, s, z.astype(np.int64), str(z.dtype))
-
-
-#: the integer types of an activation's QuantizeLinear
-_Q_TYPES = tuple(np.dtype(t) for t in ("int8", "uint8", "int16", "uint16"))
 
 
 def fold_requantized_weights(model) -> int:
@@ -552,12 +552,12 @@ def fold_requantized_weights(model) -> int:
         src = producer.get(n.input[0])
         while src is not None and src.op_type == "Identity":
             src = producer.get(src.input[0])
-        s2 = const(n.input[1])
-        z2 = const(n.input[2]) if len(n.input) > 2 and n.input[2] else np.zeros((), np.uint8)
         if src is None or src.op_type != "DequantizeLinear" or not plain(src) or len(src.input) < 2:
             continue
         w, s1 = const(src.input[0]), const(src.input[1])
         z1 = const(src.input[2]) if len(src.input) > 2 and src.input[2] else None
+        s2 = const(n.input[1])
+        z2 = const(n.input[2]) if len(n.input) > 2 and n.input[2] else np.zeros((), np.uint8)
         if w is None or s1 is None or s2 is None or z2 is None or (len(src.input) > 2 and src.input[2] and z1 is None):
             continue
         if w.dtype.kind not in "iu" or s1.dtype != np.float32 or s2.dtype != np.float32 or s2.size != 1 or z2.size != 1 \

@@ -24,8 +24,8 @@ from typing import Any
 
 from irgen.plugin import (Frontend, ImportedModel, InputSpec, IrgenError, Option, Provenance, UnsupportedOpsError,
                           hookimpl)
+from irgen_tensorflow import hybrid
 from irgen_tensorflow.tflite_check import TYPES as _TYPES
-from irgen_tensorflow.hybrid import HYBRID_OPS
 from irgen_tensorflow.tflite_check import Unreadable, check_model
 
 __version__ = "0.1.0"
@@ -135,7 +135,7 @@ def _check_ops(converter, subgraph, where: str) -> None:
                 "(16x8 quantization, EXPERIMENTAL_TFLITE_BUILTINS_ACTIVATIONS_INT16_WEIGHTS_INT8) are not "
                 "supported: irgen has TFLite's int8 kernels only; convert with TFLITE_BUILTINS_INT8"
             )
-        if float_acts and int_weights and code not in HYBRID_OPS:  # irgen builds these (.hybrid)
+        if float_acts and int_weights and code not in hybrid.HYBRID_OPS:  # irgen builds these
             raise IrgenError(
                 f"{where}: op {op_name}: dynamic-range quantized (float activations, int8 weights) "
                 f"at tensor {_tensor_name(subgraph, int_weights[0])!r} is not supported; convert with full-integer quantization"
@@ -284,7 +284,7 @@ def _import(model, where: str, options: dict[str, Any], frontend: str, state: di
     import tvm
 
     from irgen.plugin import SafeNames, identifier
-    from irgen_tensorflow import converters, hybrid
+    from irgen_tensorflow import converters
 
     limit = max_tensor_bytes(options)
     subgraph = model.Subgraphs(0)
@@ -326,7 +326,7 @@ def _import(model, where: str, options: dict[str, Any], frontend: str, state: di
                 code = self.get_op_code_str(op)
                 if code in hybrid.HYBRID_OPS and hybrid.is_hybrid(self, op):
                     continue
-                tensors = [t for t in self.get_input_tensors(op) + self.get_output_tensors(op)]
+                tensors = self.get_input_tensors(op) + self.get_output_tensors(op)
                 if any(t.qnn_params is not None for t in tensors) and code not in self._SUPPORTED_QUANTIZED_OPS:
                     raise tvm.error.OpNotImplemented(
                         f"The following quantized TFLite operators are not supported in frontend TFLite yet: '{code}'")
