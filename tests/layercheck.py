@@ -42,6 +42,22 @@ def assert_layers_match(out: Path, ir: dict, ref: dict[str, np.ndarray], what: s
     return worst
 
 
+def assert_layers_equal(out: Path, ir: dict, ref: dict[str, np.ndarray], what: str, dtype=None) -> int:
+    """Every layer's output files and the model's outputs equal the reference's tensors bit for
+    bit, dtype included (``dtype``: what each layer output must be, when given). Returns the
+    number of layer outputs compared."""
+    checked = 0
+    for layer in ir["layers"]:
+        for rec, src in zip(layer["outputs"], layer["source"]["outputs"], strict=True):
+            got = np.load(out / rec["file"])
+            assert got.dtype == (ref[src].dtype if dtype is None else dtype), (layer["name"], got.dtype)
+            np.testing.assert_array_equal(got, ref[src], err_msg=f"{what} {out.name} {layer['name']}")
+            checked += 1
+    for o in ir["outputs"]:
+        np.testing.assert_array_equal(np.load(out / o["file"]), ref[o["name"]], err_msg=f"{what} output {o['name']}")
+    return checked
+
+
 def assert_layer_recomputes(out: Path, layer: dict, k: int = -1) -> None:
     """The layer's output file ``k`` again from its ``quant`` record and the parameter
     files (``irgen.quant.recompute``) and from its ``fused_ops`` program

@@ -143,14 +143,38 @@ def test_dynamic_range_quantized_mlp_runs_as_tflite_computes_it(models_dir, tmp_
         np.testing.assert_array_equal(np.load(tmp_path / "out" / layer["outputs"][0]["file"]), ref[src])
 
 
-def test_16x8_quantized_is_rejected_naming_the_setting(models_dir, tmp_path, capsys):
-    """int16 activations (the converter's 16x8 mode) need TFLite's int16 kernels, which irgen
-    does not have: one clear error naming the op, the tensor and the setting (TVM's importer
-    itself stopped on the int64 bias with "Unsupported input datatype ... float32")."""
-    path, _ = models_dir[("small_cnn", "int16x8")]
+def _pot_add(path: Path, dest: Path) -> Path:
+    """``path`` (a 16x8 model) with its ADD's three scales set to 2**-12 and the ADD's
+    ``pot_scale_int16`` option turned on: the model then takes TFLite's power-of-two int16 ADD."""
+    import struct
+
+    import tflite
+    from tflite.AddOptions import AddOptions
+
+    buf = bytearray(path.read_bytes())
+    sg = tflite.Model.GetRootAsModel(bytes(buf), 0).Subgraphs(0)
+    model = tflite.Model.GetRootAsModel(bytes(buf), 0)
+    (op,) = [sg.Operators(i) for i in range(sg.OperatorsLength())
+             if model.OperatorCodes(sg.Operators(i).OpcodeIndex()).BuiltinCode() == 0]  # ADD
+    opts = AddOptions()
+    opts.Init(op.BuiltinOptions().Bytes, op.BuiltinOptions().Pos)
+    assert opts._tab.Offset(6) and not opts.PotScaleInt16()  # the converter writes false
+    buf[opts._tab.Pos + opts._tab.Offset(6)] = 1
+    for k in list(op.InputsAsNumpy()) + list(op.OutputsAsNumpy()):
+        q = sg.Tensors(int(k)).Quantization()
+        vec = q._tab.Vector(q._tab.Offset(8))  # QuantizationParameters.scale: [float]
+        struct.pack_into("<f", buf, vec, 2.0 ** -12)
+    dest.write_bytes(bytes(buf))
+    return dest
+
+
+def test_16x8_add_of_power_of_two_scales_is_refused(models_dir, tmp_path, capsys):
+    """An int16 ADD whose scales are all powers of two, with its ``pot_scale_int16`` option set,
+    runs TFLite's power-of-two kernel (the converter writes the option off): refused by name."""
+    path = _pot_add(models_dir[("small_cnn", "int16x8")][0], tmp_path / "pot.tflite")
     line = assert_user_error(_irgen, capsys, [str(path), "-o", str(tmp_path / "out")], tmp_path / "out",
-                              "int16 activations", "16x8", "TFLITE_BUILTINS_INT8", path.name)
-    assert "at tensor '" in line and "CONV_2D" in line
+                             "power-of-two", "pot_scale_int16", "ADD_3")
+    assert path.name in line
 
 
 @pytest.mark.parametrize("name", ["small_cnn", "mlp"])

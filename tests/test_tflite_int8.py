@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import tflite_models
-from layercheck import assert_layer_recomputes
+from layercheck import assert_layer_recomputes, assert_layers_equal
 from irgen.pipeline import run
 from irgen.plugins import PluginHost
 
@@ -53,15 +53,7 @@ def test_every_int8_activation_equals_the_interpreter(int8_runs):
     for x, out in runs:
         ir = json.loads((out / "ir.json").read_text())
         assert ir["producer"]["quantizer"] == "tflite-int8"
-        ref = tflite_models.tflite_reference(path, x)
-        for layer in ir["layers"]:
-            for rec, src in zip(layer["outputs"], layer["source"]["outputs"], strict=True):
-                got = np.load(out / rec["file"])
-                assert got.dtype == np.int8, (layer["name"], got.dtype)
-                np.testing.assert_array_equal(got, ref[src], err_msg=f"{out.name} {layer['name']}")
-                checked += 1
-        out_rec = ir["outputs"][0]
-        np.testing.assert_array_equal(np.load(out / out_rec["file"]), ref[out_rec["name"]])
+        checked += assert_layers_equal(out, ir, tflite_models.tflite_reference(path, x), path.name, np.int8)
     assert checked >= N_INPUTS * 3
 
 

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import tflite_models
-from layercheck import assert_layer_recomputes
+from layercheck import assert_layer_recomputes, assert_layers_equal
 from irgen.pipeline import run
 from irgen.plugins import PluginHost
 
@@ -220,14 +220,7 @@ def test_every_int8_activation_equals_the_interpreter(runs):
     for x, folder in out:
         ir = json.loads((folder / "ir.json").read_text())
         assert ir["producer"]["quantizer"] == "tflite-int8"
-        ref = tflite_models.tflite_reference(path, x)
-        for layer in ir["layers"]:
-            for rec, src in zip(layer["outputs"], layer["source"]["outputs"], strict=True):
-                got = np.load(folder / rec["file"])
-                assert got.dtype == np.int8, (layer["name"], got.dtype)
-                np.testing.assert_array_equal(got, ref[src], err_msg=f"{name} {folder.name} {layer['name']}")
-        for o in ir["outputs"]:
-            np.testing.assert_array_equal(np.load(folder / o["file"]), ref[o["name"]])
+        assert_layers_equal(folder, ir, tflite_models.tflite_reference(path, x), name, np.int8)
 
 
 def test_layers_recompute_from_quant_records(runs):

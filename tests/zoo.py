@@ -16,7 +16,8 @@ quantized the ways users quantize:
   ``--calibration`` (``keras-int8``), and the TFLite converter's full-int8
   ``.tflite`` with a representative dataset, int8 input and output
   (``tflite-int8``) or the converter's default float input and output
-  (``tflite-int8-fio``: a QUANTIZE first, a DEQUANTIZE last); and the converter's
+  (``tflite-int8-fio``: a QUANTIZE first, a DEQUANTIZE last); the converter's 16x8 mode
+  (``tflite-16x8``: int16 activations, int8 weights, int64 biases, float interface); and its
   dynamic-range quantization (``tflite-dr``: int8 weights, float activations,
   TFLite's hybrid kernels).
 
@@ -41,7 +42,7 @@ from typing import Callable
 import numpy as np
 
 QUANTIZED_FORMATS = ("qdq", "qdq-pc", "qdq-pre", "qdq-mm", "qdq-a16", "qdq-w4", "ptq", "tflite-int8", "tflite-int8-fio",
-                     "keras-int8")
+                     "tflite-16x8", "keras-int8")
 TORCH_FORMATS = ("onnx", "pt2", "qdq", "qdq-pc", "qdq-pre", "qdq-mm", "qdq-a16", "qdq-w4", "ptq")
 #: quantize_static's options for each ORT QDQ format (qdq-pre: after quant_pre_process)
 QDQ_OPTIONS = {
@@ -50,7 +51,7 @@ QDQ_OPTIONS = {
     "qdq-a16": {"activation_type": "QInt16"},  # 16-bit activations, int8 weights: ORT runs them in float
     "qdq-w4": {"weight_type": "QInt4", "per_channel": True},  # 4-bit weights: ORT runs their ops in float
 }
-KERAS_FORMATS = ("keras", "tflite", "keras-int8", "tflite-int8", "tflite-int8-fio", "tflite-dr")
+KERAS_FORMATS = ("keras", "tflite", "keras-int8", "tflite-int8", "tflite-int8-fio", "tflite-16x8", "tflite-dr")
 CALIBRATION_SAMPLES = 8
 
 
@@ -269,6 +270,7 @@ TORCH_PTQ_MODELS = ("resnet18", "mobilenet_v2", "mobilenet_v3_small", "efficient
 #: cases the tools before irgen cannot build (not irgen's failures), left out of the zoo
 NOT_BUILT = {
     "hf_beit-qdq-pre": "onnxruntime's quant_pre_process: 'Incomplete symbolic shape inference'",
+    "MobileNetV3Small-tflite-16x8": "the TFLite converter: 'Quantization to 16x8-bit not yet supported for op: HARD_SWISH'",
 }
 #: quantized models without a MatMul: qdq-mm would leave them float (nothing to check as quantized)
 NO_MATMUL = ("resnet18", "mobilenet_v2", "mobilenet_v3_small", "efficientnet_b0", "squeezenet1_1",
@@ -465,8 +467,8 @@ def _keras(model_name: str, fmt: str, folder: Path):
             conv.optimizations = [tf.lite.Optimize.DEFAULT]  # no representative dataset: dynamic range
             path.write_bytes(conv.convert())
         return path, x, []
-    if fmt in ("tflite-int8", "tflite-int8-fio"):
-        path = folder / f"{model_name}.{'int8' if fmt == 'tflite-int8' else 'int8-fio'}.tflite"
+    if fmt in ("tflite-int8", "tflite-int8-fio", "tflite-16x8"):
+        path = folder / f"{model_name}.{fmt.removeprefix('tflite-')}.tflite"
         if not path.exists():
             model = tf.keras.models.load_model(keras_path)
             conv = tf.lite.TFLiteConverter.from_keras_model(model)
@@ -474,11 +476,14 @@ def _keras(model_name: str, fmt: str, folder: Path):
             samples = [np.load(f) for f in sorted(calib.glob("*.npy"))]
             conv.representative_dataset = lambda: ([s] for s in samples)
             conv.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+            if fmt == "tflite-16x8":
+                conv.target_spec.supported_ops = [
+                    tf.lite.OpsSet.EXPERIMENTAL_TFLITE_BUILTINS_ACTIVATIONS_INT16_WEIGHTS_INT8]
             if fmt == "tflite-int8":
                 conv.inference_input_type = tf.int8
                 conv.inference_output_type = tf.int8
             path.write_bytes(conv.convert())
-        if fmt == "tflite-int8-fio":
+        if fmt != "tflite-int8":  # a float interface
             return path, x, []
         detail = tf.lite.Interpreter(model_path=str(path)).get_input_details()[0]
         scale, zp = detail["quantization"]
@@ -590,7 +595,8 @@ FORMAT_TITLES = {
     "qdq-a16": "ORT QDQ, 16-bit activations", "qdq-w4": "ORT QDQ, 4-bit weights", "ptq": "torch FX PTQ `.pt2`", "keras": "`.keras` float",
     "tflite": "TFLite float",
     "keras-int8": "`.keras` + `--calibration`", "tflite-int8": "TFLite full-int8",
-    "tflite-int8-fio": "TFLite full-int8, float input/output", "tflite-dr": "TFLite dynamic range",
+    "tflite-int8-fio": "TFLite full-int8, float input/output", "tflite-16x8": "TFLite 16x8 (int16 activations)",
+    "tflite-dr": "TFLite dynamic range",
 }
 
 

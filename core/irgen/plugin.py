@@ -85,7 +85,8 @@ into the graph, so TVM computes it), side by side so they cannot drift:
 
 * TFLite fixed point: ``quantize_multiplier`` (real -> multiplier, shift),
   ``multiply_by_quantized_multiplier`` and ``rx_multiply_by_quantized_multiplier``
-  in the rounding ``DOUBLE`` or ``SINGLE`` (``ROUNDING_RULES`` describes each),
+  in the rounding ``DOUBLE``, ``SINGLE`` or ``WIDE`` (an int64 accumulator; ``ROUNDING_RULES``
+  describes each),
   ``divide_round_half_away`` / ``rx_divide_round_half_away``.
 * ONNX Runtime: ``quantize_linear``, ``requantize_float`` / ``rx_requantize_float``,
   ``rx_round_to_int``; softmax tables ``ort_softmax_table`` and
@@ -166,6 +167,7 @@ from irgen.quant import (
     DOUBLE,
     ROUNDING_RULES,
     SINGLE,
+    WIDE,
     QGraph,
     QTensor,
     check_qparams,
@@ -206,7 +208,7 @@ from irgen.safeio import (
     regular_tree,
 )
 
-API_VERSION = "1.3"
+API_VERSION = "1.4"
 
 #: names whose module imports TVM: (module, name there), loaded by :func:`__getattr__`
 _LAZY = {
@@ -247,7 +249,7 @@ __all__ = [
     "QGraph", "QTensor", "Binding", "Constant", "attrs_to_dict", "substitute", "main_bindings",
     "module_bindings", "check_tensor_sizes", "tuple_output_outside_dataflow", "arg_ref",
     # integer arithmetic
-    "DOUBLE", "SINGLE", "ROUNDING_RULES", "quantize_multiplier", "multiply_by_quantized_multiplier",
+    "DOUBLE", "SINGLE", "WIDE", "ROUNDING_RULES", "quantize_multiplier", "multiply_by_quantized_multiplier",
     "rx_multiply_by_quantized_multiplier", "divide_round_half_away", "rx_divide_round_half_away",
     "quantize_linear", "requantize_float", "rx_requantize_float", "rx_round_to_int", "ort_softmax_table",
     "tflite_softmax_table", "per_axis", "rx_const", "rx_clamp_cast", "check_qparams", "follow_constant",

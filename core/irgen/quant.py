@@ -47,16 +47,29 @@ def _as64(x) -> np.ndarray:
 #: how a kernel rounds in MultiplyByQuantizedMultiplier (TF 2.21's reference kernels use both)
 DOUBLE = "double"  # SaturatingRoundingDoublingHighMul, then RoundingDivideByPOT: ties away from zero
 SINGLE = "single"  # (x * M + 2**(30 - shift)) >> (31 - shift): one rounding, ties up
+#: the int64 accumulator's variant (TFLite's 16x8 kernels): M rounded to 16 bits, one rounding, ties up
+WIDE = "wide"
 ROUNDING_RULES = {
     DOUBLE: "SaturatingRoundingDoublingHighMul(x * 2**max(shift,0), M) then RoundingDivideByPOT(-min(shift,0)); "
             "both round half away from zero",
     SINGLE: "(x * M + 2**(30 - shift)) >> (31 - shift) in int64; round half up",
+    WIDE: "int64 x: m = (M + 2**15) >> 16 if M < 0x7FFF0000 else 0x7FFF; (x * m + 2**(14 - shift)) >> (15 - shift); "
+          "round half up",
 }
+
+
+def _reduced_multiplier(m) -> np.ndarray:
+    """TFLite's 16-bit multiplier of an int64 accumulator: ``(M + 2**15) >> 16``, at most 0x7FFF."""
+    m = _as64(m)
+    return np.where(m < 0x7FFF0000, (m + (1 << 15)) >> 16, 0x7FFF)
 
 
 def multiply_by_quantized_multiplier(x, multiplier, shift, rounding: str = DOUBLE) -> np.ndarray:
     """TFLite's MultiplyByQuantizedMultiplier, in either of its rounding builds."""
     x, m, shift = _as64(x), _as64(multiplier), _as64(shift)
+    if rounding == WIDE:
+        total = 15 - shift
+        return (x * _reduced_multiplier(m) + (np.int64(1) << (total - 1))) >> total
     if rounding == SINGLE:
         total = 31 - shift
         return (x * m + (np.int64(1) << (total - 1))) >> total
@@ -635,7 +648,7 @@ def rx_const(value, dtype: str):
 
 
 def rx_multiply_by_quantized_multiplier(emit, x, multiplier, shift, axis: int, ndim: int, rounding: str = DOUBLE):
-    """:func:`multiply_by_quantized_multiplier` as Relax ops on an int32 tensor.
+    """:func:`multiply_by_quantized_multiplier` as Relax ops on an int32 tensor (int64 with ``WIDE``).
 
     ``emit`` binds each intermediate (see :meth:`QGraph.emit`) so values used
     twice are computed once.
@@ -646,7 +659,11 @@ def rx_multiply_by_quantized_multiplier(emit, x, multiplier, shift, axis: int, n
         return rx_const(per_axis(np.asarray(v, np.int64), axis, ndim), "int64")
 
     sh = np.asarray(shift, np.int64)
-    x64 = emit(op.astype(x, "int64"))
+    x64 = x if str(x.ty.dtype) == "int64" else emit(op.astype(x, "int64"))
+    if rounding == WIDE:
+        total = 15 - sh
+        ab = emit(op.add(emit(op.multiply(x64, c(_reduced_multiplier(multiplier)))), c(np.int64(1) << (total - 1))))
+        return emit(op.astype(emit(op.right_shift(ab, c(total))), "int32"))
     if rounding == SINGLE:
         total = 31 - sh
         ab = emit(op.add(emit(op.multiply(x64, c(multiplier))), c(np.int64(1) << (total - 1))))

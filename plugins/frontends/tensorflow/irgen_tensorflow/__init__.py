@@ -126,20 +126,37 @@ def _check_ops(converter, subgraph, where: str) -> None:
                 f"{where}: op {op_name}: SOFTMAX with beta={_softmax_beta(op):g} is not supported "
                 "(TVM's TFLite importer computes softmax(x) and drops beta)"
             )
-        wide = [t for t in ins if _TYPES.get(subgraph.Tensors(t).Type()) == "int16"
-                and subgraph.Tensors(t).Quantization() is not None and subgraph.Tensors(t).Quantization().ScaleLength()
-                and not _is_const(converter, subgraph, t)]
-        if wide and code not in ("QUANTIZE", "DEQUANTIZE"):
+        if code in ("ADD", "SUB") and _pot_scale_int16(subgraph, op):
             raise IrgenError(
-                f"{where}: op {op_name}: int16 activations at tensor {_tensor_name(subgraph, wide[0])!r} "
-                "(16x8 quantization, EXPERIMENTAL_TFLITE_BUILTINS_ACTIVATIONS_INT16_WEIGHTS_INT8) are not "
-                "supported: irgen has TFLite's int8 kernels only; convert with TFLITE_BUILTINS_INT8"
-            )
+                f"{where}: op {op_name}: an int16 {code} whose scales are all powers of two, with the op's "
+                "pot_scale_int16 option, runs TFLite's power-of-two kernel, which irgen does not have")
         if float_acts and int_weights and code not in hybrid.HYBRID_OPS:  # irgen builds these
             raise IrgenError(
                 f"{where}: op {op_name}: dynamic-range quantized (float activations, int8 weights) "
                 f"at tensor {_tensor_name(subgraph, int_weights[0])!r} is not supported; convert with full-integer quantization"
             )
+
+
+def _pot_scale_int16(subgraph, op) -> bool:
+    """Whether an int16 ADD/SUB takes TFLite's power-of-two kernel: its ``pot_scale_int16`` option
+    set (the schema's default) and every scale a power of two (add.cc/sub.cc, Prepare)."""
+    import math
+
+    from tflite.AddOptions import AddOptions
+
+    ts = [subgraph.Tensors(int(t)) for t in list(op.InputsAsNumpy()) + list(op.OutputsAsNumpy()) if t >= 0]
+    if not ts or any(_TYPES.get(t.Type()) != "int16" for t in ts):
+        return False
+    scales = [float(t.Quantization().Scale(0)) if t.Quantization() is not None and t.Quantization().ScaleLength()
+              else 0.0 for t in ts]
+    if not all(s > 0 and math.frexp(s)[0] == 0.5 for s in scales):
+        return False
+    table = op.BuiltinOptions()
+    if table is None:
+        return True
+    options = AddOptions()  # SubOptions has the same layout for this field (slot 6)
+    options.Init(table.Bytes, table.Pos)
+    return bool(options.PotScaleInt16())
 
 
 def _softmax_beta(op) -> float:
@@ -317,6 +334,9 @@ def _import(model, where: str, options: dict[str, Any], frontend: str, state: di
                 self.convert_map[code] = functools.partial(hybrid.convert, self, code, self.convert_map[code])
             if not main_bb:  # the first converter is main's; control-flow bodies get their own
                 main_bb.append(self.bb)
+
+        def dequantize(self, expr, tensor):
+            return super().dequantize(converters.narrow_wide_bias(expr, tensor), tensor)
 
         def check_unsupported_ops(self):
             """TVM's check, less its refusal of dynamic-range ops irgen builds (:mod:`.hybrid`);

@@ -368,6 +368,27 @@ CONVERTERS: dict[str, Callable[[Any, Any], Any]] = {
     "GELU": convert_gelu,
 }
 
+def narrow_wide_bias(expr, tensor):
+    """The int64 bias of a 16x8 model's CONV_2D, DEPTHWISE_CONV_2D or FULLY_CONNECTED as an int32
+    constant, so that TVM can dequantize it (its dequantize takes no int64): the values are
+    the same, and the ``tflite-int8`` scheme adds them in int64 again, as TFLite does. A bias
+    outside int32 is refused, naming the tensor."""
+    import tvm
+    from tvm import relax
+
+    if not isinstance(expr, tvm.ir.Constant) or str(expr.ty.dtype) != "int64":
+        return expr
+    v = expr.value.numpy()
+    info = np.iinfo(np.int32)
+    if v.size and (v.min() < info.min or v.max() > info.max):
+        from irgen.plugin import IrgenError
+
+        name = tensor.tensor.Name().decode(errors="replace") if tensor is not None else "?"
+        raise IrgenError(f"the int64 bias {name!r} holds values beyond int32 ({int(v.min())}..{int(v.max())}); "
+                         "irgen reads int64 biases up to int32's range")
+    return relax.const(v.astype(np.int32), "int32")
+
+
 #: operators accepted on quantized tensors besides TVM's own list
 QUANTIZED_OK = frozenset({"PAD", "PADV2", "SHAPE", "STRIDED_SLICE", "SLICE", "TRANSPOSE", "SQUEEZE",
                           "RESIZE_NEAREST_NEIGHBOR", "PACK", "BATCH_MATMUL", "GELU", "GATHER"})

@@ -33,6 +33,13 @@ what the TFLite interpreter computes, bit for bit:
   BATCH_MATMUL, int8 RELU/QUANTIZE (requantize), and ADD/MUL with an int8
   constant operand: :mod:`irgen_tflite_int8.kinds`, each realization beside its
   numpy recompute.
+
+The converter's 16x8 mode (int16 activations with zero point 0, int8 weights, int64 biases)
+takes the same realizations with TFLite's 16x8 parameters: CONV_2D and DEPTHWISE_CONV_2D
+accumulate in int64 and rescale with TFLite's int64 ``MultiplyByQuantizedMultiplier`` (its
+multiplier rounded to 16 bits: rounding ``wide``), FULLY_CONNECTED accumulates in int64 and
+rescales in one rounding, ADD/SUB shift left by 15 instead of 20; the int16 kernels with an
+algorithm of their own are in :mod:`irgen_tflite_int8.int16`. Any other op on int16 is refused.
 """
 
 from __future__ import annotations
@@ -43,7 +50,7 @@ import numpy as np
 
 from irgen.plugin import (IrgenError, Quantizer, hookimpl, quantize_multiplier, recompute_requantized,
                           register_consistency, register_recompute)
-from irgen_tflite_int8 import kinds
+from irgen_tflite_int8 import int16, kinds
 
 __version__ = "0.1.0"
 
@@ -119,6 +126,20 @@ def _int8_input(qg, expr, what: str):
     if xin is None:
         raise IrgenError(f"{SCHEME}: {what} is not a dequantized int8 tensor")
     return xin
+
+
+def _wide(qg, tensor: str, *qts) -> bool:
+    """Whether a span computes on int16 activations (TFLite's 16x8 mode): then every activation
+    is int16 with zero point 0, as TFLite requires; a mix with int8 is refused."""
+    dtypes = {qt.dtype for qt in qts}
+    if "int16" not in dtypes:
+        return False
+    if dtypes != {"int16"}:
+        raise IrgenError(f"{SCHEME}: {tensor!r} mixes int16 and {sorted(dtypes - {'int16'})} activations")
+    if any(np.any(qt.zero_point != 0) for qt in qts):
+        raise IrgenError(f"{SCHEME}: int16 activation of {tensor!r} has a non-zero zero point (TFLite's 16x8 "
+                         "activations are symmetric)")
+    return True
 
 
 def _const_weight(qg, expr, tensor: str):
@@ -197,18 +218,22 @@ def _realize_conv(qg, qb, comp, bias_b, out, act=None):
     tensor = qb.name
     x, qx, dqx = _int8_input(qg, comp.value.args[0], f"input of {tensor!r}")
     w, qw, wdrop = _const_weight(qg, comp.value.args[1], tensor)
-    xs = _offset(qg, x, int(qx.zero_point[0]))
+    # 16x8 (int16 activations): TFLite accumulates in int64 and adds an int64 bias; its
+    # activations are symmetric (zero point 0)
+    wide = _wide(qg, tensor, qx, out)
+    acc_dtype = "int64" if wide else "int32"
+    xs = x if wide else _offset(qg, x, int(qx.zero_point[0]))
     a = comp.value.attrs
     if comp.op == "relax.matmul":
         kind = "dense"
-        acc = qg.emit(op.matmul(xs, relax.const(w), out_dtype="int32"))
+        acc = qg.emit(op.matmul(xs, relax.const(w), out_dtype=acc_dtype))
         ch_axis = -1
     else:
         kind = "depthwise_conv2d" if int(a.groups) > 1 else "conv2d"
         acc = qg.emit(op.nn.conv2d(
             xs, relax.const(w), strides=list(a.strides), padding=list(a.padding), dilation=list(a.dilation),
             groups=int(a.groups), data_layout=str(a.data_layout), kernel_layout=str(a.kernel_layout),
-            out_layout=str(a.out_layout), out_dtype="int32",
+            out_layout=str(a.out_layout), out_dtype=acc_dtype,
         ))
         ch_axis = str(a.out_layout).index("C")
     ndim = len(comp.var.ty.shape.values)
@@ -225,14 +250,14 @@ def _realize_conv(qg, qb, comp, bias_b, out, act=None):
         if bias.dtype != np.int32:
             raise IrgenError(f"{SCHEME}: bias of {tensor!r} is {bias.dtype}, not int32")
         bq = _qparams(qg, bb.value, "dequantize", tensor + " bias")
-        acc = qg.emit(op.add(acc, relax.const(q.per_axis(bias, ch_axis, ndim).astype(np.int32))))
+        acc = qg.emit(op.add(acc, relax.const(q.per_axis(bias, ch_axis, ndim).astype(acc_dtype), acc_dtype)))
         drop += [bb.name, bias_b.name]
-        bias_rec = bq.record()
+        bias_rec = {**bq.record(), "dtype": acc_dtype}  # 16x8: the model's int64 bias (read as int32)
     # TFLite: effective scale = double(s_x) * double(s_w) / double(s_y)
     real = (np.float64(qx.scale[0]) * w_scale.astype(np.float64)) / np.float64(out.scale[0])
     mult, shift = _multipliers(real)
     # TF 2.21's reference kernels: conv and depthwise round twice, fully connected once
-    rounding = q.SINGLE if kind == "dense" else q.DOUBLE
+    rounding = q.SINGLE if kind == "dense" else q.WIDE if wide else q.DOUBLE
     y = q.rx_multiply_by_quantized_multiplier(qg.emit, acc, mult, shift, ch_axis, ndim, rounding)
     lo, hi, last = _clamp(qg, qb.name, out.dtype, act, out)
     expr = _finish(qg, y, out, lo, hi)
@@ -267,7 +292,9 @@ def _realize_add(qg, qb, comp, out, act=None):
     if any(i is None for i in ins):
         raise IrgenError(f"{SCHEME}: an input of the {what} {tensor!r} is not a dequantized int8 tensor")
     (x1, q1, d1), (x2, q2, d2) = ins
-    left_shift = 20
+    # TFLite's general ADD: 20 bits of headroom for int8, 15 for int16 (16x8, whose ADD kernel
+    # takes this path unless every scale is a power of two and the op asks for that kernel)
+    left_shift = 15 if _wide(qg, tensor, q1, q2, out) else 20
     s1, s2 = np.float32(q1.scale[0]), np.float32(q2.scale[0])
     twice_max = np.float64(np.float32(2) * max(s1, s2))
     m1, sh1 = _multipliers([np.float64(s1) / twice_max])
@@ -455,6 +482,14 @@ def _from_constants(qg, expr, depth: int = 0) -> bool:
     return all(_from_constants(qg, a, depth + 1) for a in b.value.args if isinstance(a, (relax.Var, Constant)))
 
 
+def _realizes_int16(qg, comp) -> bool:
+    """Whether this module's realization of ``comp`` has TFLite's 16x8 variant (conv, depthwise,
+    fully connected, add, sub, mean, concatenation)."""
+    if comp.op == "relax.matmul":  # FULLY_CONNECTED, not BATCH_MATMUL
+        return any(_dequantized(qg, a) is None or _from_constants(qg, _dequantized(qg, a)[0]) for a in comp.value.args)
+    return comp.op in ("relax.nn.conv2d", "relax.add", "relax.subtract", "relax.mean", "relax.concat")
+
+
 class _Helpers:
     """The scheme's shared steps, handed to the realizations of :mod:`irgen_tflite_int8.kinds`."""
 
@@ -514,11 +549,11 @@ def realize(qg) -> None:
         if b.op == "relax.dequantize" and isinstance(b.value.args[0], relax.Var):
             qparams.setdefault(b.value.args[0].name, _qparams(qg, b.value, "dequantize", b.value.args[0].name))
         if b.kind == "call" and b.op not in ("relax.quantize", "relax.dequantize", "relax.astype") \
-                and b.name not in qparams and str(getattr(b.var.ty, "dtype", "")) in ("int8", "uint8"):
+                and b.name not in qparams and str(getattr(b.var.ty, "dtype", "")) in ("int8", "uint8", "int16"):
             srcs = [a.name for a in b.value.args if isinstance(a, relax.Var) and a.name in qparams]
             if srcs:  # int8 ops kept as imported (max pool, reshape) keep their input's parameters
                 qparams[b.name] = qparams[srcs[0]]
-        if b.op == "relax.astype" and str(b.var.ty.dtype) in ("int8", "uint8"):
+        if b.op == "relax.astype" and str(b.var.ty.dtype) in ("int8", "uint8", "int16"):
             pool = qg.producer(b.value.args[0])
             widen = qg.producer(pool.value.args[0]) if pool is not None and pool.op == "relax.nn.avg_pool2d" else None
             if widen is not None and widen.op == "relax.astype":
@@ -552,8 +587,14 @@ def realize(qg) -> None:
                         and other.op == "relax.dequantize" and isinstance(other.value.args[0], Constant):
                     comp, bias_b = cand, f
                     break
-        if comp.op == "relax.matmul" and all(_dequantized(qg, a) is not None and not _from_constants(qg, _dequantized(qg, a)[0])
-                                             for a in comp.value.args):
+        if out.dtype == "int16" and comp.op in int16.SPANS:  # TFLite's 16x8 kernels of their own
+            names, expr, rec = int16.SPANS[comp.op](qg, b, comp, out, act, _Helpers)
+        elif out.dtype == "int16" and not _realizes_int16(qg, comp):
+            raise IrgenError(f"{SCHEME}: cannot realize {comp.op or comp.kind} at tensor {b.name!r} on int16 "
+                             "activations (16x8 quantization): irgen has TFLite's 16x8 kernels for "
+                             f"{', '.join(int16.SUPPORTED)}")
+        elif comp.op == "relax.matmul" and all(_dequantized(qg, a) is not None and not _from_constants(qg, _dequantized(qg, a)[0])
+                                               for a in comp.value.args):
             names, expr, rec = kinds.realize_batch_matmul(qg, b, comp, out, act, _Helpers)
         elif comp.op in ("relax.nn.conv2d", "relax.matmul"):
             names, expr, rec = _realize_conv(qg, b, comp, bias_b, out, act)
