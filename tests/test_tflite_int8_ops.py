@@ -152,6 +152,14 @@ def subtract(tf):
     return tf.keras.Model(x, _conv(L, L.ReLU()(L.Subtract()([a, b])), 4)), (1, 8, 8, 3)
 
 
+def tanh(tf):
+    """TANH on a conv's output and on the int8 input itself (every table entry is reached)."""
+    L = tf.keras.layers
+    x = L.Input((8, 8, 4), batch_size=1, name="x")
+    t = L.Activation("tanh")(_conv(L, x, 4))
+    return tf.keras.Model(x, L.Concatenate()([t, L.Activation("tanh")(x)])), (1, 8, 8, 4)
+
+
 def gelu(tf):
     """GELU in both forms (ConvNeXt, ViT): on the int8 input itself (random inputs reach
     most of its 256 table entries), ``approximate=True`` after a conv."""
@@ -183,6 +191,7 @@ MODELS = {
     "concat_batch_norm": (concat_batch_norm, {"MUL", "ADD", "RELU"}, {"mul", "add", "requantize"}),
     "dense_3d": (dense_3d, {"FULLY_CONNECTED"}, {"dense"}),
     "subtract": (subtract, {"SUB"}, {"subtract"}),
+    "tanh": (tanh, {"TANH"}, {"lut", "tanh"}),
     "gelu": (gelu, {"GELU"}, {"lut", "gelu:none", "gelu:tanh"}),
     "layer_norm": (layer_norm, {"NEG", "SQUARED_DIFFERENCE", "RSQRT"}, {"squared_difference", "rsqrt", "negative"}),
 }

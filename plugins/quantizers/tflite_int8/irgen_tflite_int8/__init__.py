@@ -28,7 +28,7 @@ what the TFLite interpreter computes, bit for bit:
 * MAX_POOL_2D, RESHAPE, CONCATENATION with shared parameters: exact in int8
   as imported (and PAD, STRIDED_SLICE, TRANSPOSE, RESIZE_NEAREST_NEIGHBOR, which
   the tflite frontend imports on int8 tensors itself);
-* LOGISTIC, HARD_SWISH, GELU, RSQRT and float NEG (256-entry tables), MUL,
+* LOGISTIC, TANH, HARD_SWISH, GELU, RSQRT and float NEG (256-entry tables), MUL,
   SQUARED_DIFFERENCE, RESIZE_BILINEAR,
   BATCH_MATMUL, int8 RELU/QUANTIZE (requantize), and ADD/MUL with an int8
   constant operand: :mod:`irgen_tflite_int8.kinds`, each realization beside its

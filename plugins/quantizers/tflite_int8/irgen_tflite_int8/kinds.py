@@ -7,7 +7,7 @@ parameter files alone), side by side.
   realized as a 256-entry table (parameter ``table``) indexed by ``x + 128``:
 
   - LOGISTIC: TFLite's ``LUTPopulate``: ``round(sigmoid(s_x * (v - zp_x)) / s_y) + zp_y``
-    in float32 with ``expf``, rounding half away from zero;
+    in float32 with ``expf``, rounding half away from zero; TANH the same with ``tanhf``;
   - HARD_SWISH: ``reference_ops::HardSwish``'s 16-bit fixed point (its
     multipliers are in the record), evaluated for each of the 256 inputs.
   - GELU: ``LUTPopulate`` of ``GeluTransform`` (erfc form) or, with
@@ -103,7 +103,8 @@ def gelu_tanh_f32(x: np.ndarray) -> np.ndarray:
 #: lut function -> its float32 transform (TFLite's ``LUTPopulate`` then tabulates it); GELU
 #: with ``params.approximate`` is ``gelu_tanh``
 FUNCTIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {"logistic": sigmoid_f32, "gelu": gelu_f32,
-                                                            "gelu_tanh": gelu_tanh_f32}
+                                                            "gelu_tanh": gelu_tanh_f32,
+                                                            "tanh": lambda x: _f32_map(math.tanh, x)}
 
 
 def _srdhm16(a, b):
@@ -483,6 +484,11 @@ def realize_logistic(qg, qb, comp, out, act, helpers):
     return _unary_table(qg, qb, comp, out, act, helpers, "logistic", "logistic")
 
 
+def realize_tanh(qg, qb, comp, out, act, helpers):
+    """TANH of an int8 tensor: TFLite's ``LUTPopulate`` of ``std::tanh`` in float32."""
+    return _unary_table(qg, qb, comp, out, act, helpers, "tanh", "tanh")
+
+
 def realize_gelu(qg, qb, comp, out, act, helpers):
     """GELU (``nn.gelu``, or ``nn.gelu_tanh`` for ``approximate``) on a dequantized int8
     tensor: TFLite's int8 kernel is a table of its float32 transform."""
@@ -834,6 +840,7 @@ def realize_quantize_float(qg, qb, out):
 #: the float Relax op between dequantize and quantize -> realization
 SPANS: dict[str, Callable] = {
     "relax.sigmoid": realize_logistic,
+    "relax.tanh": realize_tanh,
     "relax.nn.gelu": realize_gelu,
     "relax.nn.gelu_tanh": realize_gelu,
     "relax.rsqrt": realize_rsqrt,
