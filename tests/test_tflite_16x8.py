@@ -48,7 +48,7 @@ def _inputs(path, shape, n: int) -> list[np.ndarray]:
     return xs
 
 
-@pytest.fixture(scope="module", params=["small_cnn", "mlp"])
+@pytest.fixture(scope="module", params=["small_cnn", "mlp", "classifier", "gated_cnn"])
 def runs16(request, tmp_path_factory, host):
     """(model path, [(input, OUT)]) for N_INPUTS inputs, at opt levels 3 and 0 in turn."""
     folder = tmp_path_factory.mktemp(f"x16_{request.param}")
@@ -99,9 +99,105 @@ def test_16x8_records_int64_biases_and_symmetric_int16(runs16):
         assert q["inputs"][0]["zero_point"] == q["output"]["zero_point"] == 0
         assert q["weight"]["dtype"] == "int8" and q["bias"]["dtype"] == "int64"
         assert np.load(out / layer["params"]["bias"]["file"]).dtype == np.int64
-        want = "single" if layer["op"] == "dense" else "wide"
+        want = "float64" if layer["op"] == "dense" else "wide"
         assert q["requant"]["rounding"] == want, layer["name"]
         lo, hi = q["clamp"]
         assert -32768 <= lo < hi <= 32767
     (add,) = [l for l in ir["layers"] if l["op"] == "add"]
     assert add["quant"]["requant"]["left_shift"] == 15
+
+
+@pytest.mark.parametrize("runs16", ["gated_cnn"], indirect=True)
+def test_16x8_tables_and_named_ops(runs16):
+    """SOFTMAX, LOGISTIC and TANH on int16 are TFLite's own kernels: the softmax's two 513-entry
+    tables (exp and 1/(1+x), in double with the midpoint correction) and the sigmoid table are
+    parameter files; the layers are named by their op; MUL's multiplier is the float32
+    quotient s1 * s2 / s_y (mul.cc) and the int16 requantize before the concatenation is one."""
+    from irgen_tflite_int8 import int16
+
+    from irgen.plugin import quantize_multiplier
+
+    _, runs = runs16
+    out = runs[0][1]
+    ir = json.loads((out / "ir.json").read_text())
+    by_kind: dict[str, list] = {}
+    for layer in ir["layers"]:
+        by_kind.setdefault(layer["quant"]["kind"], []).append(layer)
+    (soft,) = by_kind["softmax16"]
+    assert soft["op"] == "softmax"
+    exp_t, rec_t = (np.load(out / soft["params"][k]["file"]) for k in ("table", "table1"))
+    want_exp, want_rec = int16.softmax_tables()
+    assert exp_t.dtype == np.int16 and exp_t.shape == (513,)
+    np.testing.assert_array_equal(exp_t, want_exp)
+    np.testing.assert_array_equal(rec_t, want_rec)
+    assert exp_t[-1] == 32767 and rec_t[0] == 32767  # exp(0) and 1/(1+0): one, as Q0.15 saturates it
+    assert [l["op"] for l in by_kind["logistic16"]] == ["sigmoid", "sigmoid"]
+    assert [l["op"] for l in by_kind["tanh16"]] == ["tanh"]
+    for layer in by_kind["logistic16"] + by_kind["tanh16"]:
+        np.testing.assert_array_equal(np.load(out / layer["params"]["table"]["file"]), int16.SIGMOID_TABLE)
+        assert layer["quant"]["output"]["scale"] == 1 / 32768
+    for layer in by_kind["mul"]:
+        q = layer["quant"]
+        s1, s2, sy = (np.float32(t["scale"]) for t in (*q["inputs"], q["output"]))
+        assert (q["requant"]["multiplier"], q["requant"]["shift"]) == quantize_multiplier(float(np.float32(s1 * s2) / sy))
+    assert by_kind["requantize"] and all(l["outputs"][0]["dtype"] == "int16" for l in by_kind["requantize"])
+
+
+def test_16x8_model_verifies(tmp_path, capsys):
+    """``irgen run`` then ``irgen verify`` (all three modes, the source check against the
+    interpreter) on the gated model: every layer passes."""
+    from irgen.cli import main
+
+    path, x = tflite_models.export("gated_cnn", tmp_path, "int16x8")
+    np.save(tmp_path / "x.npy", x * 3)
+    out = tmp_path / "out"
+    assert main(["run", str(path), "-o", str(out), "--input", str(tmp_path / "x.npy"), "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main(["verify", str(out), "--no-report", "--no-progress"]) == 0
+    text = capsys.readouterr().out
+    assert "PASS: 20 layers, 20 passed, 0 failed" in text, text[-600:]
+
+
+def _wide_bias_model(path, dest):
+    """``path`` (small_cnn in 16x8) with its first CONV_2D's channel-0 bias set to 2**33 (beyond
+    int32, as a dead channel's bias can be) and that conv's output scale raised so that the
+    channel lands near 10000 instead of saturating."""
+    import struct
+
+    import tflite
+
+    buf = bytearray(path.read_bytes())
+    model = tflite.Model.GetRootAsModel(bytes(buf), 0)
+    sg = model.Subgraphs(0)
+    op = [sg.Operators(i) for i in range(sg.OperatorsLength())
+          if model.OperatorCodes(sg.Operators(i).OpcodeIndex()).BuiltinCode() == 3][0]  # CONV_2D
+    x_t, w_t, b_t = (sg.Tensors(int(k)) for k in op.InputsAsNumpy())
+    y_t = sg.Tensors(int(op.OutputsAsNumpy()[0]))
+    data = model.Buffers(b_t.Buffer())
+    assert b_t.Type() == 4 and data.DataLength() >= 8  # INT64
+    struct.pack_into("<q", buf, data._tab.Vector(data._tab.Offset(4)), 2 ** 33)
+    s_x, s_w0 = x_t.Quantization().Scale(0), w_t.Quantization().Scale(0)
+    q = y_t.Quantization()
+    struct.pack_into("<f", buf, q._tab.Vector(q._tab.Offset(8)), 2.0 ** 33 * s_x * s_w0 / 10000)
+    dest.write_bytes(bytes(buf))
+    return dest
+
+
+def test_an_int64_bias_beyond_int32_is_added_in_int64(tmp_path, host):
+    """TVM cannot dequantize an int64 bias; the frontend reads one that fits int32 as int32 and
+    keeps a larger one as its int64 constant, and the scheme adds either in int64: with a bias of
+    2**33, every layer equals the interpreter's reference kernels and the bias file holds it."""
+    src, x = tflite_models.export("small_cnn", tmp_path, "int16x8")
+    path = _wide_bias_model(src, tmp_path / "wide.tflite")
+    np.save(tmp_path / "x.npy", x)
+    out = tmp_path / "out"
+    run(host, path, out, inputs=[str(tmp_path / "x.npy")])
+    ir = json.loads((out / "ir.json").read_text())
+    assert_layers_equal(out, ir, tflite_models.tflite_reference(path, x), path.name)
+    conv = ir["layers"][1]
+    assert conv["op"] == "conv2d" and conv["quant"]["bias"]["dtype"] == "int64"
+    bias = np.load(out / conv["params"]["bias"]["file"])
+    assert bias.dtype == np.int64 and bias[0] == 2 ** 33
+    y = np.load(out / conv["outputs"][0]["file"])
+    assert 5000 < y[..., 0].max() < 32767  # the channel is computed, not saturated
+    assert_layer_recomputes(out, conv, 0)

@@ -143,29 +143,81 @@ def test_dynamic_range_quantized_mlp_runs_as_tflite_computes_it(models_dir, tmp_
         np.testing.assert_array_equal(np.load(tmp_path / "out" / layer["outputs"][0]["file"]), ref[src])
 
 
+def _ops_of(buf: bytes, code: int):
+    """The operators of builtin ``code`` in a model's main subgraph, and the subgraph."""
+    import tflite
+
+    model = tflite.Model.GetRootAsModel(buf, 0)
+    sg = model.Subgraphs(0)
+    return [sg.Operators(i) for i in range(sg.OperatorsLength())
+            if model.OperatorCodes(sg.Operators(i).OpcodeIndex()).BuiltinCode() == code], sg
+
+
+def _set_scale(buf: bytearray, sg, tensor: int, scale: float) -> None:
+    """Overwrite a tensor's (first) quantization scale in the flatbuffer ``buf``."""
+    import struct
+
+    q = sg.Tensors(int(tensor)).Quantization()
+    struct.pack_into("<f", buf, q._tab.Vector(q._tab.Offset(8)), scale)  # QuantizationParameters.scale
+
+
 def _pot_add(path: Path, dest: Path) -> Path:
     """``path`` (a 16x8 model) with its ADD's three scales set to 2**-12 and the ADD's
     ``pot_scale_int16`` option turned on: the model then takes TFLite's power-of-two int16 ADD."""
-    import struct
-
-    import tflite
     from tflite.AddOptions import AddOptions
 
     buf = bytearray(path.read_bytes())
-    sg = tflite.Model.GetRootAsModel(bytes(buf), 0).Subgraphs(0)
-    model = tflite.Model.GetRootAsModel(bytes(buf), 0)
-    (op,) = [sg.Operators(i) for i in range(sg.OperatorsLength())
-             if model.OperatorCodes(sg.Operators(i).OpcodeIndex()).BuiltinCode() == 0]  # ADD
+    (op,), sg = _ops_of(bytes(buf), 0)  # ADD
     opts = AddOptions()
     opts.Init(op.BuiltinOptions().Bytes, op.BuiltinOptions().Pos)
     assert opts._tab.Offset(6) and not opts.PotScaleInt16()  # the converter writes false
     buf[opts._tab.Pos + opts._tab.Offset(6)] = 1
     for k in list(op.InputsAsNumpy()) + list(op.OutputsAsNumpy()):
-        q = sg.Tensors(int(k)).Quantization()
-        vec = q._tab.Vector(q._tab.Offset(8))  # QuantizationParameters.scale: [float]
-        struct.pack_into("<f", buf, vec, 2.0 ** -12)
+        _set_scale(buf, sg, k, 2.0 ** -12)
     dest.write_bytes(bytes(buf))
     return dest
+
+
+def _relu6_output_scale(path: Path, dest: Path, scale: float) -> Path:
+    """``path`` with the output scale of its DEPTHWISE_CONV_2D (fused RELU6) set to ``scale``."""
+    buf = bytearray(path.read_bytes())
+    (op,), sg = _ops_of(bytes(buf), 4)  # DEPTHWISE_CONV_2D
+    _set_scale(buf, sg, op.OutputsAsNumpy()[0], scale)
+    dest.write_bytes(bytes(buf))
+    return dest
+
+
+def test_fused_relu6_bounds_round_as_tflite_does(models_dir, tmp_path):
+    """A fused RELU6's upper bound is ``zero_point + TfLiteRound(6.0f / scale)``: a float32
+    division rounded half away from zero (TVM's importer divides in double and rounds ties to
+    even). With the output scale 0.096 (a float32), ``6.0f / scale`` is exactly 62.5 and the
+    clamp is 63 above the zero point (TVM's double quotient is 62.4999995: 62), and every layer
+    equals the interpreter's reference kernels."""
+    s = np.float32(0.096)
+    assert np.float32(6) / s == np.float32(62.5) and round(6 / float(s)) == 62
+    src, x = models_dir[("small_cnn", "int8")]
+    path = _relu6_output_scale(src, tmp_path / "tie.tflite", float(s))
+    np.save(tmp_path / "x.npy", x)
+    out = tmp_path / "out"
+    assert _irgen([str(path), "-o", str(out), "--input", str(tmp_path / "x.npy")]) == 0
+    ir = json.loads((out / "ir.json").read_text())
+    (dw,) = [l for l in ir["layers"] if l["op"] == "depthwise_conv2d"]
+    zp = dw["quant"]["output"]["zero_point"]
+    assert dw["quant"]["clamp"] == [zp, zp + 63]
+    ref = tflite_models.tflite_reference(path, x)
+    for layer in ir["layers"]:
+        np.testing.assert_array_equal(np.load(out / layer["outputs"][0]["file"]), ref[layer["source"]["outputs"][0]])
+
+
+def test_a_relu6_bound_beyond_int32_is_refused_as_tflite_refuses_it(models_dir, tmp_path, capsys):
+    """An output scale so small that ``6 / scale`` is beyond int32 (a calibrated range of all
+    but zero): the interpreter fails to prepare the model, and irgen refuses it naming the op."""
+    path = _relu6_output_scale(models_dir[("small_cnn", "int16x8")][0], tmp_path / "tiny.tflite", 1e-10)
+    line = assert_user_error(_irgen, capsys, [str(path), "-o", str(tmp_path / "out")], tmp_path / "out",
+                             "DEPTHWISE_CONV_2D_2", "beyond int32", "no_integer_overflow_from_quantization")
+    assert path.name in line
+    with pytest.raises(RuntimeError, match="no_integer_overflow_from_quantization"):
+        tflite_models.tflite_reference(path, np.zeros((1, 16, 16, 3), np.float32))
 
 
 def test_16x8_add_of_power_of_two_scales_is_refused(models_dir, tmp_path, capsys):

@@ -76,7 +76,25 @@ def hybrid_cnn(tf):
     return tf.keras.Model(x, y), (1, 12, 12, 8)
 
 
-BUILDERS = {"small_cnn": small_cnn, "mlp": mlp, "classifier": classifier, "hybrid_cnn": hybrid_cnn}
+def gated_cnn(tf):
+    """EfficientNet's and DenseNet's gates and scalings: conv + swish (x * sigmoid(x)), a
+    squeeze-and-excite gate (global pool, dense, sigmoid, multiply), a batch norm after a
+    concatenation (a multiply and an add by constants), a tanh, a subtraction, dense, softmax."""
+    L = tf.keras.layers
+    x = L.Input((8, 8, 4), batch_size=1, name="x")
+    c = L.Conv2D(8, 3, padding="same", name="conv1")(x)
+    s = L.Multiply(name="swish")([c, L.Activation("sigmoid", name="sig1")(c)])
+    g = L.GlobalAveragePooling2D(keepdims=True, name="squeeze")(s)
+    g = L.Dense(8, activation="sigmoid", name="excite")(g)
+    e = L.Multiply(name="gate")([s, g])
+    t = L.Activation("tanh", name="tanh")(L.Conv2D(8, 1, name="conv2")(x))
+    cat = L.Concatenate(name="cat")([e, L.Subtract(name="sub")([e, t])])
+    bn = L.BatchNormalization(name="bn")(cat)
+    y = L.Dense(10, name="fc")(L.GlobalAveragePooling2D(name="gap")(bn))
+    return tf.keras.Model(x, L.Softmax(name="probs")(y)), (1, 8, 8, 4)
+
+
+BUILDERS = {"small_cnn": small_cnn, "mlp": mlp, "classifier": classifier, "hybrid_cnn": hybrid_cnn, "gated_cnn": gated_cnn}
 
 
 def _randomize(model, rng) -> None:
@@ -84,7 +102,10 @@ def _randomize(model, rng) -> None:
     for w in model.weights:
         shape = tuple(w.shape)
         fan_in = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
-        w.assign(rng.normal(0.0, 1.0 / np.sqrt(max(fan_in, 1)), size=shape).astype(np.float32))
+        v = rng.normal(0.0, 1.0 / np.sqrt(max(fan_in, 1)), size=shape).astype(np.float32)
+        if "variance" in w.name:  # a batch norm's: positive
+            v = np.abs(v) + np.float32(0.5)
+        w.assign(v)
 
 
 def export(name: str, folder: Path, quant: str = "float") -> tuple[Path, np.ndarray]:

@@ -271,6 +271,10 @@ TORCH_PTQ_MODELS = ("resnet18", "mobilenet_v2", "mobilenet_v3_small", "efficient
 NOT_BUILT = {
     "hf_beit-qdq-pre": "onnxruntime's quant_pre_process: 'Incomplete symbolic shape inference'",
     "MobileNetV3Small-tflite-16x8": "the TFLite converter: 'Quantization to 16x8-bit not yet supported for op: HARD_SWISH'",
+    "ConvNeXtTiny-tflite-16x8": "the TFLite converter: 'Quantization to 16x8-bit not yet supported for op: NEG'",
+    # the random-weight model's activations vanish in block 4 (calibrated scale 8e-10), so RELU6's bound
+    # overflows int32: the interpreter fails to prepare it (irgen refuses it too, with the same reason)
+    "MobileNetV2-tflite-16x8": "the TFLite interpreter: 'no_integer_overflow_from_quantization was not true' (DEPTHWISE_CONV_2D)",
 }
 #: quantized models without a MatMul: qdq-mm would leave them float (nothing to check as quantized)
 NO_MATMUL = ("resnet18", "mobilenet_v2", "mobilenet_v3_small", "efficientnet_b0", "squeezenet1_1",
@@ -312,7 +316,7 @@ def cases(formats=None) -> list[Case]:
     out = [Case(m, f) for m in TORCH_MODELS for f in TORCH_FORMATS
            if (f in ("onnx", "pt2") or (m in TORCH_PTQ_MODELS if f == "ptq" else m in QUANTIZED_TORCH_MODELS))
            and f"{m}-{f}" not in NOT_BUILT and not (f == "qdq-mm" and m in NO_MATMUL)]
-    out += [Case(m, f) for m in KERAS_MODELS for f in KERAS_FORMATS]
+    out += [Case(m, f) for m in KERAS_MODELS for f in KERAS_FORMATS if f"{m}-{f}" not in NOT_BUILT]
     return [c for c in out if formats is None or c.fmt in formats]
 
 

@@ -135,8 +135,10 @@ CANONICAL_OPS = {
 def _quant_op(quant: dict[str, Any], members: list[Binding]) -> str:
     """The layer op of a quantized layer: its ``quant.kind``, except for kinds that name the
     arithmetic rather than the op: a table (``lut``) is the function it tabulates
-    (``sigmoid``, ``hardswish``, ``gelu``; ``lut`` only for a chain of several), and a
-    ``mean`` is named as a float one is (a spatial mean is ``global_avg_pool2d``)."""
+    (``sigmoid``, ``hardswish``, ``gelu``; ``lut`` only for a chain of several), a
+    ``mean`` is named as a float one is (a spatial mean is ``global_avg_pool2d``), and a
+    record that names its op (``quant.op``: a kind that names an algorithm, such as
+    TFLite's int16 ``softmax16``) is that op."""
     kind = quant["kind"]
     if kind == "lut":
         fn = str(quant.get("function") or quant.get("op") or "")
@@ -149,7 +151,7 @@ def _quant_op(quant: dict[str, Any], members: list[Binding]) -> str:
         axes = sorted(int(a) % 4 for a in quant.get("axes") or [])
         if t and len(t[0]) == 4 and axes in ([2, 3], [1, 2]):
             return "global_avg_pool2d"
-    return kind
+    return str(quant.get("op") or kind)
 
 
 def _depthwise(attrs: dict[str, Any], data: Binding | None) -> bool:

@@ -49,12 +49,17 @@ DOUBLE = "double"  # SaturatingRoundingDoublingHighMul, then RoundingDivideByPOT
 SINGLE = "single"  # (x * M + 2**(30 - shift)) >> (31 - shift): one rounding, ties up
 #: the int64 accumulator's variant (TFLite's 16x8 kernels): M rounded to 16 bits, one rounding, ties up
 WIDE = "wide"
+#: no fixed point: the int64 sum times the double real scale, rounded half away from zero (TFLite's
+#: FULLY_CONNECTED on int16 activations); the record holds the real scale per channel, ``scale``
+FLOAT64 = "float64"
 ROUNDING_RULES = {
     DOUBLE: "SaturatingRoundingDoublingHighMul(x * 2**max(shift,0), M) then RoundingDivideByPOT(-min(shift,0)); "
             "both round half away from zero",
     SINGLE: "(x * M + 2**(30 - shift)) >> (31 - shift) in int64; round half up",
     WIDE: "int64 x: m = (M + 2**15) >> 16 if M < 0x7FFF0000 else 0x7FFF; (x * m + 2**(14 - shift)) >> (15 - shift); "
           "round half up",
+    FLOAT64: "y = round_half_away_from_zero(double(acc) * scale), scale = double(s_x) * double(s_w) / double(s_y) "
+             "per channel (the record's 'scale'), saturated to int32",
 }
 
 
@@ -81,6 +86,16 @@ def multiply_by_quantized_multiplier(x, multiplier, shift, rounding: str = DOUBL
     half = (np.int64(1) << right) >> 1
     mag = (np.abs(high) + half) >> right
     return np.where(high < 0, -mag, mag)
+
+
+def rescale_float64(acc, scale) -> np.ndarray:
+    """``round_half_away(double(acc) * scale)`` saturated to int32 (rounding ``FLOAT64``); the
+    fraction ``|p| - floor(|p|)`` is exact, so the tie test is too."""
+    p = np.asarray(acc, np.int64).astype(np.float64) * np.asarray(scale, np.float64)
+    a = np.abs(p)
+    r = np.floor(a)
+    r = r + (a - r >= 0.5)
+    return np.clip(np.copysign(r, p), -(2.0 ** 31), 2.0 ** 31 - 1).astype(np.int64)
 
 
 def divide_round_half_away(acc, count) -> np.ndarray:
@@ -362,9 +377,12 @@ def recompute_requantized(layer: dict[str, Any], inputs: list[np.ndarray], param
     if kind in ("conv2d", "depthwise_conv2d", "dense"):
         acc = accumulate(layer, inputs, params)
         axis = rq["axis"]
-        y = multiply_by_quantized_multiplier(
-            acc, per_axis(rq["multiplier"], axis, acc.ndim), per_axis(rq["shift"], axis, acc.ndim), rq["rounding"]
-        )
+        if rq["rounding"] == FLOAT64:
+            y = rescale_float64(acc, per_axis(rq["scale"], axis, acc.ndim))
+        else:
+            y = multiply_by_quantized_multiplier(
+                acc, per_axis(rq["multiplier"], axis, acc.ndim), per_axis(rq["shift"], axis, acc.ndim), rq["rounding"]
+            )
     elif kind == "add":
         ls = rq["left_shift"]
         scaled = [
@@ -676,6 +694,20 @@ def rx_multiply_by_quantized_multiplier(emit, x, multiplier, shift, axis: int, n
     mag = emit(op.right_shift(emit(op.add(emit(op.abs(high)), c((np.int64(1) << right) >> 1))), c(right)))
     rounded = emit(op.where(emit(op.less(high, zero)), emit(op.negative(mag)), mag))
     return emit(op.astype(rounded, "int32"))
+
+
+def rx_rescale_float64(emit, acc, scale, axis: int, ndim: int):
+    """:func:`rescale_float64` as Relax ops on an int64 tensor; an int32 result."""
+    from tvm.relax import op
+
+    p = emit(op.multiply(emit(op.astype(acc, "float64")),
+                         rx_const(per_axis(np.asarray(scale, np.float64), axis, ndim), "float64")))
+    a = emit(op.abs(p))
+    r = emit(op.floor(a))
+    up = emit(op.astype(emit(op.greater_equal(emit(op.subtract(a, r)), rx_const(0.5, "float64"))), "float64"))
+    m = emit(op.add(r, up))
+    signed = emit(op.where(emit(op.less(p, rx_const(0.0, "float64"))), emit(op.negative(m)), m))
+    return emit(op.astype(emit(op.clip(signed, -(2.0 ** 31), 2.0 ** 31 - 1)), "int32"))
 
 
 def rx_divide_round_half_away(emit, acc, count):

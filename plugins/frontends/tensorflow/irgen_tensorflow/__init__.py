@@ -335,8 +335,16 @@ def _import(model, where: str, options: dict[str, Any], frontend: str, state: di
             if not main_bb:  # the first converter is main's; control-flow bodies get their own
                 main_bb.append(self.bb)
 
+        def convert_qnn_fused_activation_function(self, expr, fused_activation_fn, scale, zero_point, dtype):
+            at = f"{where}: op {state['current'][0]}" if state.get("current") else where
+            rng = converters.activation_range(fused_activation_fn, scale, zero_point, dtype, at)
+            if rng is None:
+                return super().convert_qnn_fused_activation_function(expr, fused_activation_fn, scale, zero_point, dtype)
+            return relax.op.clip(expr, min=float(rng[0]), max=float(rng[1]))
+
         def dequantize(self, expr, tensor):
-            return super().dequantize(converters.narrow_wide_bias(expr, tensor), tensor)
+            wide = converters.wide_bias(expr, tensor)
+            return wide if wide is not None else super().dequantize(expr, tensor)
 
         def check_unsupported_ops(self):
             """TVM's check, less its refusal of dynamic-range ops irgen builds (:mod:`.hybrid`);

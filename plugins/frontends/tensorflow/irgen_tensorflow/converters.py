@@ -368,25 +368,56 @@ CONVERTERS: dict[str, Callable[[Any, Any], Any]] = {
     "GELU": convert_gelu,
 }
 
-def narrow_wide_bias(expr, tensor):
-    """The int64 bias of a 16x8 model's CONV_2D, DEPTHWISE_CONV_2D or FULLY_CONNECTED as an int32
-    constant, so that TVM can dequantize it (its dequantize takes no int64): the values are
-    the same, and the ``tflite-int8`` scheme adds them in int64 again, as TFLite does. A bias
-    outside int32 is refused, naming the tensor."""
+def wide_bias(expr, tensor):
+    """The float value of the int64 bias of a 16x8 model's CONV_2D, DEPTHWISE_CONV_2D or
+    FULLY_CONNECTED (TVM's dequantize takes no int64), or None for any other tensor: a
+    dequantized int32 constant when the values fit in int32 (as an int8 model's bias is),
+    else ``float32(bias) * scale``, the int64 constant kept. The ``tflite-int8`` scheme reads
+    either form back as the int64 bias and adds it in int64, as TFLite does."""
     import tvm
     from tvm import relax
 
-    if not isinstance(expr, tvm.ir.Constant) or str(expr.ty.dtype) != "int64":
-        return expr
+    if not isinstance(expr, tvm.ir.Constant) or str(expr.ty.dtype) != "int64" or not tensor.qnn_params:
+        return None
+    qp = tensor.qnn_params
     v = expr.value.numpy()
     info = np.iinfo(np.int32)
-    if v.size and (v.min() < info.min or v.max() > info.max):
+    if not v.size or (v.min() >= info.min and v.max() <= info.max):
+        return relax.op.dequantize(relax.const(v.astype(np.int32), "int32"), scale=qp["scale"],
+                                   zero_point=qp["zero_point"], axis=qp["axis"])
+    if np.any(qp["zero_point"].value.numpy() != 0):
         from irgen.plugin import IrgenError
 
-        name = tensor.tensor.Name().decode(errors="replace") if tensor is not None else "?"
-        raise IrgenError(f"the int64 bias {name!r} holds values beyond int32 ({int(v.min())}..{int(v.max())}); "
-                         "irgen reads int64 biases up to int32's range")
-    return relax.const(v.astype(np.int32), "int32")
+        raise IrgenError(f"the int64 bias {tensor.tensor.Name().decode(errors='replace')!r} has a non-zero zero point")
+    return relax.op.multiply(relax.op.astype(expr, "float32"), qp["scale"])
+
+
+def activation_range(fn: int, scale: float, zero_point: int, dtype: str, where: str) -> tuple[int, int] | None:
+    """The integer range of a quantized op's fused RELU, RELU6 or RELU_N1_TO_1 as TFLite's
+    ``CalculateActivationRangeQuantized`` computes it: ``zero_point + TfLiteRound(v / scale)``
+    with a float32 division, rounded half away from zero (TVM's importer divides in double
+    and rounds ties to even), within ``dtype``. A bound beyond int32 is refused as TFLite
+    refuses the model. None for any other activation."""
+    from tflite.ActivationFunctionType import ActivationFunctionType as A
+
+    bounds = {A.RELU: (0.0, None), A.RELU6: (0.0, 6.0), A.RELU_N1_TO_1: (-1.0, 1.0)}.get(fn)
+    if bounds is None:
+        return None
+    info = np.iinfo(dtype)
+
+    def q(v: float) -> int:
+        r = np.float32(v) / np.float32(scale)
+        t = float(np.copysign(np.floor(np.abs(r) + np.float32(0.5)), r))  # roundf: exact in float32
+        if not -(2.0 ** 31) <= t <= 2.0 ** 31:
+            from irgen.plugin import IrgenError
+
+            raise IrgenError(f"{where}: the fused activation's bound {v:g} divided by the output scale {float(scale)!r} "
+                             "is beyond int32; TFLite's interpreter refuses such a model too "
+                             "(no_integer_overflow_from_quantization): the output's calibrated range is all but zero")
+        return int(zero_point) + int(t)
+
+    lo, hi = bounds
+    return max(int(info.min), q(lo)), int(info.max) if hi is None else min(int(info.max), q(hi))
 
 
 #: operators accepted on quantized tensors besides TVM's own list

@@ -38,8 +38,10 @@ The converter's 16x8 mode (int16 activations with zero point 0, int8 weights, in
 takes the same realizations with TFLite's 16x8 parameters: CONV_2D and DEPTHWISE_CONV_2D
 accumulate in int64 and rescale with TFLite's int64 ``MultiplyByQuantizedMultiplier`` (its
 multiplier rounded to 16 bits: rounding ``wide``), FULLY_CONNECTED accumulates in int64 and
-rescales in one rounding, ADD/SUB shift left by 15 instead of 20; the int16 kernels with an
-algorithm of their own are in :mod:`irgen_tflite_int8.int16`. Any other op on int16 is refused.
+rescales in double (``double(acc) * s_x * s_w / s_y``, rounded half away from zero: rounding
+``float64``), ADD/SUB shift left by 15 instead of 20, MUL's multiplier is the float32 quotient;
+SOFTMAX, LOGISTIC and TANH have int16 algorithms of their own
+(:mod:`irgen_tflite_int8.int16`). Any other op on int16 is refused.
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ SCHEME = "tflite-int8"
 # irgen verify finds them by scheme and kind: TFLite's requantizing kernels (conv, dense, add,
 # mean, pools, concatenate, softmax, plain int8 ops), and the kinds of kinds.py
 register_recompute(SCHEME, "*", recompute_requantized)
-for _kind, _fn in kinds.RECOMPUTE.items():
+for _kind, _fn in {**kinds.RECOMPUTE, **int16.RECOMPUTE}.items():
     register_recompute(SCHEME, _kind, _fn)
 
 
@@ -68,11 +70,16 @@ def consistency(layer: dict[str, Any]) -> str | None:
     QuantizeMultiplier of ``s_x * s_w / s_y`` (verify catches a scale edited in ir.json)."""
     qr = layer["quant"]
     rq = qr.get("requant") or {}
-    if "multiplier" not in rq:
+    if "multiplier" not in rq and not ("scale" in rq and qr.get("weight")):
         return None
     s_x = float(np.asarray(qr["inputs"][0]["scale"]).reshape(-1)[0])
     s_w = np.asarray(qr["weight"]["scale"], np.float64).reshape(-1)
     s_y = float(np.asarray(qr["output"]["scale"]).reshape(-1)[0])
+    if "multiplier" not in rq:  # a 16x8 FULLY_CONNECTED: the real scale itself
+        want = np.broadcast_to(np.float64(s_x) * s_w / np.float64(s_y), np.shape(rq["scale"]))
+        if not np.array_equal(want, np.asarray(rq["scale"], np.float64)):
+            return "requant scale does not follow from the input, weight and output scales (s_x*s_w/s_y)"
+        return None
     # per-tensor weights: one scale, and a multiplier per channel or one
     n = (max(s_w.size, np.asarray(rq["multiplier"]).size),)
     want = [quantize_multiplier(float(r)) for r in np.broadcast_to(s_x * s_w / s_y, n)]
@@ -161,6 +168,27 @@ def _const_weight(qg, expr, tensor: str):
     return arr, qt, [b.name for b in chain if qg.n_users(b.name) == 1]
 
 
+def _bias_constant(qg, expr, tensor: str):
+    """(integer values, record, binding names) of a conv/dense bias: an int32 constant
+    dequantized, or (a 16x8 model's int64 bias beyond int32, which TVM cannot dequantize) the
+    frontend's ``float32(int64 constant) * scale``; None for anything else."""
+    relax, _, q, Constant = _ops()
+    b = qg.producer(expr)
+    if b is None:
+        return None
+    if b.op == "relax.dequantize" and isinstance(b.value.args[0], Constant):
+        return b.value.args[0].value.numpy(), _qparams(qg, b.value, "dequantize", tensor + " bias").record(), [b.name]
+    if b.op != "relax.multiply" or not isinstance(b.value.args[1], Constant):
+        return None
+    cast = qg.producer(b.value.args[0])
+    if cast is None or cast.op != "relax.astype" or not isinstance(cast.value.args[0], Constant) \
+            or str(cast.value.args[0].ty.dtype) != "int64" or qg.n_users(cast.name) != 1:
+        return None
+    bias = cast.value.args[0].value.numpy()
+    qt = q.check_qparams(SCHEME, tensor + " bias", b.value.args[1].value.numpy(), 0, "int64", 0)
+    return bias, qt.record(), [cast.name, b.name]
+
+
 def _multipliers(real: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     from irgen.plugin import quantize_multiplier
 
@@ -179,7 +207,13 @@ def _clamp(qg, qname: str, dtype: str, act=None, out=None) -> tuple[int, int, st
 
         def q(v: float) -> int:  # zero_point + TfLiteRound(v / scale), float32 division
             r = float(np.float32(v) / s)
-            return z + int(np.sign(r) * np.floor(abs(r) + 0.5))
+            t = float(np.sign(r) * np.floor(abs(r) + 0.5))
+            if not -(2.0 ** 31) <= t <= 2.0 ** 31:  # kernel_util.cc Quantize: TFLite refuses the model
+                raise IrgenError(
+                    f"{SCHEME}: the fused activation of {qname!r} bounds it at {v:g}, which its output scale "
+                    f"{float(s)!r} puts beyond int32; TFLite's interpreter refuses such a model too "
+                    "(no_integer_overflow_from_quantization): the tensor's calibrated range is all but zero")
+            return z + int(t)
 
         if act.op == "relax.nn.relu":
             lo = max(lo, q(0.0))
@@ -243,22 +277,25 @@ def _realize_conv(qg, qb, comp, bias_b, out, act=None):
     w_scale = np.broadcast_to(qw.scale, (n_out,)) if qw.scale.size == 1 else qw.scale
     if bias_b is not None:
         other = bias_b.value.args[1] if bias_b.value.args[0].same_as(comp.var) else bias_b.value.args[0]
-        bb = qg.producer(other)
-        if bb is None or bb.op != "relax.dequantize" or not isinstance(bb.value.args[0], Constant):
-            raise IrgenError(f"{SCHEME}: bias of {tensor!r} is not a dequantized int32 constant")
-        bias = bb.value.args[0].value.numpy()
-        if bias.dtype != np.int32:
+        found = _bias_constant(qg, other, tensor)
+        if found is None:
+            raise IrgenError(f"{SCHEME}: bias of {tensor!r} is not a dequantized int32 (16x8: int64) constant")
+        bias, bias_rec, bias_drop = found
+        if bias.dtype != np.int32 and not (wide and bias.dtype == np.int64):
             raise IrgenError(f"{SCHEME}: bias of {tensor!r} is {bias.dtype}, not int32")
-        bq = _qparams(qg, bb.value, "dequantize", tensor + " bias")
         acc = qg.emit(op.add(acc, relax.const(q.per_axis(bias, ch_axis, ndim).astype(acc_dtype), acc_dtype)))
-        drop += [bb.name, bias_b.name]
-        bias_rec = {**bq.record(), "dtype": acc_dtype}  # 16x8: the model's int64 bias (read as int32)
+        drop += bias_drop + [bias_b.name]
+        bias_rec = {**bias_rec, "dtype": acc_dtype}  # 16x8: the model's int64 bias
     # TFLite: effective scale = double(s_x) * double(s_w) / double(s_y)
     real = (np.float64(qx.scale[0]) * w_scale.astype(np.float64)) / np.float64(out.scale[0])
     mult, shift = _multipliers(real)
     # TF 2.21's reference kernels: conv and depthwise round twice, fully connected once
-    rounding = q.SINGLE if kind == "dense" else q.WIDE if wide else q.DOUBLE
-    y = q.rx_multiply_by_quantized_multiplier(qg.emit, acc, mult, shift, ch_axis, ndim, rounding)
+    if wide and kind == "dense":  # 16x8 FULLY_CONNECTED: the int64 sum times the double scale
+        rounding = q.FLOAT64
+        y = q.rx_rescale_float64(qg.emit, acc, real, ch_axis, ndim)
+    else:  # conv and depthwise: int64 with a 16-bit multiplier (16x8); int8: TF 2.21's mix
+        rounding = q.SINGLE if kind == "dense" else q.WIDE if wide else q.DOUBLE
+        y = q.rx_multiply_by_quantized_multiplier(qg.emit, acc, mult, shift, ch_axis, ndim, rounding)
     lo, hi, last = _clamp(qg, qb.name, out.dtype, act, out)
     expr = _finish(qg, y, out, lo, hi)
     rec = {
@@ -269,8 +306,7 @@ def _realize_conv(qg, qb, comp, bias_b, out, act=None):
         "bias": bias_rec,
         "output": out.record(),
         "requant": {
-            "multiplier": mult.tolist(),
-            "shift": shift.tolist(),
+            **({"scale": real.tolist()} if rounding == q.FLOAT64 else {"multiplier": mult.tolist(), "shift": shift.tolist()}),
             "axis": ch_axis % ndim,
             "rounding": rounding,
             "rounding_rule": q.ROUNDING_RULES[rounding],
@@ -484,7 +520,7 @@ def _from_constants(qg, expr, depth: int = 0) -> bool:
 
 def _realizes_int16(qg, comp) -> bool:
     """Whether this module's realization of ``comp`` has TFLite's 16x8 variant (conv, depthwise,
-    fully connected, add, sub, mean, concatenation)."""
+    fully connected, add, sub, mean, concatenation); :mod:`.int16` has the others."""
     if comp.op == "relax.matmul":  # FULLY_CONNECTED, not BATCH_MATMUL
         return any(_dequantized(qg, a) is None or _from_constants(qg, _dequantized(qg, a)[0]) for a in comp.value.args)
     return comp.op in ("relax.nn.conv2d", "relax.add", "relax.subtract", "relax.mean", "relax.concat")
@@ -584,7 +620,7 @@ def realize(qg) -> None:
             p0, p1 = (qg.producer(a) for a in f.value.args)
             for cand, other in ((p0, p1), (p1, p0)):
                 if cand is not None and cand.op in ("relax.nn.conv2d", "relax.matmul") and other is not None \
-                        and other.op == "relax.dequantize" and isinstance(other.value.args[0], Constant):
+                        and _bias_constant(qg, other.var, b.name) is not None:
                     comp, bias_b = cand, f
                     break
         if out.dtype == "int16" and comp.op in int16.SPANS:  # TFLite's 16x8 kernels of their own

@@ -28,7 +28,7 @@ parameter files alone), side by side.
   shifted left by 7 and scaled to twice the larger scale, the difference squared, then
   ``MultiplyByQuantizedMultiplier`` by ``(2 s_max)^2 / (2^14 s_y)``;
 * ``mul`` -- MUL: ``MultiplyByQuantizedMultiplier((x1 - zp1) * (x2 - zp2), M, shift) + zp_y``
-  with ``M, shift = QuantizeMultiplier(double(s1) * double(s2) / double(s_y))``; an
+  with ``M, shift = QuantizeMultiplier(s1 * s2 / s_y)`` (the quotient in float32, as mul.cc has it); an
   int8 constant operand is in the record (``constants``: operand index -> values, shape).
 
 :data:`SPANS` maps the float Relax op between dequantize and quantize to its
@@ -569,6 +569,17 @@ def _product_multiplier(q1, q2, out) -> tuple[int, int]:
     return q.quantize_multiplier(float(real))
 
 
+def _mul_multiplier(q1, q2, out) -> tuple[int, int]:
+    """MUL's requantization (mul.cc, Prepare): ``s1 * s2 / s_out`` computed in float32 (the
+    scales are floats), then QuantizeMultiplier of it as a double. The float32 product moves
+    the 31-bit multiplier by a few hundred units from the double one: rarely visible with
+    int8 operands, often with int16 ones (16x8)."""
+    import irgen.plugin as q
+
+    s1, s2, so = (np.float32(t.scale[0]) for t in (q1, q2, out))
+    return q.quantize_multiplier(float(np.float32(np.float32(s1 * s2) / so)))
+
+
 def realize_squared_difference(qg, qb, comp, diff, out, act, helpers):
     """SQUARED_DIFFERENCE of two int8 tensors (TVM imports it as ``d * d``, ``d = a - b`` of the
     dequantized inputs): each input shifted left by 7 and scaled to twice the larger input
@@ -621,7 +632,7 @@ def realize_mul(qg, qb, comp, out, act, helpers):
     if any(i is None for i in ins):
         raise IrgenError(f"{SCHEME}: an input of the multiply {qb.name!r} is not a dequantized int8 tensor")
     (x1, q1, d1), (x2, q2, d2) = ins
-    mult, shift = _product_multiplier(q1, q2, out)
+    mult, shift = _mul_multiplier(q1, q2, out)
     ndim = len(comp.var.ty.shape.values)
     prod = qg.emit(op.multiply(helpers.offset(qg, x1, int(q1.zero_point[0])), helpers.offset(qg, x2, int(q2.zero_point[0]))))
     y = q.rx_multiply_by_quantized_multiplier(qg.emit, prod, np.array([mult]), np.array([shift]), -1, ndim)
@@ -634,7 +645,7 @@ def realize_mul(qg, qb, comp, out, act, helpers):
         "requant": {"multiplier": int(mult), "shift": int(shift), "rounding": q.DOUBLE,
                     "rounding_rule": q.ROUNDING_RULES[q.DOUBLE],
                     "note": "y = MultiplyByQuantizedMultiplier((x1 - zp1) * (x2 - zp2)) + zp_y; "
-                            "M, shift = QuantizeMultiplier(s1 * s2 / s_y)"},
+                            "M, shift = QuantizeMultiplier(double(float32(s1 * s2) / s_y)), float32 arithmetic"},
         "clamp": [lo, hi],
     }
     add_operand_records(rec, x1, x2)
