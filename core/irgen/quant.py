@@ -88,14 +88,20 @@ def multiply_by_quantized_multiplier(x, multiplier, shift, rounding: str = DOUBL
     return np.where(high < 0, -mag, mag)
 
 
-def rescale_float64(acc, scale) -> np.ndarray:
-    """``round_half_away(double(acc) * scale)`` saturated to int32 (rounding ``FLOAT64``); the
-    fraction ``|p| - floor(|p|)`` is exact, so the tie test is too."""
-    p = np.asarray(acc, np.int64).astype(np.float64) * np.asarray(scale, np.float64)
-    a = np.abs(p)
+def round_half_away(v) -> np.ndarray:
+    """C's ``round``/``roundf`` (TFLite's ``TfLiteRound``): half away from zero, in ``v``'s float
+    type and exact (``|v| - floor(|v|)`` is exact; ``floor(|v| + 0.5)`` is not for the largest
+    value below one half)."""
+    v = np.asarray(v)
+    a = np.abs(v)
     r = np.floor(a)
-    r = r + (a - r >= 0.5)
-    return np.clip(np.copysign(r, p), -(2.0 ** 31), 2.0 ** 31 - 1).astype(np.int64)
+    return np.copysign(r + (a - r >= 0.5).astype(r.dtype), v)
+
+
+def rescale_float64(acc, scale) -> np.ndarray:
+    """``round_half_away(double(acc) * scale)`` saturated to int32 (rounding ``FLOAT64``)."""
+    p = np.asarray(acc, np.int64).astype(np.float64) * np.asarray(scale, np.float64)
+    return np.clip(round_half_away(p), -(2.0 ** 31), 2.0 ** 31 - 1).astype(np.int64)
 
 
 def divide_round_half_away(acc, count) -> np.ndarray:
@@ -696,18 +702,25 @@ def rx_multiply_by_quantized_multiplier(emit, x, multiplier, shift, axis: int, n
     return emit(op.astype(rounded, "int32"))
 
 
+def rx_round_half_away(emit, f):
+    """:func:`round_half_away` as Relax ops on a float tensor (float32 or float64); the result
+    in that type."""
+    from tvm.relax import op
+
+    dtype = str(f.ty.dtype)
+    a = emit(op.abs(f))
+    r = emit(op.floor(a))
+    up = emit(op.astype(emit(op.greater_equal(emit(op.subtract(a, r)), rx_const(0.5, dtype))), dtype))
+    return emit(op.multiply(emit(op.sign(f)), emit(op.add(r, up))))
+
+
 def rx_rescale_float64(emit, acc, scale, axis: int, ndim: int):
     """:func:`rescale_float64` as Relax ops on an int64 tensor; an int32 result."""
     from tvm.relax import op
 
     p = emit(op.multiply(emit(op.astype(acc, "float64")),
                          rx_const(per_axis(np.asarray(scale, np.float64), axis, ndim), "float64")))
-    a = emit(op.abs(p))
-    r = emit(op.floor(a))
-    up = emit(op.astype(emit(op.greater_equal(emit(op.subtract(a, r)), rx_const(0.5, "float64"))), "float64"))
-    m = emit(op.add(r, up))
-    signed = emit(op.where(emit(op.less(p, rx_const(0.0, "float64"))), emit(op.negative(m)), m))
-    return emit(op.astype(emit(op.clip(signed, -(2.0 ** 31), 2.0 ** 31 - 1)), "int32"))
+    return emit(op.astype(emit(op.clip(rx_round_half_away(emit, p), -(2.0 ** 31), 2.0 ** 31 - 1)), "int32"))
 
 
 def rx_divide_round_half_away(emit, acc, count):

@@ -35,6 +35,8 @@ from typing import Any
 
 import numpy as np
 
+from irgen.plugin import rx_round_half_away
+
 #: the operators with a hybrid kernel irgen builds
 HYBRID_OPS = frozenset({"CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED"})
 
@@ -58,17 +60,6 @@ def _f64(v: float):
     from tvm import relax
 
     return relax.const(np.float64(v), "float64")
-
-
-def _round_away(bb, v, dtype: str):
-    """``std::round``: half away from zero, exact (``|v| - floor(|v|)`` is exact in any float type)."""
-    from tvm.relax import op
-
-    a = bb.normalize(op.abs(v))
-    r = bb.normalize(op.floor(a))
-    half = _f32(0.5) if dtype == "float32" else _f64(0.5)
-    up = bb.normalize(op.astype(op.greater_equal(bb.normalize(op.subtract(a, r)), half), dtype))
-    return bb.normalize(op.multiply(bb.normalize(op.sign(v)), bb.normalize(op.add(r, up))))
 
 
 def _vector_round(bb, f):
@@ -101,7 +92,7 @@ def _asymmetric(bb, x, axes: list[int]):
     err_min = bb.normalize(op.add(_f64(128.0), bb.normalize(op.abs(a))))
     err_max = bb.normalize(op.add(_f64(127.0), bb.normalize(op.abs(b))))
     zpd = bb.normalize(op.where(bb.normalize(op.less(err_min, err_max)), from_min, from_max))
-    nudged = bb.normalize(op.clip(_round_away(bb, zpd, "float64"), -128, 127))
+    nudged = bb.normalize(op.clip(rx_round_half_away(bb.normalize, zpd), -128, 127))
     offset = bb.normalize(op.where(flat, _f64(0.0), nudged))
     scale = bb.normalize(op.where(flat, zero, bb.normalize(op.astype(scale64, "float32"))))
     # float32(1.0 / double(scale)); 0 for a zero scale

@@ -27,6 +27,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from irgen.plugin import round_half_away
+
 SCHEME = "tflite-int8"
 I16 = (-32768, 32767)
 
@@ -54,14 +56,6 @@ SIGMOID_TABLE = np.array([
 # ------------------------------------------------------------------ numpy kernels
 
 
-def _std_round(v: float) -> float:
-    """C++ ``std::round`` of a double: half away from zero, exactly (``a - floor(a)`` is exact)."""
-    a = abs(v)
-    r = math.floor(a)
-    r += 1.0 if a - r >= 0.5 else 0.0
-    return math.copysign(r, v)
-
-
 def lut_populate16(fn: Callable[[float], float], s_in: float, zp_in: int, s_out: float, zp_out: int) -> np.ndarray:
     """TFLite's ``LUTPopulate<int16_t>`` (``LUTPopulateInt16<double>``): 513 int16 samples of ``fn``
     over the input's int16 range, each corrected by half the error of linear interpolation at
@@ -73,6 +67,10 @@ def lut_populate16(fn: Callable[[float], float], s_in: float, zp_in: int, s_out:
     half = step / 2
     inv = 65536.0 / (out_max - out_min)
     lut = np.zeros(steps + 1, np.int16)
+
+    def _std_round(v: float) -> float:  # std::round of a double
+        return float(round_half_away(np.float64(v)))
+
     for i in range(steps):
         val, mid, nxt = fn(in_min + i * step), fn(in_min + i * step + half), fn(in_min + (i + 1) * step)
         sample = _std_round(val * inv)

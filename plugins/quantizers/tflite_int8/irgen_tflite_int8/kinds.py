@@ -44,15 +44,12 @@ from typing import Any, Callable
 
 import numpy as np
 
+from irgen.plugin import round_half_away
+
 SCHEME = "tflite-int8"
 
 
 # ------------------------------------------------------------------ numpy kernels
-
-
-def _round_away(v):
-    v = np.asarray(v, np.float64)
-    return np.sign(v) * np.floor(np.abs(v) + 0.5)
 
 
 def lut_populate(fn: Callable[[np.ndarray], np.ndarray], s_in: float, zp_in: int, s_out: float, zp_out: int,
@@ -63,7 +60,7 @@ def lut_populate(fn: Callable[[np.ndarray], np.ndarray], s_in: float, zp_in: int
     v = np.arange(int(info.min), int(info.max) + 1, dtype=np.int64)
     deq = np.float32(s_in) * (v - zp_in).astype(np.float32)
     transformed = fn(deq).astype(np.float32)
-    rescaled = _round_away(transformed * (np.float32(1.0) / np.float32(s_out)))
+    rescaled = round_half_away(transformed * (np.float32(1.0) / np.float32(s_out)))
     return np.clip(rescaled.astype(np.int64) + zp_out, info.min, info.max).astype(dtype)
 
 
@@ -263,7 +260,7 @@ def island_table(fn: Callable[[np.ndarray], np.ndarray], s_in: float, zp_in: int
     v = np.arange(int(info.min), int(info.max) + 1, dtype=np.int64)
     deq = (np.float64(np.float32(s_in)) * (v - zp_in)).astype(np.float32)
     y = np.asarray(fn(deq), np.float32).astype(np.float64) / np.float64(np.float32(s_out))
-    return np.clip(_round_away(y).astype(np.int64) + zp_out, info.min, info.max).astype(dtype)
+    return np.clip(round_half_away(y).astype(np.int64) + zp_out, info.min, info.max).astype(dtype)
 
 
 def lut_table(qr: dict[str, Any]) -> np.ndarray:
@@ -797,7 +794,7 @@ def affine_quantize(x, scale: float, zero_point: int, dtype: str) -> np.ndarray:
     f = np.asarray(x, np.float32) / np.float32(scale)
     f = np.where(np.isnan(f), np.float32(info.min - zero_point), f)
     f = np.clip(f, np.float32(info.min - zero_point), np.float32(info.max - zero_point))
-    return (_round_away(f).astype(np.int64) + zero_point).astype(dtype)
+    return (round_half_away(f).astype(np.int64) + zero_point).astype(dtype)
 
 
 def recompute_quantize(layer, inputs, params) -> np.ndarray:
@@ -834,11 +831,7 @@ def realize_quantize_float(qg, qb, out):
     emit = qg.emit
     f = emit(op.divide(qb.value.args[0], q.rx_const(float(np.float32(out.scale[0])), "float32")))
     f = emit(op.where(emit(op.isnan(f)), q.rx_const(lo, "float32"), f))
-    f = emit(op.clip(f, lo, hi))
-    a = emit(op.abs(f))
-    r = emit(op.floor(a))
-    up = emit(op.astype(emit(op.greater_equal(emit(op.subtract(a, r)), q.rx_const(0.5, "float32"))), "float32"))
-    y = emit(op.astype(emit(op.multiply(emit(op.sign(f)), emit(op.add(r, up)))), "int32"))
+    y = emit(op.astype(q.rx_round_half_away(emit, emit(op.clip(f, lo, hi))), "int32"))
     expr = op.astype(emit(op.add(y, q.rx_const(zp, "int32"))), out.dtype)
     rec = {"scheme": SCHEME, "kind": "quantize", "inputs": [], "output": out.record(),
            "clamp": [int(info.min), int(info.max)],
