@@ -93,7 +93,8 @@ into the graph, so TVM computes it), side by side so they cannot drift:
 * ONNX Runtime: ``quantize_linear``, ``requantize_float`` / ``rx_requantize_float``,
   ``rx_round_to_int``; softmax tables ``ort_softmax_table`` and
   ``tflite_softmax_table``.
-* ``per_axis`` (broadcast a per-channel vector), ``rx_const``, ``rx_clamp_cast``,
+* ``per_axis`` (broadcast a per-channel vector), ``rx_const``, ``rx_clamp_cast``, ``float_record``
+  (a float tensor's entry in a ``quant`` record),
   ``check_qparams`` (validated ``QTensor`` of a tensor), ``follow_constant``
   (a dequantized integer constant through reshapes and transposes).
 * ``register_consistency(scheme, fn)``: verify's check that a layer's derived
@@ -175,6 +176,7 @@ from irgen.quant import (
     QTensor,
     check_qparams,
     divide_round_half_away,
+    float_record,
     follow_constant,
     multiply_by_quantized_multiplier,
     rescale_float64,
@@ -256,7 +258,7 @@ __all__ = [
     "QGraph", "QTensor", "Binding", "Constant", "attrs_to_dict", "substitute", "main_bindings",
     "module_bindings", "check_tensor_sizes", "tuple_output_outside_dataflow", "arg_ref",
     # integer arithmetic
-    "DOUBLE", "SINGLE", "WIDE", "FLOAT64", "ROUNDING_RULES", "rescale_float64", "rx_rescale_float64", "round_half_away", "rx_round_half_away", "quantize_multiplier", "multiply_by_quantized_multiplier",
+    "DOUBLE", "SINGLE", "WIDE", "FLOAT64", "ROUNDING_RULES", "rescale_float64", "rx_rescale_float64", "round_half_away", "rx_round_half_away", "float_record", "quantize_multiplier", "multiply_by_quantized_multiplier",
     "rx_multiply_by_quantized_multiplier", "divide_round_half_away", "rx_divide_round_half_away",
     "quantize_linear", "requantize_float", "rx_requantize_float", "rx_round_to_int", "ort_softmax_table",
     "tflite_softmax_table", "per_axis", "rx_const", "rx_clamp_cast", "check_qparams", "follow_constant",

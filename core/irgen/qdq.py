@@ -1239,8 +1239,7 @@ def _dequantize_rest(qg) -> None:
         xs = _offset(qg, src, int(qx.zero_point[0]))
         expr = op.multiply(qg.emit(op.astype(xs, "float32")), q.rx_const(qx.scale[0], "float32"))
         rec = {"scheme": SCHEME, "kind": "dequantize", "inputs": [qx.record()],
-               "output": {"dtype": "float32", "scale": None, "zero_point": None, "axis": None},
-               "requant": {"rounding_rule": "y = float32(x - zp) * scale"}}
+               "output": q.float_record(), "requant": {"rounding_rule": "y = float32(x - zp) * scale"}}
         qg.replace([b.name], expr, rec)
     left = [b for b in qg.bindings if b.op == "relax.dequantize" and qg.n_users(b.name) > 0]
     if left:

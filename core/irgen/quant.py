@@ -161,15 +161,19 @@ def requantize_float(acc, scale, zero_point: int, lo: int, hi: int, dtype: str) 
     return (np.rint(f).astype(np.int64) + zero_point).astype(dtype)
 
 
-def quantize_linear(x, scale, zero_point, dtype: str) -> np.ndarray:
+def quantize_linear(x, scale, zero_point, dtype: str, bounds: tuple[int, int] | None = None) -> np.ndarray:
     """ONNX QuantizeLinear as ONNX Runtime computes it: ``x / scale`` in float32,
     rounded half to even, plus the zero point, saturated; NaN becomes the type's minimum
     (MLAS clamps with max-then-min, which takes the bound). ``scale`` and ``zero_point``
-    (an int, or integers) may be per axis, shaped to broadcast with ``x``."""
+    (an int, or integers) may be per axis, shaped to broadcast with ``x``. ``bounds``: the
+    type's range when numpy has no such type (4-bit: ``(-8, 7)``, ``(0, 15)``; ``dtype`` is
+    then the array's storage type)."""
     info = np.iinfo(dtype)
-    f = np.asarray(x, np.float32) / np.asarray(scale, np.float32)
-    f = np.where(np.isnan(f), np.float32(info.min - zero_point), f)
-    f = np.clip(f, np.float32(info.min - zero_point), np.float32(info.max - zero_point))
+    lo, hi = bounds if bounds is not None else (int(info.min), int(info.max))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        f = np.asarray(x, np.float32) / np.asarray(scale, np.float32)
+    f = np.where(np.isnan(f), np.float32(lo) - zero_point, f)
+    f = np.clip(f, np.float32(lo) - zero_point, np.float32(hi) - zero_point)
     return (np.rint(f).astype(np.int64) + zero_point).astype(dtype)
 
 
@@ -819,6 +823,12 @@ def follow_constant(qg, expr, qparams, scheme: str, what: str, tensor: str):
             raise IrgenError(f"{scheme}: cannot tell the channel axis of the {what} of {tensor!r}")
         qt.axis = axes[0]
     return arr, qt, chain
+
+
+def float_record(dtype: str = "float32") -> dict[str, Any]:
+    """The ``inputs``/``output`` entry of a float tensor in a ``quant`` record (a dequantize's
+    result): its dtype, no scale, zero point or axis."""
+    return {"dtype": dtype, "scale": None, "zero_point": None, "axis": None}
 
 
 @dataclass

@@ -589,10 +589,6 @@ def fold_requantized_weights(model) -> int:
     return len(folded)
 
 
-#: ONNX's 4-bit integer types (INT4, UINT4): ONNX Runtime has no integer kernel for them
-_FOUR_BIT = (22, 21)
-
-
 def _dequantized_4bit(node, const) -> np.ndarray | None:
     """The float32 values of a DequantizeLinear of 4-bit integers, as ONNX Runtime computes
     them: ``float32(w - zero_point) * scale`` per tensor, per axis or per block (``block_size``)."""
@@ -652,14 +648,12 @@ def _quantized_4bit(node, x: np.ndarray, const, types: dict[str, int]) -> np.nda
     if fit is None:
         return None
     s, z = fit
-    with np.errstate(divide="ignore", invalid="ignore"):
-        f = x / s
-    f = np.where(np.isnan(f), np.float32(lo) - z, f)
-    return np.clip(np.rint(np.clip(f, -(2.0 ** 31), 2.0 ** 31)).astype(np.int64) + z, lo, hi)
+    return quantize_linear(x, s, z, "int64", (lo, hi))
 
 
-#: 4-bit ONNX type -> signed
+#: ONNX's 4-bit integer types (INT4, UINT4; ONNX Runtime has no integer kernel for them) -> signed
 _FOUR_BIT_SIGNED = {22: True, 21: False}
+_FOUR_BIT = tuple(_FOUR_BIT_SIGNED)
 
 
 def fold_4bit_weights(model) -> int:

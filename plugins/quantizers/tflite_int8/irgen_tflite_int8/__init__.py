@@ -666,7 +666,7 @@ def realize(qg) -> None:
         if b.op == "relax.dequantize" and b.name not in qg.quant:
             qx = _qparams(qg, b.value, "dequantize", b.value.args[0].name)
             qg.quant[b.name] = {"scheme": SCHEME, "kind": "dequantize", "inputs": [qx.record()],
-                                "output": {"dtype": "float32", "scale": None, "zero_point": None, "axis": None},
+                                "output": q.float_record(),
                                 "requant": {"rounding_rule": "y = float32(scale * (x - zero_point)) (TFLite's DEQUANTIZE)"}}
     # int8 ops kept as imported (max pool, reshape...): exact in int8, same parameters
     for b in qg.bindings:
