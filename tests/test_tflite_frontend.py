@@ -304,3 +304,25 @@ def test_gelu_keeps_its_approximate_flag(tmp_path):
     assert np.abs(a - b).max() > 1e-4  # the forms are told apart
     forms = sorted(layer["attrs"].get("approximate") for layer in ir["layers"] if layer["op"] == "gelu")
     assert forms == ["none", "tanh"], forms
+
+
+def test_quantized_tile_of_nearest_upsampling_moves_values(tmp_path):
+    """Keras' nearest UpSampling2D is a TILE and a RESHAPE per axis; TVM's importer refused TILE
+    on int8 tensors. It only copies values: the upsampled tensor holds each conv output value
+    twice along both axes, and every layer recomputes from its record (this TF's interpreter
+    cannot load the converter's TILE version, so nothing runs it here)."""
+    from layercheck import assert_layer_recomputes
+
+    path, x = tflite_models.export("upsample_nearest", tmp_path, "int8")
+    np.save(tmp_path / "x.npy", x)
+    out = tmp_path / "out"
+    assert _irgen([str(path), "-o", str(out), "--input", str(tmp_path / "x.npy")]) == 0
+    ir = json.loads((out / "ir.json").read_text())
+    assert [l["op"] for l in ir["layers"]].count("tile") == 2
+    conv = np.load(out / ir["layers"][0]["outputs"][0]["file"])
+    (up,) = [l for l in ir["layers"] if l["op"] == "reshape" and l["outputs"][0]["shape"] == [1, 16, 16, 8]]
+    got = np.load(out / up["outputs"][0]["file"])
+    assert got.dtype == np.int8
+    np.testing.assert_array_equal(got, np.repeat(np.repeat(conv, 2, axis=1), 2, axis=2))
+    for layer in ir["layers"]:
+        assert_layer_recomputes(out, layer, 0)

@@ -94,7 +94,28 @@ def gated_cnn(tf):
     return tf.keras.Model(x, L.Softmax(name="probs")(y)), (1, 8, 8, 4)
 
 
-BUILDERS = {"small_cnn": small_cnn, "mlp": mlp, "classifier": classifier, "hybrid_cnn": hybrid_cnn, "gated_cnn": gated_cnn}
+def attention_cnn(tf):
+    """A bilinear upsampling, a transpose and reshape to tokens, a dense, and a matmul of two
+    activations (attention scores: BATCH_MATMUL), averaged, dense."""
+    L = tf.keras.layers
+    x = L.Input((8, 8, 4), batch_size=1, name="x")
+    up = L.UpSampling2D(2, interpolation="bilinear", name="up")(L.Conv2D(8, 3, padding="same", name="conv")(x))
+    tokens = L.Reshape((256, 8), name="tokens")(L.Permute((2, 1, 3), name="transpose")(up))
+    q = L.Dense(8, name="query")(tokens)
+    scores = L.Lambda(lambda z: tf.matmul(z[0], z[1], transpose_b=True), name="scores")([q, tokens])
+    return tf.keras.Model(x, L.Dense(4, name="fc")(L.GlobalAveragePooling1D(name="gap")(scores))), (1, 8, 8, 4)
+
+
+def upsample_nearest(tf):
+    """Keras' nearest UpSampling2D (a TILE and a RESHAPE in TFLite) after a conv."""
+    L = tf.keras.layers
+    x = L.Input((8, 8, 4), batch_size=1, name="x")
+    c = L.Conv2D(8, 3, padding="same", name="conv")(x)
+    return tf.keras.Model(x, L.Conv2D(4, 1, name="head")(L.UpSampling2D(2, name="up")(c))), (1, 8, 8, 4)
+
+
+BUILDERS = {"small_cnn": small_cnn, "mlp": mlp, "classifier": classifier, "hybrid_cnn": hybrid_cnn, "gated_cnn": gated_cnn,
+            "attention_cnn": attention_cnn, "upsample_nearest": upsample_nearest}
 
 
 def _randomize(model, rng) -> None:

@@ -3,7 +3,7 @@ imports wrongly on quantized (int8) tensors.
 
 TVM's ``OperatorConverter`` refuses any quantized operator outside its
 ``_SUPPORTED_QUANTIZED_OPS``, although several of them only move int8 values
-(PAD, STRIDED_SLICE, SLICE, TRANSPOSE, SQUEEZE, RESIZE_NEAREST_NEIGHBOR, and GATHER: a
+(PAD, STRIDED_SLICE, SLICE, TRANSPOSE, SQUEEZE, TILE, RESIZE_NEAREST_NEIGHBOR, and GATHER: a
 dynamic-range model's int8 embedding table, dequantized after the gather) and one does
 not read them at all (SHAPE). :data:`CONVERTERS` holds one function per TFLite
 operator, ``fn(converter, op) -> relax.Expr``; the frontend's converter installs
@@ -224,6 +224,13 @@ def convert_transpose(conv, op):
     return _tvm(conv).convert_transpose(conv, op)
 
 
+def convert_tile(conv, op):
+    """TILE only copies values (Keras' nearest UpSampling2D is a TILE and a RESHAPE)."""
+    ins = _ins(conv, op)
+    _same_qparams(conv, op, ins[0], _out(conv, op), "TILE")
+    return _tvm(conv).convert_tile(conv, op)
+
+
 def convert_squeeze(conv, op):
     ins = _ins(conv, op)
     _same_qparams(conv, op, ins[0], _out(conv, op), "SQUEEZE")
@@ -361,6 +368,7 @@ CONVERTERS: dict[str, Callable[[Any, Any], Any]] = {
     "SLICE": convert_slice,
     "TRANSPOSE": convert_transpose,
     "SQUEEZE": convert_squeeze,
+    "TILE": convert_tile,
     "RESHAPE": convert_reshape,
     "RESIZE_NEAREST_NEIGHBOR": convert_resize_nearest,
     "BATCH_MATMUL": convert_batch_matmul,
@@ -421,7 +429,7 @@ def activation_range(fn: int, scale: float, zero_point: int, dtype: str, where: 
 
 
 #: operators accepted on quantized tensors besides TVM's own list
-QUANTIZED_OK = frozenset({"PAD", "PADV2", "SHAPE", "STRIDED_SLICE", "SLICE", "TRANSPOSE", "SQUEEZE",
+QUANTIZED_OK = frozenset({"PAD", "PADV2", "SHAPE", "STRIDED_SLICE", "SLICE", "TRANSPOSE", "SQUEEZE", "TILE",
                           "RESIZE_NEAREST_NEIGHBOR", "PACK", "BATCH_MATMUL", "GELU", "GATHER"})
 
 _FOLD_LIMIT = 4096  # elements: shape arithmetic, not data

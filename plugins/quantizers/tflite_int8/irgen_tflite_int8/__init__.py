@@ -521,8 +521,8 @@ def _from_constants(qg, expr, depth: int = 0) -> bool:
 def _realizes_int16(qg, comp) -> bool:
     """Whether this module's realization of ``comp`` has TFLite's 16x8 variant (conv, depthwise,
     fully connected, add, sub, mean, concatenation); :mod:`.int16` has the others."""
-    if comp.op == "relax.matmul":  # FULLY_CONNECTED, not BATCH_MATMUL
-        return any(_dequantized(qg, a) is None or _from_constants(qg, _dequantized(qg, a)[0]) for a in comp.value.args)
+    if comp.op == "relax.matmul":  # FULLY_CONNECTED, and BATCH_MATMUL (kinds: int64 sums for int16)
+        return True
     return comp.op in ("relax.nn.conv2d", "relax.add", "relax.subtract", "relax.mean", "relax.concat")
 
 

@@ -28,6 +28,7 @@ from typing import Any, Callable
 import numpy as np
 
 from irgen.plugin import round_half_away
+from irgen_tflite_int8 import kinds
 
 SCHEME = "tflite-int8"
 I16 = (-32768, 32767)
@@ -311,8 +312,6 @@ def realize_mul16(qg, qb, comp, out, act, helpers):
     from tvm import relax
 
     from irgen.plugin import IrgenError
-    from irgen_tflite_int8 import kinds
-
     a, b = comp.value.args
     if isinstance(a, relax.Var) and isinstance(b, relax.Var) and a.name == b.name:
         raise IrgenError(f"{SCHEME}: cannot realize the square {qb.name!r} on int16 activations (16x8)")
@@ -322,8 +321,6 @@ def realize_mul16(qg, qb, comp, out, act, helpers):
 def realize_requantize16(qg, qb, comp, out, act, helpers):
     """int16 -> int16 QUANTIZE (the converter's rescale before a concatenation) and int16 ReLUs:
     the int8 kernel's ``MultiplyByQuantizedMultiplier`` requantization, clamped to int16."""
-    from irgen_tflite_int8 import kinds
-
     return kinds.realize_requantize(qg, qb, comp, out, act, helpers)
 
 
@@ -349,6 +346,7 @@ SPANS: dict[str, Callable] = {
     "relax.tanh": realize_tanh16,
     "relax.multiply": realize_mul16,
     "relax.dequantize": realize_requantize16,
+    "relax.image.resize2d": kinds.realize_resize_bilinear,  # ResizeBilinearInteger<int16_t>
 }
 
 #: quant kind -> numpy recompute (registered by the scheme)
@@ -359,5 +357,6 @@ RECOMPUTE: dict[str, Callable[..., Any]] = {
 }
 
 #: TFLite ops the scheme realizes on int16 activations (for the error that names the others)
-SUPPORTED = ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED", "ADD", "SUB", "MUL", "MEAN", "AVERAGE_POOL_2D",
-             "MAX_POOL_2D", "CONCATENATION", "PAD", "SOFTMAX", "LOGISTIC", "TANH", "QUANTIZE", "DEQUANTIZE")
+SUPPORTED = ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED", "BATCH_MATMUL", "ADD", "SUB", "MUL", "MEAN",
+             "AVERAGE_POOL_2D", "MAX_POOL_2D", "CONCATENATION", "PAD", "TRANSPOSE", "RESHAPE", "TILE", "RESIZE_BILINEAR",
+             "SOFTMAX", "LOGISTIC", "TANH", "QUANTIZE", "DEQUANTIZE")

@@ -681,8 +681,8 @@ def realize_resize_bilinear(qg, qb, comp, out, act, helpers):
     xi = e(op.astype(x, "int64"))
 
     def gather(rows, cols):
-        t = e(op.take(xi, relax.const(rows.astype(np.int32)), axis=1))
-        return e(op.take(t, relax.const(cols.astype(np.int32)), axis=2))
+        t = e(op.take(xi, relax.const(rows.astype(np.int32)), axis=1, mode="clip"))  # in range: clip is a no-op
+        return e(op.take(t, relax.const(cols.astype(np.int32)), axis=2, mode="clip"))
 
     def weight(wy, wx):
         return q.rx_const((wy[:, None, None] * wx[None, :, None]).reshape(1, oh, ow, 1), "int64")
@@ -725,8 +725,12 @@ def realize_batch_matmul(qg, qb, comp, out, act, helpers):
             axes.append(None)
         sources.append(getattr(src, "name", None))
         operands.append(helpers.offset(qg, x, int(qx.zero_point[0])))
-    acc = qg.emit(op.matmul(operands[0], operands[1], out_dtype="int32"))
-    y = q.rx_multiply_by_quantized_multiplier(qg.emit, acc, np.array([mult]), np.array([shift]), -1, ndim, BATCH_MATMUL_ROUNDING)
+    # int16 operands (16x8): TFLite's BatchMatMul<int16_t, int64_t> sums in int64 and rescales with
+    # the int64 MultiplyByQuantizedMultiplier
+    wide = out.dtype == "int16"
+    rounding = q.WIDE if wide else BATCH_MATMUL_ROUNDING
+    acc = qg.emit(op.matmul(operands[0], operands[1], out_dtype="int64" if wide else "int32"))
+    y = q.rx_multiply_by_quantized_multiplier(qg.emit, acc, np.array([mult]), np.array([shift]), -1, ndim, rounding)
     lo, hi, last = helpers.clamp(qg, qb.name, out.dtype, act, out)
     rec = {
         "scheme": SCHEME,
@@ -735,8 +739,8 @@ def realize_batch_matmul(qg, qb, comp, out, act, helpers):
         "transpose": axes,
         "operands": [0, 0] if sources[0] == sources[1] else [0, 1],
         "output": out.record(),
-        "requant": {"multiplier": int(mult), "shift": int(shift), "rounding": BATCH_MATMUL_ROUNDING,
-                    "rounding_rule": q.ROUNDING_RULES[BATCH_MATMUL_ROUNDING]},
+        "requant": {"multiplier": int(mult), "shift": int(shift), "rounding": rounding,
+                    "rounding_rule": q.ROUNDING_RULES[rounding]},
         "clamp": [lo, hi],
     }
     drop = absorbed + [d for d in (d1, d2) if qg.n_users(d) == 1] + [comp.name]
