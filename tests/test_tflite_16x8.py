@@ -48,7 +48,7 @@ def _inputs(path, shape, n: int) -> list[np.ndarray]:
     return xs
 
 
-@pytest.fixture(scope="module", params=["small_cnn", "mlp", "classifier", "gated_cnn", "attention_cnn"])
+@pytest.fixture(scope="module", params=["small_cnn", "mlp", "classifier", "gated_cnn", "attention_cnn", "leaky_minmax"])
 def runs16(request, tmp_path_factory, host):
     """(model path, [(input, OUT)]) for N_INPUTS inputs, at opt levels 3 and 0 in turn."""
     folder = tmp_path_factory.mktemp(f"x16_{request.param}")

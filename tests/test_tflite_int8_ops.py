@@ -192,6 +192,8 @@ MODELS = {
     "dense_3d": (dense_3d, {"FULLY_CONNECTED"}, {"dense"}),
     "subtract": (subtract, {"SUB"}, {"subtract"}),
     "tanh": (tanh, {"TANH"}, {"lut", "tanh"}),
+    "leaky_minmax": (tflite_models.leaky_minmax, {"LEAKY_RELU", "MAXIMUM", "MINIMUM"},
+                     {"leaky_relu", "maximum", "minimum"}),
     "gelu": (gelu, {"GELU"}, {"lut", "gelu:none", "gelu:tanh"}),
     "layer_norm": (layer_norm, {"NEG", "SQUARED_DIFFERENCE", "RSQRT"}, {"squared_difference", "rsqrt", "negative"}),
 }

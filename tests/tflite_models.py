@@ -114,7 +114,17 @@ def upsample_nearest(tf):
     return tf.keras.Model(x, L.Conv2D(4, 1, name="head")(L.UpSampling2D(2, name="up")(c))), (1, 8, 8, 4)
 
 
-BUILDERS = {"small_cnn": small_cnn, "mlp": mlp, "classifier": classifier, "hybrid_cnn": hybrid_cnn, "gated_cnn": gated_cnn,
+def leaky_minmax(tf):
+    """LeakyReLU (YOLO's, GANs'), and a MAXIMUM and a MINIMUM of two activations."""
+    L = tf.keras.layers
+    x = L.Input((8, 8, 4), batch_size=1, name="x")
+    c = L.LeakyReLU(0.1, name="leaky")(L.Conv2D(8, 3, padding="same", name="conv")(x))
+    m = L.Maximum(name="max")([c, L.Conv2D(8, 1, name="side1")(x)])
+    n = L.Minimum(name="min")([m, L.Conv2D(8, 1, name="side2")(x)])
+    return tf.keras.Model(x, L.Flatten(name="flat")(L.MaxPooling2D(2, name="pool")(n))), (1, 8, 8, 4)
+
+
+BUILDERS = {"small_cnn": small_cnn, "leaky_minmax": leaky_minmax, "mlp": mlp, "classifier": classifier, "hybrid_cnn": hybrid_cnn, "gated_cnn": gated_cnn,
             "attention_cnn": attention_cnn, "upsample_nearest": upsample_nearest}
 
 

@@ -129,6 +129,7 @@ CANONICAL_OPS = {
     "concat": "concatenate",
     "permute_dims": "transpose",
     "logistic": "sigmoid",
+    "leakyrelu": "leaky_relu",
 }
 
 

@@ -347,6 +347,9 @@ SPANS: dict[str, Callable] = {
     "relax.multiply": realize_mul16,
     "relax.dequantize": realize_requantize16,
     "relax.image.resize2d": kinds.realize_resize_bilinear,  # ResizeBilinearInteger<int16_t>
+    "relax.nn.leakyrelu": kinds.realize_leaky_relu,  # QuantizeLeakyRelu<int16_t>
+    "relax.maximum": kinds.realize_min_max,
+    "relax.minimum": kinds.realize_min_max,
 }
 
 #: quant kind -> numpy recompute (registered by the scheme)
@@ -358,5 +361,5 @@ RECOMPUTE: dict[str, Callable[..., Any]] = {
 
 #: TFLite ops the scheme realizes on int16 activations (for the error that names the others)
 SUPPORTED = ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED", "BATCH_MATMUL", "ADD", "SUB", "MUL", "MEAN",
-             "AVERAGE_POOL_2D", "MAX_POOL_2D", "CONCATENATION", "PAD", "TRANSPOSE", "RESHAPE", "TILE", "RESIZE_BILINEAR",
+             "AVERAGE_POOL_2D", "MAX_POOL_2D", "CONCATENATION", "PAD", "TRANSPOSE", "RESHAPE", "TILE", "RESIZE_BILINEAR", "LEAKY_RELU", "MAXIMUM", "MINIMUM",
              "SOFTMAX", "LOGISTIC", "TANH", "QUANTIZE", "DEQUANTIZE")

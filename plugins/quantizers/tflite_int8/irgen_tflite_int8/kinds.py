@@ -764,6 +764,86 @@ def recompute_requantize(layer, inputs, params) -> np.ndarray:
 RECOMPUTE["requantize"] = recompute_requantize
 
 
+def leaky_relu_multipliers(s_in: float, alpha: float, s_out: float) -> tuple[tuple[int, int], tuple[int, int]]:
+    """LeakyReluPrepare: QuantizeMultiplier of ``s_in / s_out`` (identity) and of
+    ``s_in * alpha / s_out`` (alpha), each quotient in float32 (the scales and alpha are floats)."""
+    from irgen.plugin import quantize_multiplier
+
+    s_in, alpha, s_out = np.float32(s_in), np.float32(alpha), np.float32(s_out)
+    return (quantize_multiplier(float(np.float32(s_in / s_out))),
+            quantize_multiplier(float(np.float32(np.float32(s_in * alpha) / s_out))))
+
+
+def realize_leaky_relu(qg, qb, comp, out, act, helpers):
+    """LEAKY_RELU on int8 or int16 (``reference_ops::QuantizeLeakyRelu``): ``x - zp_x`` rescaled
+    by the identity multiplier where it is not negative, by the alpha one where it is, plus
+    ``zp_y``, saturated to the type."""
+    from tvm.relax import op
+
+    import irgen.plugin as q
+    from irgen.plugin import IrgenError
+
+    if act is not None:
+        raise IrgenError(f"{SCHEME}: a float activation after the leaky relu {qb.name!r}")
+    alpha = float(comp.value.attrs.alpha)
+    if not alpha >= 0:
+        raise IrgenError(f"{SCHEME}: leaky relu {qb.name!r} has a negative alpha ({alpha}); not supported")
+    x, qx, dqx = helpers.int8_input(qg, comp.value.args[0], f"input of the leaky relu {qb.name!r}")
+    (mi, si), (ma, sa) = leaky_relu_multipliers(float(qx.scale[0]), alpha, float(out.scale[0]))
+    ndim = len(comp.var.ty.shape.values)
+    e = qg.emit
+    xs = helpers.offset(qg, x, int(qx.zero_point[0]))
+    pos = q.rx_multiply_by_quantized_multiplier(e, xs, np.array([mi]), np.array([si]), -1, ndim)
+    neg = q.rx_multiply_by_quantized_multiplier(e, xs, np.array([ma]), np.array([sa]), -1, ndim)
+    y = e(op.where(e(op.greater_equal(xs, q.rx_const(0, "int32"))), pos, neg))
+    lo, hi, last = helpers.clamp(qg, qb.name, out.dtype)
+    rec = {"scheme": SCHEME, "kind": "leaky_relu", "alpha": alpha, "inputs": [qx.record()], "output": out.record(),
+           "requant": {"identity": {"multiplier": int(mi), "shift": int(si)},
+                       "alpha": {"multiplier": int(ma), "shift": int(sa)}, "rounding": q.DOUBLE,
+                       "rounding_rule": "y = zp_y + MultiplyByQuantizedMultiplier(x - zp_x, identity if x >= zp_x "
+                                        "else alpha); identity = QuantizeMultiplier(s_x / s_y), alpha = "
+                                        "QuantizeMultiplier(s_x * alpha / s_y), float32 quotients"},
+           "clamp": [lo, hi]}
+    return [dqx, comp.name] + helpers.tail(qb, None, last), helpers.finish(qg, y, out, lo, hi), rec
+
+
+def recompute_leaky_relu(layer, inputs, params) -> np.ndarray:
+    from irgen.plugin import multiply_by_quantized_multiplier as mbqm
+
+    qr = layer["quant"]
+    rq, out = qr["requant"], qr["output"]
+    x = inputs[0].astype(np.int64) - int(qr["inputs"][0]["zero_point"])
+    pos = mbqm(x, rq["identity"]["multiplier"], rq["identity"]["shift"], rq["rounding"])
+    neg = mbqm(x, rq["alpha"]["multiplier"], rq["alpha"]["shift"], rq["rounding"])
+    lo, hi = qr["clamp"]
+    return np.clip(np.where(x >= 0, pos, neg) + int(out["zero_point"]), lo, hi).astype(out["dtype"])
+
+
+RECOMPUTE["leaky_relu"] = recompute_leaky_relu
+
+
+def realize_min_max(qg, qb, comp, out, act, helpers):
+    """MAXIMUM / MINIMUM of two int8 (int16) tensors: TFLite compares the integers, with the
+    output's parameters those of the inputs (the converter gives them one); an integer layer."""
+    from tvm.relax import op
+
+    from irgen.plugin import IrgenError
+
+    what = comp.op.removeprefix("relax.")
+    ins = [helpers.operand(qg, a) for a in comp.value.args]
+    if act is not None or any(i is None for i in ins):
+        raise IrgenError(f"{SCHEME}: the {what} {qb.name!r} is not of two dequantized integer tensors")
+    for _, qt, _ in ins:
+        if qt.scale[0] != out.scale[0] or qt.zero_point[0] != out.zero_point[0]:
+            raise IrgenError(f"{SCHEME}: the {what} {qb.name!r} has inputs with other quantization parameters "
+                             "than its output; TFLite's kernel compares the integers")
+    (x1, q1, d1), (x2, q2, d2) = ins
+    expr = (op.maximum if what == "maximum" else op.minimum)(x1, x2)
+    rec = {"scheme": SCHEME, "kind": "integer", "inputs": [q1.record(), q2.record()], "output": out.record()}
+    add_operand_records(rec, x1, x2)
+    return [d for d in (d1, d2) if d is not None] + [comp.name, qb.name], expr, rec
+
+
 def realize_requantize(qg, qb, comp, out, act, helpers):
     """An int8 tensor dequantized and quantized again, maybe through a float relu or
     clip (TFLite's int8 RELU/RELU6/RELU_N1_TO_1 and int8 -> int8 QUANTIZE):
@@ -857,4 +937,7 @@ SPANS: dict[str, Callable] = {
     "relax.multiply": realize_mul,
     "relax.image.resize2d": realize_resize_bilinear,
     "relax.dequantize": realize_requantize,
+    "relax.nn.leakyrelu": realize_leaky_relu,
+    "relax.maximum": realize_min_max,
+    "relax.minimum": realize_min_max,
 }
