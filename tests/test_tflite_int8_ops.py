@@ -194,6 +194,7 @@ MODELS = {
     "tanh": (tanh, {"TANH"}, {"lut", "tanh"}),
     "leaky_minmax": (tflite_models.leaky_minmax, {"LEAKY_RELU", "MAXIMUM", "MINIMUM"},
                      {"leaky_relu", "maximum", "minimum"}),
+    "prelu": (tflite_models.prelu_cnn, {"PRELU"}, {"prelu"}),
     "gelu": (gelu, {"GELU"}, {"lut", "gelu:none", "gelu:tanh"}),
     "layer_norm": (layer_norm, {"NEG", "SQUARED_DIFFERENCE", "RSQRT"}, {"squared_difference", "rsqrt", "negative"}),
 }

@@ -124,7 +124,17 @@ def leaky_minmax(tf):
     return tf.keras.Model(x, L.Flatten(name="flat")(L.MaxPooling2D(2, name="pool")(n))), (1, 8, 8, 4)
 
 
-BUILDERS = {"small_cnn": small_cnn, "leaky_minmax": leaky_minmax, "mlp": mlp, "classifier": classifier, "hybrid_cnn": hybrid_cnn, "gated_cnn": gated_cnn,
+def prelu_cnn(tf):
+    """PReLU with one alpha per channel (shared over the image) and one per value (face
+    recognition and super-resolution networks)."""
+    L = tf.keras.layers
+    x = L.Input((8, 8, 4), batch_size=1, name="x")
+    c = L.PReLU(shared_axes=[1, 2], name="prelu1")(L.Conv2D(8, 3, padding="same", name="conv1")(x))
+    d = L.PReLU(name="prelu2")(L.Conv2D(8, 1, name="conv2")(c))
+    return tf.keras.Model(x, L.Flatten(name="flat")(d)), (1, 8, 8, 4)
+
+
+BUILDERS = {"small_cnn": small_cnn, "leaky_minmax": leaky_minmax, "prelu_cnn": prelu_cnn, "mlp": mlp, "classifier": classifier, "hybrid_cnn": hybrid_cnn, "gated_cnn": gated_cnn,
             "attention_cnn": attention_cnn, "upsample_nearest": upsample_nearest}
 
 

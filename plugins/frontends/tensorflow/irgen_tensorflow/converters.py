@@ -9,8 +9,9 @@ not read them at all (SHAPE). :data:`CONVERTERS` holds one function per TFLite
 operator, ``fn(converter, op) -> relax.Expr``; the frontend's converter installs
 them over TVM's and accepts these operators on quantized tensors
 (:data:`QUANTIZED_OK`). Operators that compute on quantized values are imported
-as TVM does (dequantize -> float op -> quantize); the ``tflite-int8`` scheme
-then realizes them in TFLite's integer arithmetic.
+as TVM does (dequantize -> float op -> quantize; PRELU, which TVM converts in
+float only, the same way by irgen); the ``tflite-int8`` scheme then realizes
+them in TFLite's integer arithmetic.
 
 :func:`fold_constant` folds an operator whose inputs are all constants (the
 ``SHAPE -> STRIDED_SLICE -> PACK -> RESHAPE`` chains Keras writes for
@@ -231,6 +232,23 @@ def convert_tile(conv, op):
     return _tvm(conv).convert_tile(conv, op)
 
 
+def convert_prelu(conv, op):
+    """PRELU of a quantized tensor (TVM converts float ones only): the input and alpha
+    dequantized, ``where(x >= 0, x, x * alpha)``, quantized to the output; the ``tflite-int8``
+    scheme realizes that span as TFLite's integer kernel."""
+    from tvm import relax
+
+    ins = _ins(conv, op)
+    x_t, a_t = ins
+    out_t = _out(conv, op)
+    if x_t.qnn_params is None or a_t.qnn_params is None or out_t.qnn_params is None:
+        return _tvm(conv).convert_prelu(conv, op)
+    x = conv.dequantize(conv.get_tensor_expr(x_t), x_t)
+    alpha = conv.dequantize(conv.get_tensor_expr(a_t), a_t)
+    y = relax.op.where(relax.op.greater_equal(x, relax.const(0.0, "float32")), x, relax.op.multiply(x, alpha))
+    return conv.quantize(y, out_t)
+
+
 def convert_squeeze(conv, op):
     ins = _ins(conv, op)
     _same_qparams(conv, op, ins[0], _out(conv, op), "SQUEEZE")
@@ -369,6 +387,7 @@ CONVERTERS: dict[str, Callable[[Any, Any], Any]] = {
     "TRANSPOSE": convert_transpose,
     "SQUEEZE": convert_squeeze,
     "TILE": convert_tile,
+    "PRELU": convert_prelu,
     "RESHAPE": convert_reshape,
     "RESIZE_NEAREST_NEIGHBOR": convert_resize_nearest,
     "BATCH_MATMUL": convert_batch_matmul,
@@ -429,7 +448,7 @@ def activation_range(fn: int, scale: float, zero_point: int, dtype: str, where: 
 
 
 #: operators accepted on quantized tensors besides TVM's own list
-QUANTIZED_OK = frozenset({"PAD", "PADV2", "SHAPE", "STRIDED_SLICE", "SLICE", "TRANSPOSE", "SQUEEZE", "TILE",
+QUANTIZED_OK = frozenset({"PAD", "PADV2", "SHAPE", "STRIDED_SLICE", "SLICE", "TRANSPOSE", "SQUEEZE", "TILE", "PRELU",
                           "RESIZE_NEAREST_NEIGHBOR", "PACK", "BATCH_MATMUL", "GELU", "GATHER"})
 
 _FOLD_LIMIT = 4096  # elements: shape arithmetic, not data

@@ -822,6 +822,68 @@ def recompute_leaky_relu(layer, inputs, params) -> np.ndarray:
 RECOMPUTE["leaky_relu"] = recompute_leaky_relu
 
 
+def realize_prelu(qg, qb, comp, out, act, helpers):
+    """PRELU (the frontend's ``where(x >= 0, x, x * alpha)`` of the dequantized input and alpha):
+    TFLite's BroadcastPrelu4DSlow, ``x - zp_x`` rescaled by ``s_x / s_y`` where it is not negative,
+    ``(x - zp_x) * (alpha - zp_a)`` by ``s_x * s_a / s_y`` where it is (float32 quotients),
+    plus ``zp_y``, saturated. The alpha constant is in the record (``constants``)."""
+    from tvm import relax
+    from tvm.relax import op
+
+    import irgen.plugin as q
+    from irgen.plugin import IrgenError
+
+    cond_b, mul_b = qg.producer(comp.value.args[0]), qg.producer(comp.value.args[2])
+    xv = comp.value.args[1]
+    if act is not None or cond_b is None or cond_b.op != "relax.greater_equal" or mul_b is None \
+            or mul_b.op != "relax.multiply" or not isinstance(xv, relax.Var) \
+            or not all(getattr(a, "name", None) == xv.name for a in (cond_b.value.args[0], mul_b.value.args[0])):
+        raise IrgenError(f"{SCHEME}: cannot realize the select at {qb.name!r} (only PRELU's where(x >= 0, x, x * alpha))")
+    x, qx, dqx = helpers.int8_input(qg, xv, f"input of the prelu {qb.name!r}")
+    alpha = helpers.operand(qg, mul_b.value.args[1])
+    if alpha is None:
+        raise IrgenError(f"{SCHEME}: the alpha of the prelu {qb.name!r} is not a dequantized integer tensor")
+    a, qa, dqa = alpha
+    s_x, s_a, s_y = (np.float32(t.scale[0]) for t in (qx, qa, out))
+    m1, sh1 = q.quantize_multiplier(float(np.float32(s_x / s_y)))
+    m2, sh2 = q.quantize_multiplier(float(np.float32(np.float32(s_x * s_a) / s_y)))
+    ndim = len(comp.var.ty.shape.values)
+    e = qg.emit
+    xs = helpers.offset(qg, x, int(qx.zero_point[0]))
+    as_ = helpers.offset(qg, a, int(qa.zero_point[0]))
+    pos = q.rx_multiply_by_quantized_multiplier(e, xs, np.array([m1]), np.array([sh1]), -1, ndim)
+    neg = q.rx_multiply_by_quantized_multiplier(e, e(op.multiply(xs, as_)), np.array([m2]), np.array([sh2]), -1, ndim)
+    y = e(op.where(e(op.greater_equal(xs, q.rx_const(0, "int32"))), pos, neg))
+    lo, hi, last = helpers.clamp(qg, qb.name, out.dtype)
+    rec = {"scheme": SCHEME, "kind": "prelu", "inputs": [qx.record(), qa.record()], "output": out.record(),
+           "requant": {"identity": {"multiplier": int(m1), "shift": int(sh1)},
+                       "alpha": {"multiplier": int(m2), "shift": int(sh2)}, "rounding": q.DOUBLE,
+                       "rounding_rule": "y = zp_y + MultiplyByQuantizedMultiplier(x - zp_x, identity) if x >= zp_x "
+                                        "else zp_y + MultiplyByQuantizedMultiplier((x - zp_x) * (alpha - zp_a), alpha); "
+                                        "identity = QuantizeMultiplier(s_x / s_y), alpha = QuantizeMultiplier(s_x * s_a / s_y), "
+                                        "float32 quotients"},
+           "clamp": [lo, hi]}
+    add_operand_records(rec, x, a)
+    drop = [n for n in (dqa, cond_b.name, mul_b.name) if n is not None]
+    drop += [dqx] if qg.n_users(dqx) == 3 else []
+    return drop + [comp.name] + helpers.tail(qb, None, last), helpers.finish(qg, y, out, lo, hi), rec
+
+
+def recompute_prelu(layer, inputs, params) -> np.ndarray:
+    from irgen.plugin import multiply_by_quantized_multiplier as mbqm
+
+    qr = layer["quant"]
+    rq, out = qr["requant"], qr["output"]
+    x, a = (v.astype(np.int64) - int(t["zero_point"]) for v, t in zip(operands(qr, inputs), qr["inputs"]))
+    pos = mbqm(x, rq["identity"]["multiplier"], rq["identity"]["shift"], rq["rounding"])
+    neg = mbqm(x * a, rq["alpha"]["multiplier"], rq["alpha"]["shift"], rq["rounding"])
+    lo, hi = qr["clamp"]
+    return np.clip(np.where(x >= 0, pos, neg) + int(out["zero_point"]), lo, hi).astype(out["dtype"])
+
+
+RECOMPUTE["prelu"] = recompute_prelu
+
+
 def realize_min_max(qg, qb, comp, out, act, helpers):
     """MAXIMUM / MINIMUM of two int8 (int16) tensors: TFLite compares the integers, with the
     output's parameters those of the inputs (the converter gives them one); an integer layer."""
@@ -938,6 +1000,7 @@ SPANS: dict[str, Callable] = {
     "relax.image.resize2d": realize_resize_bilinear,
     "relax.dequantize": realize_requantize,
     "relax.nn.leakyrelu": realize_leaky_relu,
+    "relax.where": realize_prelu,
     "relax.maximum": realize_min_max,
     "relax.minimum": realize_min_max,
 }
