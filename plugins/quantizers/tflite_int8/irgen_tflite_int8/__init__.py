@@ -39,9 +39,10 @@ takes the same realizations with TFLite's 16x8 parameters: CONV_2D and DEPTHWISE
 accumulate in int64 and rescale with TFLite's int64 ``MultiplyByQuantizedMultiplier`` (its
 multiplier rounded to 16 bits: rounding ``wide``), FULLY_CONNECTED accumulates in int64 and
 rescales in double (``double(acc) * s_x * s_w / s_y``, rounded half away from zero: rounding
-``float64``), ADD/SUB shift left by 15 instead of 20, MUL's multiplier is the float32 quotient;
-SOFTMAX, LOGISTIC and TANH have int16 algorithms of their own
-(:mod:`irgen_tflite_int8.int16`). Any other op on int16 is refused.
+``float64``), ADD/SUB shift left by 15 instead of 20, BATCH_MATMUL sums in int64 with the
+int64 multiplier; SOFTMAX, LOGISTIC and TANH have int16 algorithms of their own
+(:mod:`irgen_tflite_int8.int16`, whose ``SUPPORTED`` lists every op realized on int16). Any
+other op on int16 is refused, naming it.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """TFLite's 16x8 kernels (int16 activations, int8 weights) that differ from their int8 forms.
 
 The converter's ``EXPERIMENTAL_TFLITE_BUILTINS_ACTIVATIONS_INT16_WEIGHTS_INT8`` mode gives every
-activation an int16 tensor with zero point 0. CONV_2D, DEPTHWISE_CONV_2D, FULLY_CONNECTED, ADD,
-SUB, MEAN, AVERAGE_POOL_2D, MAX_POOL_2D, CONCATENATION, MUL and int16 -> int16 QUANTIZE are the
-scheme's int8 realizations with their 16x8 parameters (int64 accumulation and bias, the 15-bit
-ADD headroom). The kernels here are TFLite's own int16 algorithms (TF 2.21, the same in its
+activation an int16 tensor with zero point 0. CONV_2D, DEPTHWISE_CONV_2D, FULLY_CONNECTED,
+BATCH_MATMUL, ADD, SUB, MEAN, AVERAGE_POOL_2D, MAX_POOL_2D, CONCATENATION, MUL, LEAKY_RELU,
+MAXIMUM, MINIMUM, RESIZE_BILINEAR and int16 -> int16 QUANTIZE are the scheme's int8
+realizations with their 16x8 parameters (int64 accumulation and bias, the 15-bit ADD headroom;
+:data:`SUPPORTED` lists them all). The kernels here are TFLite's own int16 algorithms (TF 2.21, the same in its
 reference and optimized resolvers; measured against the interpreter), each realization
 beside its numpy recompute:
 
