@@ -213,3 +213,19 @@ def test_16x8_batch_matmul_sums_in_int64(runs16):
     (mm,) = [l for l in ir["layers"] if l["quant"]["kind"] == "batch_matmul"]
     assert mm["quant"]["requant"]["rounding"] == "wide"
     assert [l["op"] for l in ir["layers"] if l["quant"]["kind"] == "resize_bilinear"] == ["resize_bilinear"]
+
+
+def test_the_int8_npu_backend_refuses_a_16x8_model_layer_by_layer(tmp_path, capsys):
+    """The example NPU backend computes int8 only: a 16x8 model is refused at once, every layer
+    named with why (int16 activations, int64 biases), and nothing is written."""
+    from layercheck import assert_user_error
+
+    from irgen.cli import main
+
+    path, x = tflite_models.export("small_cnn", tmp_path, "int16x8")
+    out = tmp_path / "out"
+    line = assert_user_error(lambda a: main(["run", *a, "--no-progress"]), capsys,
+                             [str(path), "-o", str(out), "--backend", "npu-int8"], out,
+                             "cannot run 11 layer(s)", "a quantized layer (int16): int8 activations only",
+                             "bias is int64: int32 only", "quantizes float32 to int16")
+    assert "a float layer" not in line

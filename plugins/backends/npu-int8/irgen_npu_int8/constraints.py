@@ -105,7 +105,9 @@ def check_layer(layer: dict) -> list[str]:
         return why
     bad = sorted({str(d) for d in ins + outs if d != ACT_DTYPE})
     if bad or not layer.get("quant"):
-        why.append(f"a float layer ({'/'.join(bad) or 'not quantized'}): {ACT_DTYPE} activations only")
+        floating = not layer.get("quant") or any(d.startswith(("float", "bfloat")) for d in bad)
+        what = "a float layer" if floating else "a quantized layer"
+        why.append(f"{what} ({'/'.join(bad) or 'not quantized'}): {ACT_DTYPE} activations only")
     _params(layer, why)
     if op in ("conv2d", "depthwise_conv2d"):
         _conv(layer, why, MAX_KERNEL if op == "conv2d" else MAX_DEPTHWISE_KERNEL)
