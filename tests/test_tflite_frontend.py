@@ -326,3 +326,17 @@ def test_quantized_tile_of_nearest_upsampling_moves_values(tmp_path):
     np.testing.assert_array_equal(got, np.repeat(np.repeat(conv, 2, axis=1), 2, axis=2))
     for layer in ir["layers"]:
         assert_layer_recomputes(out, layer, 0)
+
+
+def test_tflite_quantize_value_rounds_as_tflite_does():
+    """A fused activation's bound: ``zero_point + TfLiteRound(v / scale)``, the quotient a
+    float32, rounded half away from zero exactly (the float32 just below one half stays 0,
+    where ``floor(q + 0.5f)`` in float32 gives 1), None beyond int32."""
+    from irgen.plugin import tflite_quantize_value
+
+    below_half = np.nextafter(np.float32(0.5), np.float32(0))
+    assert tflite_quantize_value(float(below_half), 1.0, 0) == 0
+    assert np.floor(below_half + np.float32(0.5)) == 1  # the float32 shortcut's answer
+    assert tflite_quantize_value(6.0, 0.096, -128) == -128 + 63  # 6.0f / 0.096f is 62.5
+    assert tflite_quantize_value(-2.5, 1.0, 3) == 0 and tflite_quantize_value(2.5, 1.0, 0) == 3
+    assert tflite_quantize_value(6.0, 1e-10, 0) is None

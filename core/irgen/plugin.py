@@ -89,6 +89,7 @@ into the graph, so TVM computes it), side by side so they cannot drift:
   describes each), and ``rescale_float64`` / ``rx_rescale_float64`` (rounding ``FLOAT64``: an
   int64 sum times a double scale, rounded half away from zero),
   ``round_half_away`` / ``rx_round_half_away`` (C's ``round``, TFLite's ``TfLiteRound``, exact),
+  ``tflite_quantize_value`` (TFLite's quantization of a fused activation's bound),
   ``divide_round_half_away`` / ``rx_divide_round_half_away``.
 * ONNX Runtime: ``quantize_linear``, ``requantize_float`` / ``rx_requantize_float``,
   ``rx_round_to_int``; softmax tables ``ort_softmax_table`` and
@@ -199,6 +200,7 @@ from irgen.quant import (
     rx_rescale_float64,
     rx_round_half_away,
     rx_round_to_int,
+    tflite_quantize_value,
     tflite_softmax_table,
 )
 from irgen.api import OPTION_KINDS, Option
@@ -258,7 +260,7 @@ __all__ = [
     "QGraph", "QTensor", "Binding", "Constant", "attrs_to_dict", "substitute", "main_bindings",
     "module_bindings", "check_tensor_sizes", "tuple_output_outside_dataflow", "arg_ref",
     # integer arithmetic
-    "DOUBLE", "SINGLE", "WIDE", "FLOAT64", "ROUNDING_RULES", "rescale_float64", "rx_rescale_float64", "round_half_away", "rx_round_half_away", "float_record", "quantize_multiplier", "multiply_by_quantized_multiplier",
+    "DOUBLE", "SINGLE", "WIDE", "FLOAT64", "ROUNDING_RULES", "rescale_float64", "rx_rescale_float64", "round_half_away", "rx_round_half_away", "float_record", "tflite_quantize_value", "quantize_multiplier", "multiply_by_quantized_multiplier",
     "rx_multiply_by_quantized_multiplier", "divide_round_half_away", "rx_divide_round_half_away",
     "quantize_linear", "requantize_float", "rx_requantize_float", "rx_round_to_int", "ort_softmax_table",
     "tflite_softmax_table", "per_axis", "rx_const", "rx_clamp_cast", "check_qparams", "follow_constant",

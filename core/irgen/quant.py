@@ -98,6 +98,14 @@ def round_half_away(v) -> np.ndarray:
     return np.copysign(r + (a - r >= 0.5).astype(r.dtype), v)
 
 
+def tflite_quantize_value(v: float, scale: float, zero_point: int) -> int | None:
+    """TFLite's ``Quantize`` of one float (kernel_util.cc, for a fused activation's bounds):
+    ``zero_point + TfLiteRound(float(v) / float(scale))``, a float32 division rounded half away
+    from zero; None when the rounded quotient is beyond int32 (TFLite then refuses the model)."""
+    t = float(round_half_away(np.float32(v) / np.float32(scale)))
+    return None if not -(2.0 ** 31) <= t <= 2.0 ** 31 else int(zero_point) + int(t)
+
+
 def rescale_float64(acc, scale) -> np.ndarray:
     """``round_half_away(double(acc) * scale)`` saturated to int32 (rounding ``FLOAT64``)."""
     p = np.asarray(acc, np.int64).astype(np.float64) * np.asarray(scale, np.float64)

@@ -430,18 +430,17 @@ def activation_range(fn: int, scale: float, zero_point: int, dtype: str, where: 
     bounds = {A.RELU: (0.0, None), A.RELU6: (0.0, 6.0), A.RELU_N1_TO_1: (-1.0, 1.0)}.get(fn)
     if bounds is None:
         return None
+    from irgen.plugin import IrgenError, tflite_quantize_value
+
     info = np.iinfo(dtype)
 
     def q(v: float) -> int:
-        r = np.float32(v) / np.float32(scale)
-        t = float(np.copysign(np.floor(np.abs(r) + np.float32(0.5)), r))  # roundf: exact in float32
-        if not -(2.0 ** 31) <= t <= 2.0 ** 31:
-            from irgen.plugin import IrgenError
-
+        b = tflite_quantize_value(v, scale, zero_point)
+        if b is None:
             raise IrgenError(f"{where}: the fused activation's bound {v:g} divided by the output scale {float(scale)!r} "
                              "is beyond int32; TFLite's interpreter refuses such a model too "
                              "(no_integer_overflow_from_quantization): the output's calibrated range is all but zero")
-        return int(zero_point) + int(t)
+        return b
 
     lo, hi = bounds
     return max(int(info.min), q(lo)), int(info.max) if hi is None else min(int(info.max), q(hi))

@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 
 from irgen.plugin import (IrgenError, Quantizer, hookimpl, quantize_multiplier, recompute_requantized,
-                          register_consistency, register_recompute)
+                          register_consistency, register_recompute, tflite_quantize_value)
 from irgen_tflite_int8 import int16, kinds
 
 __version__ = "0.1.0"
@@ -204,17 +204,16 @@ def _clamp(qg, qname: str, dtype: str, act=None, out=None) -> tuple[int, int, st
     info = np.iinfo(dtype)
     lo, hi, last = int(info.min), int(info.max), qname
     if act is not None:
-        s, z = np.float32(out.scale[0]), int(out.zero_point[0])
+        s, z = float(out.scale[0]), int(out.zero_point[0])
 
-        def q(v: float) -> int:  # zero_point + TfLiteRound(v / scale), float32 division
-            r = float(np.float32(v) / s)
-            t = float(np.sign(r) * np.floor(abs(r) + 0.5))
-            if not -(2.0 ** 31) <= t <= 2.0 ** 31:  # kernel_util.cc Quantize: TFLite refuses the model
+        def q(v: float) -> int:
+            b = tflite_quantize_value(v, s, z)
+            if b is None:  # kernel_util.cc Quantize: TFLite refuses the model
                 raise IrgenError(
                     f"{SCHEME}: the fused activation of {qname!r} bounds it at {v:g}, which its output scale "
-                    f"{float(s)!r} puts beyond int32; TFLite's interpreter refuses such a model too "
+                    f"{s!r} puts beyond int32; TFLite's interpreter refuses such a model too "
                     "(no_integer_overflow_from_quantization): the tensor's calibrated range is all but zero")
-            return z + int(t)
+            return b
 
         if act.op == "relax.nn.relu":
             lo = max(lo, q(0.0))
@@ -519,12 +518,10 @@ def _from_constants(qg, expr, depth: int = 0) -> bool:
     return all(_from_constants(qg, a, depth + 1) for a in b.value.args if isinstance(a, (relax.Var, Constant)))
 
 
-def _realizes_int16(qg, comp) -> bool:
-    """Whether this module's realization of ``comp`` has TFLite's 16x8 variant (conv, depthwise,
-    fully connected, add, sub, mean, concatenation); :mod:`.int16` has the others."""
-    if comp.op == "relax.matmul":  # FULLY_CONNECTED, and BATCH_MATMUL (kinds: int64 sums for int16)
-        return True
-    return comp.op in ("relax.nn.conv2d", "relax.add", "relax.subtract", "relax.mean", "relax.concat")
+#: the ops this module realizes with TFLite's 16x8 variant too (conv, depthwise, fully connected
+#: and BATCH_MATMUL, whose kinds.py realization sums int16 in int64, add, sub, mean,
+#: concatenation); :mod:`.int16` has the others
+_INT16_OPS = frozenset({"relax.nn.conv2d", "relax.matmul", "relax.add", "relax.subtract", "relax.mean", "relax.concat"})
 
 
 class _Helpers:
@@ -626,7 +623,7 @@ def realize(qg) -> None:
                     break
         if out.dtype == "int16" and comp.op in int16.SPANS:  # TFLite's 16x8 kernels of their own
             names, expr, rec = int16.SPANS[comp.op](qg, b, comp, out, act, _Helpers)
-        elif out.dtype == "int16" and not _realizes_int16(qg, comp):
+        elif out.dtype == "int16" and comp.op not in _INT16_OPS:
             raise IrgenError(f"{SCHEME}: cannot realize {comp.op or comp.kind} at tensor {b.name!r} on int16 "
                              "activations (16x8 quantization): irgen has TFLite's 16x8 kernels for "
                              f"{', '.join(int16.SUPPORTED)}")
