@@ -42,6 +42,20 @@ def assert_layers_match(out: Path, ir: dict, ref: dict[str, np.ndarray], what: s
     return worst
 
 
+def run_each(host, model: Path, folder: Path, xs) -> list[tuple[np.ndarray, Path]]:
+    """``irgen run`` (in process) of ``model`` on each input of ``xs`` (saved as ``folder/x<k>.npy``)
+    into ``folder/out<k>``, at opt levels 3 and 0 in turn: ``[(input, OUT)]``."""
+    from irgen.pipeline import run
+
+    runs = []
+    for k, x in enumerate(xs):
+        np.save(folder / f"x{k}.npy", x)
+        out = folder / f"out{k}"
+        run(host, model, out, inputs=[str(folder / f"x{k}.npy")], opt_level=3 if k % 2 == 0 else 0)
+        runs.append((x, out))
+    return runs
+
+
 def assert_layers_equal(out: Path, ir: dict, ref: dict[str, np.ndarray], what: str, dtype=None) -> int:
     """Every layer's output files and the model's outputs equal the reference's tensors bit for
     bit, dtype included (``dtype``: what each layer output must be, when given). Returns the

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import tflite_models
-from layercheck import assert_layer_recomputes, assert_layers_equal
+from layercheck import assert_layer_recomputes, assert_layers_equal, run_each
 from irgen.pipeline import run
 from irgen.plugins import PluginHost
 
@@ -54,13 +54,7 @@ def runs16(request, tmp_path_factory, host):
     folder = tmp_path_factory.mktemp(f"x16_{request.param}")
     path, _ = tflite_models.export(request.param, folder, "int16x8")
     shape = tuple(tflite_models.BUILDERS[request.param](tflite_models._tf())[1])
-    out = []
-    for k, x in enumerate(_inputs(path, shape, N_INPUTS)):
-        np.save(folder / f"x{k}.npy", x)
-        o = folder / f"out{k}"
-        run(host, path, o, inputs=[str(folder / f"x{k}.npy")], opt_level=3 if k % 2 == 0 else 0)
-        out.append((x, o))
-    return path, out
+    return path, run_each(host, path, folder, _inputs(path, shape, N_INPUTS))
 
 
 def test_every_int16_activation_equals_the_interpreter(runs16):

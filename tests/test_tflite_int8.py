@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import tflite_models
-from layercheck import assert_layer_recomputes, assert_layers_equal
+from layercheck import assert_layer_recomputes, assert_layers_equal, run_each
 from irgen.pipeline import run
 from irgen.plugins import PluginHost
 
@@ -37,14 +37,8 @@ def int8_runs(request, tmp_path_factory, host):
     folder = tmp_path_factory.mktemp(f"int8_{request.param}")
     path, _ = tflite_models.export(request.param, folder, "int8")
     shape = tuple(tflite_models.BUILDERS[request.param](tflite_models._tf())[1])
-    runs = []
-    for k in range(N_INPUTS):
-        x = np.random.default_rng(1000 + k).integers(-128, 128, shape).astype(np.int8)
-        np.save(folder / f"x{k}.npy", x)
-        out = folder / f"out{k}"
-        run(host, path, out, inputs=[str(folder / f"x{k}.npy")], opt_level=3 if k % 2 == 0 else 0)
-        runs.append((x, out))
-    return path, runs
+    xs = [np.random.default_rng(1000 + k).integers(-128, 128, shape).astype(np.int8) for k in range(N_INPUTS)]
+    return path, run_each(host, path, folder, xs)
 
 
 def test_every_int8_activation_equals_the_interpreter(int8_runs):

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import tflite_models
-from layercheck import assert_layer_recomputes, assert_layers_equal
+from layercheck import assert_layer_recomputes, assert_layers_equal, run_each
 from irgen.pipeline import run
 from irgen.plugins import PluginHost
 
@@ -212,13 +212,8 @@ def runs(request, tmp_path_factory, host):
     folder = tmp_path_factory.mktemp(f"int8_{name}")
     path, _ = tflite_models.export(name, folder, "int8")
     shape = tuple(MODELS[name][0](tflite_models._tf())[1])
-    out = []
-    for k in range(N_INPUTS):
-        x = np.random.default_rng(2000 + k).integers(-128, 128, shape).astype(np.int8)
-        np.save(folder / f"x{k}.npy", x)
-        run(host, path, folder / f"out{k}", inputs=[str(folder / f"x{k}.npy")], opt_level=3 if k % 2 == 0 else 0)
-        out.append((x, folder / f"out{k}"))
-    return name, path, out
+    xs = [np.random.default_rng(2000 + k).integers(-128, 128, shape).astype(np.int8) for k in range(N_INPUTS)]
+    return name, path, run_each(host, path, folder, xs)
 
 
 def _tflite_ops(path) -> set[str]:

@@ -319,12 +319,6 @@ def realize_mul16(qg, qb, comp, out, act, helpers):
     return kinds.realize_mul(qg, qb, comp, out, act, helpers)
 
 
-def realize_requantize16(qg, qb, comp, out, act, helpers):
-    """int16 -> int16 QUANTIZE (the converter's rescale before a concatenation) and int16 ReLUs:
-    the int8 kernel's ``MultiplyByQuantizedMultiplier`` requantization, clamped to int16."""
-    return kinds.realize_requantize(qg, qb, comp, out, act, helpers)
-
-
 # ------------------------------------------------------------------ recomputes
 
 
@@ -346,7 +340,7 @@ SPANS: dict[str, Callable] = {
     "relax.sigmoid": realize_logistic16,
     "relax.tanh": realize_tanh16,
     "relax.multiply": realize_mul16,
-    "relax.dequantize": realize_requantize16,
+    "relax.dequantize": kinds.realize_requantize,  # int16 -> int16 QUANTIZE, int16 ReLUs
     "relax.image.resize2d": kinds.realize_resize_bilinear,  # ResizeBilinearInteger<int16_t>
     "relax.nn.leakyrelu": kinds.realize_leaky_relu,  # QuantizeLeakyRelu<int16_t>
     "relax.maximum": kinds.realize_min_max,

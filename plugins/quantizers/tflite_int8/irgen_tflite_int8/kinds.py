@@ -764,23 +764,63 @@ def recompute_requantize(layer, inputs, params) -> np.ndarray:
 RECOMPUTE["requantize"] = recompute_requantize
 
 
-def leaky_relu_multipliers(s_in: float, alpha: float, s_out: float) -> tuple[tuple[int, int], tuple[int, int]]:
-    """LeakyReluPrepare: QuantizeMultiplier of ``s_in / s_out`` (identity) and of
-    ``s_in * alpha / s_out`` (alpha), each quotient in float32 (the scales and alpha are floats)."""
+def by_sign_multipliers(s_in: float, alpha_scale: float, s_out: float) -> tuple[tuple[int, int], tuple[int, int]]:
+    """LeakyReluPrepare and PreluPrepare: QuantizeMultiplier of ``s_in / s_out`` (identity) and of
+    ``s_in * alpha_scale / s_out`` (LEAKY_RELU: its alpha; PRELU: the alpha tensor's scale), each
+    quotient in float32 (the scales and alpha are floats)."""
     from irgen.plugin import quantize_multiplier
 
-    s_in, alpha, s_out = np.float32(s_in), np.float32(alpha), np.float32(s_out)
+    s_in, alpha_scale, s_out = np.float32(s_in), np.float32(alpha_scale), np.float32(s_out)
     return (quantize_multiplier(float(np.float32(s_in / s_out))),
-            quantize_multiplier(float(np.float32(np.float32(s_in * alpha) / s_out))))
+            quantize_multiplier(float(np.float32(np.float32(s_in * alpha_scale) / s_out))))
 
 
-def realize_leaky_relu(qg, qb, comp, out, act, helpers):
-    """LEAKY_RELU on int8 or int16 (``reference_ops::QuantizeLeakyRelu``): ``x - zp_x`` rescaled
-    by the identity multiplier where it is not negative, by the alpha one where it is, plus
-    ``zp_y``, saturated to the type."""
+def _by_sign(qg, qb, x, qx, out, kind: str, scale_of_alpha: float, alpha=None, helpers=None):
+    """The realization LEAKY_RELU and PRELU share: ``x - zp_x`` rescaled by the identity
+    multiplier where it is not negative, else (times ``alpha - zp_a`` for PRELU's integer alpha
+    tensor) by the alpha multiplier, plus ``zp_y``, saturated. (expr, record, last name)."""
     from tvm.relax import op
 
     import irgen.plugin as q
+
+    (mi, si), (ma, sa) = by_sign_multipliers(float(qx.scale[0]), scale_of_alpha, float(out.scale[0]))
+    ndim = len(qb.var.ty.shape.values)
+    e = qg.emit
+    xs = helpers.offset(qg, x, int(qx.zero_point[0]))
+    neg_in = xs if alpha is None else e(op.multiply(xs, helpers.offset(qg, alpha[0], int(alpha[1].zero_point[0]))))
+    pos = q.rx_multiply_by_quantized_multiplier(e, xs, np.array([mi]), np.array([si]), -1, ndim)
+    neg = q.rx_multiply_by_quantized_multiplier(e, neg_in, np.array([ma]), np.array([sa]), -1, ndim)
+    y = e(op.where(e(op.greater_equal(xs, q.rx_const(0, "int32"))), pos, neg))
+    lo, hi, last = helpers.clamp(qg, qb.name, out.dtype)
+    negative = "(x - zp_x) * (alpha - zp_a)" if alpha is not None else "x - zp_x"
+    rec = {"scheme": SCHEME, "kind": kind, "inputs": [qx.record()] + ([alpha[1].record()] if alpha else []),
+           "output": out.record(),
+           "requant": {"identity": {"multiplier": int(mi), "shift": int(si)},
+                       "alpha": {"multiplier": int(ma), "shift": int(sa)}, "rounding": q.DOUBLE,
+                       "rounding_rule": f"y = zp_y + MultiplyByQuantizedMultiplier(x - zp_x, identity) if x >= zp_x, "
+                                        f"else zp_y + MultiplyByQuantizedMultiplier({negative}, alpha); identity = "
+                                        "QuantizeMultiplier(s_x / s_y), alpha = QuantizeMultiplier(s_x * "
+                                        f"{'s_a' if alpha is not None else 'alpha'} / s_y), float32 quotients"},
+           "clamp": [lo, hi]}
+    return helpers.finish(qg, y, out, lo, hi), rec, last
+
+
+def recompute_by_sign(layer, inputs, params) -> np.ndarray:
+    """LEAKY_RELU and PRELU (whose second operand, the alpha tensor, multiplies the negatives)."""
+    from irgen.plugin import multiply_by_quantized_multiplier as mbqm
+
+    qr = layer["quant"]
+    rq, out = qr["requant"], qr["output"]
+    ops = [v.astype(np.int64) - int(t["zero_point"]) for v, t in zip(operands(qr, inputs), qr["inputs"])]
+    x = ops[0]
+    pos = mbqm(x, rq["identity"]["multiplier"], rq["identity"]["shift"], rq["rounding"])
+    neg = mbqm(x * ops[1] if len(ops) > 1 else x, rq["alpha"]["multiplier"], rq["alpha"]["shift"], rq["rounding"])
+    lo, hi = qr["clamp"]
+    return np.clip(np.where(x >= 0, pos, neg) + int(out["zero_point"]), lo, hi).astype(out["dtype"])
+
+
+def realize_leaky_relu(qg, qb, comp, out, act, helpers):
+    """LEAKY_RELU on int8 or int16 (``reference_ops::QuantizeLeakyRelu``): :func:`_by_sign`."""
     from irgen.plugin import IrgenError
 
     if act is not None:
@@ -789,48 +829,17 @@ def realize_leaky_relu(qg, qb, comp, out, act, helpers):
     if not alpha >= 0:
         raise IrgenError(f"{SCHEME}: leaky relu {qb.name!r} has a negative alpha ({alpha}); not supported")
     x, qx, dqx = helpers.int8_input(qg, comp.value.args[0], f"input of the leaky relu {qb.name!r}")
-    (mi, si), (ma, sa) = leaky_relu_multipliers(float(qx.scale[0]), alpha, float(out.scale[0]))
-    ndim = len(comp.var.ty.shape.values)
-    e = qg.emit
-    xs = helpers.offset(qg, x, int(qx.zero_point[0]))
-    pos = q.rx_multiply_by_quantized_multiplier(e, xs, np.array([mi]), np.array([si]), -1, ndim)
-    neg = q.rx_multiply_by_quantized_multiplier(e, xs, np.array([ma]), np.array([sa]), -1, ndim)
-    y = e(op.where(e(op.greater_equal(xs, q.rx_const(0, "int32"))), pos, neg))
-    lo, hi, last = helpers.clamp(qg, qb.name, out.dtype)
-    rec = {"scheme": SCHEME, "kind": "leaky_relu", "alpha": alpha, "inputs": [qx.record()], "output": out.record(),
-           "requant": {"identity": {"multiplier": int(mi), "shift": int(si)},
-                       "alpha": {"multiplier": int(ma), "shift": int(sa)}, "rounding": q.DOUBLE,
-                       "rounding_rule": "y = zp_y + MultiplyByQuantizedMultiplier(x - zp_x, identity if x >= zp_x "
-                                        "else alpha); identity = QuantizeMultiplier(s_x / s_y), alpha = "
-                                        "QuantizeMultiplier(s_x * alpha / s_y), float32 quotients"},
-           "clamp": [lo, hi]}
-    return [dqx, comp.name] + helpers.tail(qb, None, last), helpers.finish(qg, y, out, lo, hi), rec
-
-
-def recompute_leaky_relu(layer, inputs, params) -> np.ndarray:
-    from irgen.plugin import multiply_by_quantized_multiplier as mbqm
-
-    qr = layer["quant"]
-    rq, out = qr["requant"], qr["output"]
-    x = inputs[0].astype(np.int64) - int(qr["inputs"][0]["zero_point"])
-    pos = mbqm(x, rq["identity"]["multiplier"], rq["identity"]["shift"], rq["rounding"])
-    neg = mbqm(x, rq["alpha"]["multiplier"], rq["alpha"]["shift"], rq["rounding"])
-    lo, hi = qr["clamp"]
-    return np.clip(np.where(x >= 0, pos, neg) + int(out["zero_point"]), lo, hi).astype(out["dtype"])
-
-
-RECOMPUTE["leaky_relu"] = recompute_leaky_relu
+    expr, rec, last = _by_sign(qg, qb, x, qx, out, "leaky_relu", alpha, helpers=helpers)
+    rec["alpha"] = alpha
+    return [dqx, comp.name] + helpers.tail(qb, None, last), expr, rec
 
 
 def realize_prelu(qg, qb, comp, out, act, helpers):
     """PRELU (the frontend's ``where(x >= 0, x, x * alpha)`` of the dequantized input and alpha):
-    TFLite's BroadcastPrelu4DSlow, ``x - zp_x`` rescaled by ``s_x / s_y`` where it is not negative,
-    ``(x - zp_x) * (alpha - zp_a)`` by ``s_x * s_a / s_y`` where it is (float32 quotients),
-    plus ``zp_y``, saturated. The alpha constant is in the record (``constants``)."""
+    TFLite's BroadcastPrelu4DSlow, :func:`_by_sign` with the integer alpha tensor multiplying the
+    negatives; the alpha constant is in the record (``constants``)."""
     from tvm import relax
-    from tvm.relax import op
 
-    import irgen.plugin as q
     from irgen.plugin import IrgenError
 
     cond_b, mul_b = qg.producer(comp.value.args[0]), qg.producer(comp.value.args[2])
@@ -844,44 +853,14 @@ def realize_prelu(qg, qb, comp, out, act, helpers):
     if alpha is None:
         raise IrgenError(f"{SCHEME}: the alpha of the prelu {qb.name!r} is not a dequantized integer tensor")
     a, qa, dqa = alpha
-    s_x, s_a, s_y = (np.float32(t.scale[0]) for t in (qx, qa, out))
-    m1, sh1 = q.quantize_multiplier(float(np.float32(s_x / s_y)))
-    m2, sh2 = q.quantize_multiplier(float(np.float32(np.float32(s_x * s_a) / s_y)))
-    ndim = len(comp.var.ty.shape.values)
-    e = qg.emit
-    xs = helpers.offset(qg, x, int(qx.zero_point[0]))
-    as_ = helpers.offset(qg, a, int(qa.zero_point[0]))
-    pos = q.rx_multiply_by_quantized_multiplier(e, xs, np.array([m1]), np.array([sh1]), -1, ndim)
-    neg = q.rx_multiply_by_quantized_multiplier(e, e(op.multiply(xs, as_)), np.array([m2]), np.array([sh2]), -1, ndim)
-    y = e(op.where(e(op.greater_equal(xs, q.rx_const(0, "int32"))), pos, neg))
-    lo, hi, last = helpers.clamp(qg, qb.name, out.dtype)
-    rec = {"scheme": SCHEME, "kind": "prelu", "inputs": [qx.record(), qa.record()], "output": out.record(),
-           "requant": {"identity": {"multiplier": int(m1), "shift": int(sh1)},
-                       "alpha": {"multiplier": int(m2), "shift": int(sh2)}, "rounding": q.DOUBLE,
-                       "rounding_rule": "y = zp_y + MultiplyByQuantizedMultiplier(x - zp_x, identity) if x >= zp_x "
-                                        "else zp_y + MultiplyByQuantizedMultiplier((x - zp_x) * (alpha - zp_a), alpha); "
-                                        "identity = QuantizeMultiplier(s_x / s_y), alpha = QuantizeMultiplier(s_x * s_a / s_y), "
-                                        "float32 quotients"},
-           "clamp": [lo, hi]}
+    expr, rec, last = _by_sign(qg, qb, x, qx, out, "prelu", float(qa.scale[0]), (a, qa), helpers)
     add_operand_records(rec, x, a)
     drop = [n for n in (dqa, cond_b.name, mul_b.name) if n is not None]
     drop += [dqx] if qg.n_users(dqx) == 3 else []
-    return drop + [comp.name] + helpers.tail(qb, None, last), helpers.finish(qg, y, out, lo, hi), rec
+    return drop + [comp.name] + helpers.tail(qb, None, last), expr, rec
 
 
-def recompute_prelu(layer, inputs, params) -> np.ndarray:
-    from irgen.plugin import multiply_by_quantized_multiplier as mbqm
-
-    qr = layer["quant"]
-    rq, out = qr["requant"], qr["output"]
-    x, a = (v.astype(np.int64) - int(t["zero_point"]) for v, t in zip(operands(qr, inputs), qr["inputs"]))
-    pos = mbqm(x, rq["identity"]["multiplier"], rq["identity"]["shift"], rq["rounding"])
-    neg = mbqm(x * a, rq["alpha"]["multiplier"], rq["alpha"]["shift"], rq["rounding"])
-    lo, hi = qr["clamp"]
-    return np.clip(np.where(x >= 0, pos, neg) + int(out["zero_point"]), lo, hi).astype(out["dtype"])
-
-
-RECOMPUTE["prelu"] = recompute_prelu
+RECOMPUTE["leaky_relu"] = RECOMPUTE["prelu"] = recompute_by_sign
 
 
 def realize_min_max(qg, qb, comp, out, act, helpers):
