@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from irgen import execute, schedule, target
+from irgen import execute, schedule, share, target
 from irgen.testing import models, run_model
 
 
@@ -104,13 +104,20 @@ def test_tflite_int8_is_bit_identical(tmp_path, monkeypatch):
     assert stats.inlined > 0  # the requantization chains became one loop nest each
 
 
-def test_env_switch_turns_it_off(monkeypatch):
-    monkeypatch.setattr(schedule, "ENABLED", True)
-    monkeypatch.setenv(schedule.ENV_OFF, "1")
-    assert not schedule.enabled()
-    monkeypatch.setenv(schedule.ENV_OFF, "0")
-    assert schedule.enabled()
-    assert schedule.key() != (monkeypatch.setenv(schedule.ENV_OFF, "1") or schedule.key())
+@pytest.mark.parametrize("step", [schedule, share], ids=["schedule", "share"])
+def test_env_switch_turns_it_off(step, monkeypatch):
+    """``IRGEN_NO_SCHEDULE`` / ``IRGEN_NO_SHARE``: a true value turns the step off, another
+    value on, unset leaves the module switch; the compile-cache key tells them apart."""
+    monkeypatch.setattr(step, "ENABLED", True)
+    monkeypatch.setenv(step.ENV_OFF, " Yes ")
+    assert not step.enabled()
+    monkeypatch.setenv(step.ENV_OFF, "0")
+    assert step.enabled()
+    monkeypatch.delenv(step.ENV_OFF)
+    monkeypatch.setattr(step, "ENABLED", False)
+    assert not step.enabled()
+    monkeypatch.setattr(step, "ENABLED", True)
+    assert step.key() != (monkeypatch.setenv(step.ENV_OFF, "1") or step.key())
 
 
 def _misaligned(arr: np.ndarray) -> np.ndarray:

@@ -134,7 +134,21 @@ def prelu_cnn(tf):
     return tf.keras.Model(x, L.Flatten(name="flat")(d)), (1, 8, 8, 4)
 
 
-BUILDERS = {"small_cnn": small_cnn, "leaky_minmax": leaky_minmax, "prelu_cnn": prelu_cnn, "mlp": mlp, "classifier": classifier, "hybrid_cnn": hybrid_cnn, "gated_cnn": gated_cnn,
+def conv_chain(tf):
+    """Four 3x3 convolutions of one shape (relu, relu6, none, relu) with residual adds: layers
+    that differ only in their quantization parameters (kernels that share one function)."""
+    L = tf.keras.layers
+    x = L.Input((12, 12, 8), batch_size=1, name="x")
+    h = x
+    for k, act in enumerate(["relu", "relu6", None, "relu"]):
+        c = L.Conv2D(8, 3, padding="same", name=f"conv{k}")(h)
+        c = L.ReLU(max_value=6.0, name=f"act{k}")(c) if act == "relu6" else (L.ReLU(name=f"act{k}")(c) if act else c)
+        h = L.Add(name=f"add{k}")([h, c])
+    y = L.Dense(4, name="fc")(L.GlobalAveragePooling2D(name="gap")(h))
+    return tf.keras.Model(x, y), (1, 12, 12, 8)
+
+
+BUILDERS = {"small_cnn": small_cnn, "conv_chain": conv_chain, "leaky_minmax": leaky_minmax, "prelu_cnn": prelu_cnn, "mlp": mlp, "classifier": classifier, "hybrid_cnn": hybrid_cnn, "gated_cnn": gated_cnn,
             "attention_cnn": attention_cnn, "upsample_nearest": upsample_nearest}
 
 

@@ -90,7 +90,7 @@ def plan_key(host, model_sha: str, frontend: str, backend: str, quantizer: str |
     """The entry name for this compile, or None when the cache is off."""
     if size_limit() <= 0:
         return None
-    from irgen import schedule, target
+    from irgen import schedule, share, target
     from irgen.pipeline import sha256_path
 
     registered = dict(host.options.items())
@@ -104,7 +104,7 @@ def plan_key(host, model_sha: str, frontend: str, backend: str, quantizer: str |
         opts[k] = v if isinstance(v, (str, int, float, bool)) else repr(v)
     doc = {"model": model_sha, "frontend": frontend, "backend": backend, "quantizer": quantizer,
            "opt_level": opt_level, "options": opts, "code": _code_digest(host), "schedule": schedule.key(),
-           "target": target.key()}
+           "share": share.key(), "target": target.key()}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:32]
 
 

@@ -21,7 +21,7 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
-from irgen import parallel_build, schedule, target
+from irgen import parallel_build, schedule, share, target
 from irgen.api import IrgenError
 from irgen.graph import Constant, fold_constants, main_bindings, tensor_type
 
@@ -39,13 +39,18 @@ OPT_LEVELS = {
 class Kernel:
     """One call the VM makes that produces tensors."""
 
-    callee: str  # PrimFunc name, or "vm.builtin.reshape"
+    callee: str  # the fused PrimFunc's name (its layer's, for people), or "vm.builtin.reshape"
     outputs: list[str]  # Relax var names of its results
     inputs: list[Any]  # Relax var names (str) or Constants, in argument order
     out_types: list[tuple[tuple[int, ...], str]] = field(default_factory=list)
     storage: list[int] = field(default_factory=list)
     #: (shape, dtype) of each argument of the PrimFunc, outputs last (None: not all static)
     arg_types: list[tuple[tuple[int, ...], str]] | None = None
+    #: the PrimFunc that runs: ``callee``, or the function it shares (:mod:`irgen.share`)
+    symbol: str = ""
+
+    def __post_init__(self) -> None:
+        self.symbol = self.symbol or self.callee
 
 
 def _gate(opt_level: int, level: int, p: tvm.transform.Pass) -> list[tvm.transform.Pass]:
@@ -68,7 +73,7 @@ def lower(mod: tvm.IRModule, opt_level: int, group: Callable[[tvm.IRModule], tvm
     """
     # var names matter too: the kernel sequence refers to them
     names = tuple(b.name for b in main_bindings(mod)[1])
-    key = (tvm_ffi.structural_hash(mod, map_free_vars=True), hash(names), hash(grouping), opt_level, schedule.key(),
+    key = (tvm_ffi.structural_hash(mod, map_free_vars=True), hash(names), hash(grouping), opt_level, schedule.key(), share.key(),
            target.key())
     hit = _CACHE.get(key)
     if (hit is not None and hit[2] == names and hit[3] == grouping
@@ -108,7 +113,8 @@ def _lower(mod: tvm.IRModule, opt_level: int, group: Callable[[tvm.IRModule], tv
                 relax.transform.RewriteDataflowReshape(),
             ]
         )(mod)
-        kernels, where = kernel_sequence(mod)
+        mod, names = share.share_kernels(mod)  # twins in all but constants: one function (IRGEN_NO_SHARE=1: off)
+        kernels, where = kernel_sequence(mod, names)
         prog = program(mod)
         mod = schedule.schedule_module(mod)  # spatial loops only: same values (IRGEN_NO_SCHEDULE=1: off)
         if prog is not None:
@@ -131,7 +137,7 @@ def _lower(mod: tvm.IRModule, opt_level: int, group: Callable[[tvm.IRModule], tv
         signatures = {gv.name_hint: parallel_build.signature(f) for gv, f in mod.functions.items()
                       if isinstance(f, tvm.tirx.PrimFunc)}
         for k in kernels:
-            k.arg_types = signatures.get(k.callee)
+            k.arg_types = signatures.get(k.symbol)
         # irgen's executor checks every kernel argument against its signature (vm.run_program):
         # the kernels need not (the VM of the fallback keeps TVM's checks)
         checked = prog is not None and all(s is not None for s in signatures.values())
@@ -177,8 +183,10 @@ def _n_fields(ty) -> list[tuple[tuple[int, ...], str]]:
     return out
 
 
-def kernel_sequence(mod: tvm.IRModule) -> tuple[list[Kernel], dict[str, tuple[int, int]]]:
+def kernel_sequence(mod: tvm.IRModule, names: dict[str, str] | None = None
+                    ) -> tuple[list[Kernel], dict[str, tuple[int, int]]]:
     """The kernels ``main`` calls, in order, and where each var's value comes from.
+    ``names``: a call's own PrimFunc name by binding var, where it calls a shared one.
 
     ``where`` maps a Relax var name to (kernel index, output index), following
     tuple-get-items and aliases.
@@ -202,12 +210,13 @@ def kernel_sequence(mod: tvm.IRModule) -> tuple[list[Kernel], dict[str, tuple[in
         op = v.op
         name = op.name if isinstance(op, tvm.ir.Op) else None
         if name == "relax.call_tir":
-            callee = v.args[0].name_hint
+            symbol = v.args[0].name_hint
             args = list(v.args[1].fields)
             outs = _n_fields(b.var.ty)
             out_names = [b.name] if len(outs) == 1 else [f"{b.name}.{k}" for k in range(len(outs))]
             where[b.name] = (len(kernels), 0)
-            kernels.append(Kernel(callee, out_names, [_arg(a) for a in args], outs))
+            kernels.append(Kernel((names or {}).get(b.name, symbol), out_names, [_arg(a) for a in args], outs,
+                                  symbol=symbol))
         elif name == "relax.reshape":
             where[b.name] = (len(kernels), 0)
             kernels.append(Kernel("vm.builtin.reshape", [b.name], [_arg(v.args[0])], _n_fields(b.var.ty)))

@@ -525,7 +525,7 @@ def _compile(graph: _Graph, imported: ImportedModel, names: _Names, records: lis
         params=[dict(rec.params) for rec in records],
         static_shapes=_static_shapes(graph, names),
         kernels=[PlanKernel(k.callee, list(k.outputs), list(k.out_types), list(k.storage),
-                            None if k.arg_types is None else list(k.arg_types)) for k in kernels],
+                            None if k.arg_types is None else list(k.arg_types), k.symbol) for k in kernels],
         wanted=wanted,
         outputs=[names.tensor.get(v, v) for v in out_vars],
         producers=producers,
@@ -1266,7 +1266,7 @@ class _DebugGraph:
                 {
                     "op": "tvm_op",
                     "name": self.kernel_node_name(ki, None),
-                    "attrs": {"func_name": k.callee, "flatten_data": "0", "num_inputs": str(len(ins)), "num_outputs": str(len(k.outputs))},
+                    "attrs": {"func_name": k.symbol, "flatten_data": "0", "num_inputs": str(len(ins)), "num_outputs": str(len(k.outputs))},
                     "inputs": ins,
                 },
                 entries,

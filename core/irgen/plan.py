@@ -29,7 +29,7 @@ from irgen.api import InputSpec, IrgenError
 
 #: the layout of a saved plan; a cache entry of another format is compiled anew
 #: (3: kernels have ``arg_types``, and a library built without TVM's argument checks)
-PLAN_FORMAT = 3
+PLAN_FORMAT = 4
 
 
 class Stored:
@@ -87,6 +87,11 @@ class PlanKernel:
     #: (shape, dtype) of each argument of the kernel, outputs last; None: not checked up front
     #: (``irgen.vm.run_program`` checks each call against it: the kernels may not)
     arg_types: list[tuple[tuple[int, ...], str]] | None = None
+    #: the compiled function that runs (``callee``, or the one it shares: :mod:`irgen.share`)
+    symbol: str = ""
+
+    def __post_init__(self) -> None:
+        self.symbol = self.symbol or self.callee
 
 
 @dataclass
@@ -150,7 +155,7 @@ class Plan:
             "records": self.records,
             "params": params,
             "static_shapes": {n: [list(s), d] for n, (s, d) in self.static_shapes.items()},
-            "kernels": [{"callee": k.callee, "outputs": k.outputs, "out_types": [[list(s), d] for s, d in k.out_types],
+            "kernels": [{"callee": k.callee, "symbol": k.symbol, "outputs": k.outputs, "out_types": [[list(s), d] for s, d in k.out_types],
                          "storage": list(k.storage),
                          "arg_types": None if k.arg_types is None else [[list(s), d] for s, d in k.arg_types]}
                         for k in self.kernels],
@@ -205,7 +210,8 @@ class Plan:
                 params=params,
                 static_shapes={n: (tuple(s), d) for n, (s, d) in doc["static_shapes"].items()},
                 kernels=[PlanKernel(k["callee"], k["outputs"], [(tuple(s), d) for s, d in k["out_types"]], k["storage"],
-                                    None if k["arg_types"] is None else [(tuple(s), d) for s, d in k["arg_types"]])
+                                    None if k["arg_types"] is None else [(tuple(s), d) for s, d in k["arg_types"]],
+                                    str(k["symbol"]))
                          for k in doc["kernels"]],
                 wanted={(ki, j): names for ki, j, names in doc["wanted"]},
                 outputs=doc["outputs"],

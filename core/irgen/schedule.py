@@ -55,10 +55,9 @@ TILE_INT = 4
 
 def enabled() -> bool:
     """Whether :func:`schedule_module` schedules (``IRGEN_NO_SCHEDULE`` unset and ``ENABLED``)."""
-    value = os.environ.get(ENV_OFF, "").strip().lower()
-    if value:
-        return value not in {"1", "true", "yes", "on"}
-    return ENABLED
+    from irgen.envflags import turned_off
+
+    return not turned_off(ENV_OFF, ENABLED)
 
 
 def key() -> tuple:

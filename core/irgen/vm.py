@@ -97,7 +97,7 @@ class _Capture:
         if before_run or self.pos >= len(self.kernels):
             return 0
         k = self.kernels[self.pos]
-        if name != k.callee:
+        if name != k.symbol:
             return 0
         outs = [ret_value] if k.callee == "vm.builtin.reshape" else list(args[len(args) - len(k.outputs):])
         for j, t in enumerate(outs):
@@ -154,9 +154,9 @@ def run_program(lib: Any, program: dict[str, Any], kernels: list, inputs: list[n
         if kind == "k":
             _, ki, args, var = step
             k = kernels[ki]
-            f = funcs.get(k.callee)
+            f = funcs.get(k.symbol)
             if f is None:
-                f = funcs[k.callee] = lib.get_function(k.callee, query_imports=True)
+                f = funcs[k.symbol] = lib.get_function(k.symbol, query_imports=True)
             outs = [aligned_empty(shape, dtype) for shape, dtype in k.out_types]
             values = [*(value(a) for a in args), *outs]
             if k.arg_types is not None:
