@@ -61,6 +61,13 @@ def test_cached_run_writes_the_same_bytes(tmp_path, cache, capsys):
     assert _files(tmp_path / "warm") == fresh
     assert _files(tmp_path / "uncached") == fresh
     assert verify_output(tmp_path / "warm", modes=("single", "entire", "source"))["passed"]
+    # a kernel's weight constant is its layer's weight parameter: one file in the entry
+    plan = json.loads((entries[0] / "plan.json").read_text())
+    param_files = {f for roles in plan["params"] for f in roles.values()}
+    weights = {roles["weight"] for roles in plan["params"] if "weight" in roles}
+    assert weights and weights <= set(plan["consts"]) <= param_files | set(plan["consts"])
+    stored = sorted(p.name for p in (entries[0] / "arrays").iterdir())
+    assert stored == sorted(param_files | set(plan["consts"]))
 
 
 def _split_model(path: Path) -> Path:

@@ -546,7 +546,13 @@ class _ConstValue:
         self.const = const
 
     def load(self) -> np.ndarray:
-        return self.const.value.numpy()
+        """The constant's memory itself (no copy to write it into the compile cache or to
+        hand it to a kernel, which only reads it: writable, as DLPack exports only those);
+        a copy where numpy cannot view the dtype."""
+        try:
+            return np.from_dlpack(self.const.value)
+        except (TypeError, ValueError, BufferError, RuntimeError):
+            return self.const.value.numpy()
 
 
 #: ``--debug``: what ``debug/`` holds besides the layer outputs in ``activations/``

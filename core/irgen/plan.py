@@ -125,23 +125,33 @@ class Plan:
 
     # -- a folder on disk ----------------------------------------------------------------
 
-    @staticmethod
-    def _array_names(params: list[dict[str, Any]], n_consts: int) -> tuple[list[dict[str, str]], list[str]]:
-        """The ``arrays/`` file of each parameter (by layer and role) and of each constant."""
-        return ([{role: f"p{i}_{k}.npy" for k, role in enumerate(roles)} for i, roles in enumerate(params)],
-                [f"c{i}.npy" for i in range(n_consts)])
-
     def save(self, folder: Path) -> None:
         """Write the plan into the empty ``folder``: ``plan.json``, ``arrays/*.npy``, ``model.so``.
-        One array is held at a time."""
+        One array is held at a time. An array that is the very memory of one written before
+        (a kernel's weight constant is its layer's weight parameter) is written once: both
+        name that file."""
         arrays = folder / "arrays"
         arrays.mkdir(parents=True)
-        params, consts = self._array_names(self.params, len(self.consts))
-        for roles, names in zip(self.params, params):
-            for role, value in roles.items():
-                np.save(arrays / names[role], np.asarray(array(value), order="C"), allow_pickle=False)  # 0-d stays 0-d
-        for value, name in zip(self.consts, consts):
-            np.save(arrays / name, np.asarray(array(value), order="C"), allow_pickle=False)
+        # a view of a constant's memory (which the plan keeps alive) by (address, shape,
+        # strides, dtype) -> (its file, the view); an array that owns its memory (a copy,
+        # freed after writing: its address may come again) is never matched
+        written: dict[tuple, tuple[str, np.ndarray]] = {}
+
+        def put(value: Any, name: str) -> str:
+            arr = np.asarray(array(value), order="C")  # 0-d stays 0-d
+            where = (arr.__array_interface__["data"][0], arr.shape, arr.strides, arr.dtype.str) \
+                if arr.base is not None and arr.nbytes else None
+            if where in written:
+                return written[where][0]
+            np.save(arrays / name, arr, allow_pickle=False)
+            if where is not None:
+                written[where] = (name, arr)
+            return name
+
+        params = [{role: put(value, f"p{i}_{k}.npy") for k, (role, value) in enumerate(roles.items())}
+                  for i, roles in enumerate(self.params)]
+        consts = [put(value, f"c{i}.npy") for i, value in enumerate(self.consts)]
+        self._files = (params, consts)
         with _quiet_stderr():  # TVM logs a warning line per kernel ("Scope Saving") while exporting
             parallel_build.export_library(self.exe, folder / "model.so")
         doc = {
@@ -173,7 +183,7 @@ class Plan:
     def use_stored(self, folder: Path) -> None:
         """Read the parameters and constants from the files ``save`` wrote into ``folder``
         from now on, so that the arrays of the compile can be freed."""
-        params, consts = self._array_names(self.params, len(self.consts))
+        params, consts = self._files
         self.params = [{role: Stored(folder / "arrays" / n) for role, n in names.items()} for names in params]
         self.consts = [Stored(folder / "arrays" / n) for n in consts]
 
