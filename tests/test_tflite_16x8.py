@@ -48,7 +48,8 @@ def _inputs(path, shape, n: int) -> list[np.ndarray]:
     return xs
 
 
-@pytest.fixture(scope="module", params=["small_cnn", "mlp", "classifier", "gated_cnn", "attention_cnn", "leaky_minmax"])
+@pytest.fixture(scope="module", params=["small_cnn", "mlp", "classifier", "gated_cnn", "attention_cnn", "leaky_minmax",
+                                        "gelu_mlp"])
 def runs16(request, tmp_path_factory, host):
     """(model path, [(input, OUT)]) for N_INPUTS inputs, at opt levels 3 and 0 in turn."""
     folder = tmp_path_factory.mktemp(f"x16_{request.param}")
@@ -223,3 +224,36 @@ def test_the_int8_npu_backend_refuses_a_16x8_model_layer_by_layer(tmp_path, caps
                              "cannot run 11 layer(s)", "a quantized layer (int16): int8 activations only",
                              "bias is int64: int32 only", "quantizes float32 to int16")
     assert "a float layer" not in line
+
+
+@pytest.mark.parametrize("approximate", [False, True], ids=["erf", "tanh"])
+@pytest.mark.parametrize("extent", [0.7, 6.0, 13.0])
+def test_int16_gelu_table_gives_every_code_as_the_interpreter(approximate, extent, tmp_path):
+    """TFLite's int16 GELU on each of the 65,536 input codes, at three input scales: the
+    table irgen puts in the record, looked up as irgen's kernel and recompute do, gives the
+    interpreter's output for every one (a float erf form instead of erfc, or the tables in
+    double, miss 128 and 2,187 codes at the 6.0 scale)."""
+    import tensorflow as tf
+
+    from irgen_tflite_int8 import int16
+
+    L = tf.keras.layers
+    x = L.Input((65536,), batch_size=1, name="x")
+    model = tf.keras.Model(x, L.Activation(lambda t: tf.nn.gelu(t, approximate=approximate))(x))
+    conv = tf.lite.TFLiteConverter.from_keras_model(model)
+    conv.optimizations = [tf.lite.Optimize.DEFAULT]
+    conv.representative_dataset = lambda: iter([[np.linspace(-extent, extent, 65536, dtype=np.float32)[None]]] * 2)
+    conv.target_spec.supported_ops = [tf.lite.OpsSet.EXPERIMENTAL_TFLITE_BUILTINS_ACTIVATIONS_INT16_WEIGHTS_INT8]
+    it = tf.lite.Interpreter(model_content=conv.convert(), experimental_preserve_all_tensors=True,
+                             experimental_op_resolver_type=tf.lite.experimental.OpResolverType.BUILTIN_REF)
+    it.allocate_tensors()
+    (gelu,) = [o for o in it._get_ops_details() if o["op_name"] == "GELU"]
+    details = {d["index"]: d for d in it.get_tensor_details()}
+    (s_in, zp_in), (s_out, zp_out) = (details[gelu[k][0]]["quantization"] for k in ("inputs", "outputs"))
+    codes = np.arange(-32768, 32768, dtype=np.int64)
+    it.set_tensor(it.get_input_details()[0]["index"], (codes * np.float64(s_in)).astype(np.float32)[None])
+    it.invoke()
+    q_in = it.get_tensor(gelu["inputs"][0]).reshape(-1)
+    assert len(np.unique(q_in)) == 65536  # every code went in
+    table = int16.gelu_table16(s_in, zp_in, s_out, zp_out, approximate)
+    np.testing.assert_array_equal(int16.gelu16(q_in, table), it.get_tensor(gelu["outputs"][0]).reshape(-1))

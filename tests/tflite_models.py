@@ -134,6 +134,15 @@ def prelu_cnn(tf):
     return tf.keras.Model(x, L.Flatten(name="flat")(d)), (1, 8, 8, 4)
 
 
+def gelu_mlp(tf):
+    """Dense layers with GELU between them: the erf form, then the tanh form (``approximate``)."""
+    L = tf.keras.layers
+    x = L.Input((8, 16), batch_size=1, name="x")
+    h = L.Activation("gelu", name="gelu")(L.Dense(32, name="fc1")(x))
+    h = L.Lambda(lambda t: tf.nn.gelu(t, approximate=True), name="gelu_tanh")(L.Dense(16, name="fc2")(h))
+    return tf.keras.Model(x, L.Dense(4, name="fc3")(h)), (1, 8, 16)
+
+
 def conv_chain(tf):
     """Four 3x3 convolutions of one shape (relu, relu6, none, relu) with residual adds: layers
     that differ only in their quantization parameters (kernels that share one function)."""
@@ -148,7 +157,7 @@ def conv_chain(tf):
     return tf.keras.Model(x, y), (1, 12, 12, 8)
 
 
-BUILDERS = {"small_cnn": small_cnn, "conv_chain": conv_chain, "leaky_minmax": leaky_minmax, "prelu_cnn": prelu_cnn, "mlp": mlp, "classifier": classifier, "hybrid_cnn": hybrid_cnn, "gated_cnn": gated_cnn,
+BUILDERS = {"small_cnn": small_cnn, "conv_chain": conv_chain, "gelu_mlp": gelu_mlp, "leaky_minmax": leaky_minmax, "prelu_cnn": prelu_cnn, "mlp": mlp, "classifier": classifier, "hybrid_cnn": hybrid_cnn, "gated_cnn": gated_cnn,
             "attention_cnn": attention_cnn, "upsample_nearest": upsample_nearest}
 
 

@@ -18,7 +18,11 @@ beside its numpy recompute:
 * ``logistic16`` / ``tanh16`` -- LOGISTIC and TANH (``reference_integer_ops::Logistic`` /
   ``Tanh``): the input rescaled by an integer multiplier and left shift (from the input scale,
   ``* 4096 * 3``), interpolated in TFLite's 256-entry ``sigmoid_table_uint16`` (parameter
-  ``table``), rounded back to Q0.15.
+  ``table``), rounded back to Q0.15;
+* ``gelu16`` -- GELU, exact or ``approximate`` (the tanh form): each int16 value looked up
+  (``LUTLookup``) in a 513-entry table of the float32 ``GeluTransform`` over the input's
+  int16 range (``LUTPopulate<int16_t>``, every step in float; parameter ``table``): every
+  one of the 65,536 input codes equal to the interpreter's at six scales, both forms.
 """
 
 from __future__ import annotations
@@ -81,6 +85,43 @@ def lut_populate16(fn: Callable[[float], float], s_in: float, zp_in: int, s_out:
         lut[i] = min(max(sample - bias, I16[0]), I16[1])
     lut[steps] = min(max(_std_round(fn(in_max) * inv), I16[0]), I16[1])
     return lut
+
+
+def lut_populate16_f32(fn: Callable[[np.ndarray], np.ndarray], s_in: float, zp_in: int, s_out: float,
+                       zp_out: int) -> np.ndarray:
+    """TFLite's ``LUTPopulate<int16_t>`` of a float function (``LUTPopulateInt16<float>``): as
+    :func:`lut_populate16`, every step in float32; ``fn`` maps a float32 array elementwise."""
+    f = np.float32
+    in_min, in_max = f(s_in) * f(I16[0] - zp_in), f(s_in) * f(I16[1] - zp_in)
+    out_min, out_max = f(s_out) * f(I16[0] - zp_out), f(s_out) * f(I16[1] - zp_out)
+    step = (in_max - in_min) / f(512)
+    half = step / f(2)
+    inv = f(65536) / (out_max - out_min)
+    i = np.arange(512, dtype=np.float32)
+    at = in_min + i * step
+    val, mid, nxt = fn(at), fn(at + half), fn(in_min + (i + f(1)) * step)
+
+    def rnd(v):  # std::round of a float
+        return round_half_away(np.asarray(v, np.float32))
+
+    sample = rnd(val * inv)
+    interp = rnd((nxt * inv + rnd(val * inv)) / f(2))
+    bias = rnd((interp - rnd(mid * inv)) / f(2))
+    lut = np.empty(513, np.int16)
+    lut[:512] = np.clip(sample - bias, *I16)
+    lut[512] = np.clip(rnd(fn(np.array([in_max], np.float32)) * inv)[0], *I16)
+    return lut
+
+
+def gelu_table16(s_in: float, zp_in: int, s_out: float, zp_out: int, approximate: bool) -> np.ndarray:
+    """GeluPrepare's int16 table: :func:`lut_populate16_f32` of ``GeluTransform`` (or
+    ``GeluTransformApproximate``)."""
+    return lut_populate16_f32(kinds.gelu_tanh_f32 if approximate else kinds.gelu_f32, s_in, zp_in, s_out, zp_out)
+
+
+def gelu16(x, table) -> np.ndarray:
+    """TFLite's int16 GELU: :func:`lut_lookup16` of each value in its table."""
+    return lut_lookup16(x, table).astype(np.int16)
 
 
 def softmax_tables() -> tuple[np.ndarray, np.ndarray]:
@@ -307,6 +348,27 @@ def realize_tanh16(qg, qb, comp, out, act, helpers):
     return _realize_sigmoid_table(qg, qb, comp, out, act, helpers, tanh=True)
 
 
+def realize_gelu16(qg, qb, comp, out, act, helpers):
+    """GELU on int16 (``nn.gelu``; ``nn.gelu_tanh`` for ``approximate``): the input's values
+    looked up in the table of the float32 transform (:func:`gelu_table16`)."""
+    relax, op, _ = _rx()
+    approximate = comp.op == "relax.nn.gelu_tanh"
+    x, qx, dqx = _unary_input(qg, qb, comp, act, helpers, "GELU")
+    table = gelu_table16(float(qx.scale[0]), int(qx.zero_point[0]), float(out.scale[0]), int(out.zero_point[0]),
+                         approximate)
+    e = qg.emit
+    y = _rx_lut_lookup(e, e(op.astype(x, "int64")), relax.const(table))
+    form = "GeluTransformApproximate (0.5f * x * (1 + tanh(...)))" if approximate else \
+        "GeluTransform (0.5f * x * erfc(-x / sqrt(2)))"
+    rec = {"scheme": SCHEME, "kind": "gelu16", "op": "gelu", "inputs": [qx.record()], "output": out.record(),
+           "params": {"approximate": approximate},
+           "rounding_rule": "TFLite GELU (int16): y = LUTLookup(x, table): table[256 + (x >> 7)] plus "
+                            "((table[i + 1] - table[i]) * (x & 127) + 64) >> 7",
+           "table": f"parameter 'table': LUTPopulate<int16_t> of the float32 {form} over the input's int16 "
+                    "range (513 int16, every step in float, midpoint-corrected)"}
+    return [dqx, comp.name, qb.name], op.astype(y, "int16"), rec
+
+
 def realize_mul16(qg, qb, comp, out, act, helpers):
     """MUL on int16: the int8 kernel's formula (``MulElementwise``) with the int16 clamp;
     SQUARED_DIFFERENCE (``d * d``) has no int16 kernel here."""
@@ -327,6 +389,10 @@ def recompute_softmax16(layer, inputs, params) -> np.ndarray:
     return softmax16(inputs[0], params["table"], params["table1"], rq["multiplier"], rq["shift"])
 
 
+def recompute_gelu16(layer, inputs, params) -> np.ndarray:
+    return gelu16(inputs[0], params["table"])
+
+
 def recompute_sigmoid_table(layer, inputs, params) -> np.ndarray:
     qr = layer["quant"]
     rq = qr["requant"]
@@ -339,6 +405,8 @@ SPANS: dict[str, Callable] = {
     "relax.nn.softmax": realize_softmax16,
     "relax.sigmoid": realize_logistic16,
     "relax.tanh": realize_tanh16,
+    "relax.nn.gelu": realize_gelu16,
+    "relax.nn.gelu_tanh": realize_gelu16,
     "relax.multiply": realize_mul16,
     "relax.dequantize": kinds.realize_requantize,  # int16 -> int16 QUANTIZE, int16 ReLUs
     "relax.image.resize2d": kinds.realize_resize_bilinear,  # ResizeBilinearInteger<int16_t>
@@ -352,9 +420,10 @@ RECOMPUTE: dict[str, Callable[..., Any]] = {
     "softmax16": recompute_softmax16,
     "logistic16": recompute_sigmoid_table,
     "tanh16": recompute_sigmoid_table,
+    "gelu16": recompute_gelu16,
 }
 
 #: TFLite ops the scheme realizes on int16 activations (for the error that names the others)
 SUPPORTED = ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED", "BATCH_MATMUL", "ADD", "SUB", "MUL", "MEAN",
              "AVERAGE_POOL_2D", "MAX_POOL_2D", "CONCATENATION", "PAD", "TRANSPOSE", "RESHAPE", "TILE", "RESIZE_BILINEAR", "LEAKY_RELU", "MAXIMUM", "MINIMUM",
-             "SOFTMAX", "LOGISTIC", "TANH", "QUANTIZE", "DEQUANTIZE")
+             "SOFTMAX", "LOGISTIC", "TANH", "GELU", "QUANTIZE", "DEQUANTIZE")
