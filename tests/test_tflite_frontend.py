@@ -328,6 +328,36 @@ def test_quantized_tile_of_nearest_upsampling_moves_values(tmp_path):
         assert_layer_recomputes(out, layer, 0)
 
 
+def test_quantized_moves_and_extremes_take_the_integers(tmp_path):
+    """MIRROR_PAD, SPACE_TO_DEPTH, DEPTH_TO_SPACE, REDUCE_MAX, REDUCE_MIN and ARG_MAX on int8
+    tensors (TVM's importer refused the first three and ARG_MAX on quantized tensors, and
+    REDUCE_MAX / MIN stopped as a float span): each moves or picks integers of the conv
+    output, checked against numpy's same operation and, for every layer this TF's
+    interpreter can load, its tensors; every layer recomputes from its record."""
+    from layercheck import assert_layer_recomputes
+
+    path, x = tflite_models.export("moves_and_extremes", tmp_path, "int8")
+    np.save(tmp_path / "x.npy", x)
+    out = tmp_path / "out"
+    assert _irgen([str(path), "-o", str(out), "--input", str(tmp_path / "x.npy")]) == 0
+    ir = json.loads((out / "ir.json").read_text())
+    conv = np.load(out / ir["layers"][0]["outputs"][0]["file"])
+    assert conv.dtype == np.int8 and conv.shape == (1, 8, 8, 8)
+    n, h, w, c = conv.shape
+    s2d = conv.reshape(n, h // 2, 2, w // 2, 2, c).transpose(0, 1, 3, 2, 4, 5).reshape(n, h // 2, w // 2, 4 * c)
+    d2s = s2d.reshape(n, h // 2, w // 2, 2, 2, c).transpose(0, 1, 3, 2, 4, 5).reshape(n, h, w, c)
+    np.testing.assert_array_equal(d2s, conv)  # depth to space undoes space to depth
+    want = [np.pad(conv, [(0, 0), (1, 1), (2, 2), (0, 0)], mode="reflect").max(axis=(1, 2)),  # Keras' output order:
+            d2s.min(axis=-1, keepdims=True), conv.argmax(axis=-1)]  # tensors named "...:0", ":1", ":2"
+    outputs = {int(o["name"].rsplit(":", 1)[1]): np.load(out / o["file"]) for o in ir["outputs"]}
+    assert sorted(outputs) == [0, 1, 2]
+    for k, value in enumerate(want):
+        np.testing.assert_array_equal(outputs[k], value, err_msg=f"output {k}")
+    assert outputs[2].dtype == np.int64
+    for layer in ir["layers"]:
+        assert_layer_recomputes(out, layer, 0)
+
+
 def test_tflite_quantize_value_rounds_as_tflite_does():
     """A fused activation's bound: ``zero_point + TfLiteRound(v / scale)``, the quotient a
     float32, rounded half away from zero exactly (the float32 just below one half stays 0,

@@ -143,6 +143,21 @@ def gelu_mlp(tf):
     return tf.keras.Model(x, L.Dense(4, name="fc3")(h)), (1, 8, 16)
 
 
+def moves_and_extremes(tf):
+    """Ops that move or pick int8 values: MIRROR_PAD (reflect), SPACE_TO_DEPTH, DEPTH_TO_SPACE,
+    REDUCE_MAX, REDUCE_MIN, ARG_MAX (an int64 model output) after a conv."""
+    L = tf.keras.layers
+    x = L.Input((8, 8, 4), batch_size=1, name="x")
+    c = L.Conv2D(8, 3, padding="same", name="conv")(x)
+    p = L.Lambda(lambda t: tf.pad(t, [[0, 0], [1, 1], [2, 2], [0, 0]], mode="REFLECT"), name="mirror")(c)
+    s2d = L.Lambda(lambda t: tf.nn.space_to_depth(t, 2), name="s2d")(c)
+    d2s = L.Lambda(lambda t: tf.nn.depth_to_space(t, 2), name="d2s")(s2d)
+    hi = L.Lambda(lambda t: tf.reduce_max(t, axis=[1, 2]), name="rmax")(p)
+    lo = L.Lambda(lambda t: tf.reduce_min(t, axis=-1, keepdims=True), name="rmin")(d2s)
+    arg = L.Lambda(lambda t: tf.argmax(t, axis=-1), name="argmax")(c)
+    return tf.keras.Model(x, [hi, lo, arg]), (1, 8, 8, 4)
+
+
 def conv_chain(tf):
     """Four 3x3 convolutions of one shape (relu, relu6, none, relu) with residual adds: layers
     that differ only in their quantization parameters (kernels that share one function)."""
@@ -157,7 +172,7 @@ def conv_chain(tf):
     return tf.keras.Model(x, y), (1, 12, 12, 8)
 
 
-BUILDERS = {"small_cnn": small_cnn, "conv_chain": conv_chain, "gelu_mlp": gelu_mlp, "leaky_minmax": leaky_minmax, "prelu_cnn": prelu_cnn, "mlp": mlp, "classifier": classifier, "hybrid_cnn": hybrid_cnn, "gated_cnn": gated_cnn,
+BUILDERS = {"small_cnn": small_cnn, "conv_chain": conv_chain, "gelu_mlp": gelu_mlp, "moves_and_extremes": moves_and_extremes, "leaky_minmax": leaky_minmax, "prelu_cnn": prelu_cnn, "mlp": mlp, "classifier": classifier, "hybrid_cnn": hybrid_cnn, "gated_cnn": gated_cnn,
             "attention_cnn": attention_cnn, "upsample_nearest": upsample_nearest}
 
 

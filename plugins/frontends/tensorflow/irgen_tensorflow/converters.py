@@ -3,7 +3,8 @@ imports wrongly on quantized (int8) tensors.
 
 TVM's ``OperatorConverter`` refuses any quantized operator outside its
 ``_SUPPORTED_QUANTIZED_OPS``, although several of them only move int8 values
-(PAD, STRIDED_SLICE, SLICE, TRANSPOSE, SQUEEZE, TILE, RESIZE_NEAREST_NEIGHBOR, and GATHER: a
+(PAD, STRIDED_SLICE, SLICE, TRANSPOSE, SQUEEZE, TILE, DEPTH_TO_SPACE, SPACE_TO_DEPTH, MIRROR_PAD,
+RESIZE_NEAREST_NEIGHBOR, and GATHER: a
 dynamic-range model's int8 embedding table, dequantized after the gather) and one does
 not read them at all (SHAPE). :data:`CONVERTERS` holds one function per TFLite
 operator, ``fn(converter, op) -> relax.Expr``; the frontend's converter installs
@@ -219,17 +220,69 @@ def convert_slice(conv, op):
     return relax.op.strided_slice(expr, axes=axes, begin=lo, end=hi)
 
 
-def convert_transpose(conv, op):
-    ins = _ins(conv, op)
-    _same_qparams(conv, op, ins[0], _out(conv, op), "TRANSPOSE")
-    return _tvm(conv).convert_transpose(conv, op)
+def _move(code: str, tvm_converter: str) -> Callable[[Any, Any], Any]:
+    """The converter of an operator that only moves or copies values (TRANSPOSE; TILE, which
+    Keras' nearest UpSampling2D writes with a RESHAPE; DEPTH_TO_SPACE, SPACE_TO_DEPTH; MIRROR_PAD):
+    TVM's, on the integers as they are, when input and output share their quantization."""
+
+    def convert(conv, op):
+        ins = _ins(conv, op)
+        _same_qparams(conv, op, ins[0], _out(conv, op), code)
+        return getattr(_tvm(conv), tvm_converter)(conv, op)
+
+    return convert
 
 
-def convert_tile(conv, op):
-    """TILE only copies values (Keras' nearest UpSampling2D is a TILE and a RESHAPE)."""
-    ins = _ins(conv, op)
-    _same_qparams(conv, op, ins[0], _out(conv, op), "TILE")
-    return _tvm(conv).convert_tile(conv, op)
+def _reduce_options(op) -> bool:
+    """A REDUCE operator's ``keep_dims`` (False without options, as TVM reads it)."""
+    from tflite.BuiltinOptions import BuiltinOptions
+    from tflite.ReducerOptions import ReducerOptions
+
+    if not op.BuiltinOptionsType():
+        return False
+    if op.BuiltinOptionsType() != BuiltinOptions.ReducerOptions:
+        raise ValueError("REDUCE: unexpected options")
+    options = ReducerOptions()
+    table = op.BuiltinOptions()
+    options.Init(table.Bytes, table.Pos)
+    return bool(options.KeepDims())
+
+
+def _reduce_extreme(code: str, relax_op: str) -> Callable[[Any, Any], Any]:
+    """REDUCE_MAX / REDUCE_MIN: on quantized tensors of one quantization (the converter gives
+    the output its input's), the largest or smallest integer, exactly TFLite's kernel (it
+    reduces the integers); TVM's dequantize -> reduce -> quantize otherwise."""
+
+    def convert(conv, op):
+        from tvm import relax
+
+        ins = _ins(conv, op)
+        x_t, out_t = ins[0], _out(conv, op)
+        if x_t.qnn_params is None or out_t.qnn_params is None or not conv.has_same_qnn_params(x_t, out_t):
+            return getattr(_tvm(conv), "_convert_reduce")(conv, op, getattr(relax.op, relax_op))
+        axis = np.asarray(conv.get_tensor_value(ins[1])).reshape(-1)
+        return getattr(relax.op, relax_op)(conv.get_expr(x_t.tensor_idx), [int(a) for a in axis], _reduce_options(op))
+
+    return convert
+
+
+def _arg_extreme(code: str, relax_op: str) -> Callable[[Any, Any], Any]:
+    """ARG_MAX / ARG_MIN of a quantized tensor: the index of the largest or smallest integer,
+    which is that of the largest or smallest value (dequantizing with a positive scale keeps
+    the order and the ties): TFLite's kernel compares the integers too."""
+
+    def convert(conv, op):
+        from tvm import relax
+
+        x_t = _ins(conv, op)[0]
+        if x_t.qnn_params is not None:
+            scale = np.asarray(x_t.qnn_params["scale"].value.numpy() if hasattr(x_t.qnn_params["scale"], "value")
+                               else x_t.qnn_params["scale"]).reshape(-1)
+            if scale.size != 1 or not float(scale[0]) > 0:
+                raise ValueError(f"{code}: the input's scale is not one positive value")
+        return getattr(_tvm(conv), "_convert_arg_min_max")(conv, op, getattr(relax.op, relax_op))
+
+    return convert
 
 
 def convert_prelu(conv, op):
@@ -384,9 +437,16 @@ CONVERTERS: dict[str, Callable[[Any, Any], Any]] = {
     "SHAPE": convert_shape,
     "STRIDED_SLICE": convert_strided_slice,
     "SLICE": convert_slice,
-    "TRANSPOSE": convert_transpose,
+    "TRANSPOSE": _move("TRANSPOSE", "convert_transpose"),
     "SQUEEZE": convert_squeeze,
-    "TILE": convert_tile,
+    "TILE": _move("TILE", "convert_tile"),
+    "DEPTH_TO_SPACE": _move("DEPTH_TO_SPACE", "convert_depth_to_space"),
+    "SPACE_TO_DEPTH": _move("SPACE_TO_DEPTH", "convert_space_to_depth"),
+    "MIRROR_PAD": _move("MIRROR_PAD", "convert_mirror_pad"),
+    "REDUCE_MAX": _reduce_extreme("REDUCE_MAX", "max"),
+    "REDUCE_MIN": _reduce_extreme("REDUCE_MIN", "min"),
+    "ARG_MAX": _arg_extreme("ARG_MAX", "argmax"),
+    "ARG_MIN": _arg_extreme("ARG_MIN", "argmin"),
     "PRELU": convert_prelu,
     "RESHAPE": convert_reshape,
     "RESIZE_NEAREST_NEIGHBOR": convert_resize_nearest,
@@ -448,7 +508,8 @@ def activation_range(fn: int, scale: float, zero_point: int, dtype: str, where: 
 
 #: operators accepted on quantized tensors besides TVM's own list
 QUANTIZED_OK = frozenset({"PAD", "PADV2", "SHAPE", "STRIDED_SLICE", "SLICE", "TRANSPOSE", "SQUEEZE", "TILE", "PRELU",
-                          "RESIZE_NEAREST_NEIGHBOR", "PACK", "BATCH_MATMUL", "GELU", "GATHER"})
+                          "RESIZE_NEAREST_NEIGHBOR", "PACK", "BATCH_MATMUL", "GELU", "GATHER", "DEPTH_TO_SPACE",
+                          "SPACE_TO_DEPTH", "MIRROR_PAD", "ARG_MAX", "ARG_MIN"})
 
 _FOLD_LIMIT = 4096  # elements: shape arithmetic, not data
 
