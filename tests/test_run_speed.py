@@ -48,7 +48,10 @@ def cache(tmp_path, monkeypatch) -> Path:
     return folder
 
 
-def test_cached_run_writes_the_same_bytes(tmp_path, cache, capsys):
+def test_cached_run_writes_the_same_bytes(tmp_path, cache, capsys, monkeypatch):
+    from irgen import execute
+
+    monkeypatch.setattr(execute, "_CACHE", {})  # a compile of its own, not one an earlier test left in this process
     _run("-o", str(tmp_path / "fresh"), "--debug", "all")
     entries = [p for p in cache.iterdir() if not p.name.startswith(".")]
     assert len(entries) == 1 and (entries[0] / "model.so").is_file() and (entries[0] / "plan.json").is_file()
