@@ -219,8 +219,12 @@ def share_kernels(mod) -> tuple[Any, dict[str, str]]:
             n = len(v.args[1].fields)
             if n_inputs.setdefault(name, n) != n:
                 n_inputs[name] = -1  # called with different arities: left alone
+    # a PrimFunc another Relax function calls too (a control-flow body's) is left alone
+    elsewhere = {g.name_hint for gv, f in mod.functions.items() if gv.name_hint != "main"
+                 and isinstance(f, relax.Function) for g in relax.analysis.all_global_vars(f)}
     funcs = {gv.name_hint: (gv, f) for gv, f in mod.functions.items()
-             if gv.name_hint in n_inputs and n_inputs[gv.name_hint] >= 0 and isinstance(f, tvm.tirx.PrimFunc)}
+             if gv.name_hint in n_inputs and n_inputs[gv.name_hint] >= 0 and gv.name_hint not in elsewhere
+             and isinstance(f, tvm.tirx.PrimFunc)}
     stats.functions = len(funcs)
 
     # group by the code with every value constant set aside
