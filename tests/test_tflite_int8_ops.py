@@ -170,6 +170,15 @@ def gelu(tf):
     return tf.keras.Model(x, _conv(L, a, 4)), (1, 8, 8, 4)
 
 
+def exp_log(tf):
+    """EXP of the int8 input itself (random inputs reach every table entry), LOG of its
+    positive result, softplus (EXP, ADD, LOG) after a conv."""
+    L = tf.keras.layers
+    x = L.Input((8, 8, 4), batch_size=1, name="x")
+    log = L.Lambda(lambda t: tf.math.log(t), name="log")(L.Lambda(lambda t: tf.exp(t), name="exp")(x))
+    return tf.keras.Model(x, L.Concatenate()([log, L.Activation("softplus")(_conv(L, x, 4))])), (1, 8, 8, 4)
+
+
 def layer_norm(tf):
     """keras LayerNormalization (ConvNeXt): MEAN, the mean negated in float between a
     DEQUANTIZE and a QUANTIZE (NEG), SQUARED_DIFFERENCE, MEAN, ADD, RSQRT, MULs, ADD."""
@@ -196,6 +205,7 @@ MODELS = {
                      {"leaky_relu", "maximum", "minimum"}),
     "prelu": (tflite_models.prelu_cnn, {"PRELU"}, {"prelu"}),
     "gelu": (gelu, {"GELU"}, {"lut", "gelu:none", "gelu:tanh"}),
+    "exp_log": (exp_log, {"EXP", "LOG"}, {"lut", "exp", "log"}),
     "layer_norm": (layer_norm, {"NEG", "SQUARED_DIFFERENCE", "RSQRT"}, {"squared_difference", "rsqrt", "negative"}),
 }
 tflite_models.BUILDERS.update({name: m[0] for name, m in MODELS.items()})

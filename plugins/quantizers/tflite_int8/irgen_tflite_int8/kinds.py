@@ -56,13 +56,19 @@ SCHEME = "tflite-int8"
 def lut_populate(fn: Callable[[np.ndarray], np.ndarray], s_in: float, zp_in: int, s_out: float, zp_out: int,
                  dtype: str = "int8") -> np.ndarray:
     """TFLite's ``LUTPopulate`` for an 8-bit type: the output for every input value
-    ``v`` (index ``v - min``), float32 arithmetic throughout."""
+    ``v`` (index ``v - min``), float32 arithmetic throughout: ``int32(round(f(x) / s) + zp)``
+    clamped, the float-to-int32 conversion as x86 makes it (``cvttss2si``: a value beyond
+    int32, an infinity or a NaN becomes INT32_MIN, so ``log(0)`` and an ``exp`` past int32
+    give the type's minimum)."""
     info = np.iinfo(dtype)
     v = np.arange(int(info.min), int(info.max) + 1, dtype=np.int64)
     deq = np.float32(s_in) * (v - zp_in).astype(np.float32)
-    transformed = fn(deq).astype(np.float32)
-    rescaled = round_half_away(transformed * (np.float32(1.0) / np.float32(s_out)))
-    return np.clip(rescaled.astype(np.int64) + zp_out, info.min, info.max).astype(dtype)
+    with np.errstate(invalid="ignore", over="ignore"):
+        transformed = fn(deq).astype(np.float32)
+        q = round_half_away(transformed * (np.float32(1.0) / np.float32(s_out))) + np.float32(zp_out)
+        inside = np.isfinite(q) & (q >= np.float32(-2.0 ** 31)) & (q < np.float32(2.0 ** 31))
+        q32 = np.where(inside, np.where(inside, q, 0).astype(np.int64), -(2 ** 31))
+    return np.clip(q32, info.min, info.max).astype(dtype)
 
 
 def sigmoid_f32(x: np.ndarray) -> np.ndarray:
@@ -88,6 +94,14 @@ def libm_float(name: str) -> Callable[[float], float] | None:
         return None
     f.restype, f.argtypes = ctypes.c_float, [ctypes.c_float]
     return f
+
+
+def _exp(v: float) -> float:
+    return math.exp(v) if v < 709.0 else math.inf
+
+
+def _log(v: float) -> float:
+    return math.log(v) if v > 0 else (-math.inf if v == 0 else math.nan)
 
 
 def _f32_map(fn: Callable[[float], float], x: np.ndarray, cname: str) -> np.ndarray:
@@ -123,7 +137,9 @@ def gelu_tanh_f32(x: np.ndarray) -> np.ndarray:
 #: with ``params.approximate`` is ``gelu_tanh``
 FUNCTIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {"logistic": sigmoid_f32, "gelu": gelu_f32,
                                                             "gelu_tanh": gelu_tanh_f32,
-                                                            "tanh": lambda x: _f32_map(math.tanh, x, "tanhf")}
+                                                            "tanh": lambda x: _f32_map(math.tanh, x, "tanhf"),
+                                                            "exp": lambda x: _f32_map(_exp, x, "expf"),
+                                                            "log": lambda x: _f32_map(_log, x, "logf")}
 
 
 def _srdhm16(a, b):
@@ -513,6 +529,13 @@ def realize_gelu(qg, qb, comp, out, act, helpers):
     tensor: TFLite's int8 kernel is a table of its float32 transform."""
     approximate = comp.op == "relax.nn.gelu_tanh"
     return _unary_table(qg, qb, comp, out, act, helpers, "gelu", "GELU", lambda qx: {"approximate": approximate})
+
+
+def realize_exp_log(qg, qb, comp, out, act, helpers):
+    """EXP or LOG of an int8 tensor: TFLite's int8 kernels are tables of ``std::exp(float)`` /
+    ``std::log(float)`` (``LUTPopulate``), as LOGISTIC's and TANH's."""
+    fn = comp.op.removeprefix("relax.")
+    return _unary_table(qg, qb, comp, out, act, helpers, fn, fn)
 
 
 def realize_rsqrt(qg, qb, comp, out, act, helpers):
@@ -996,6 +1019,8 @@ SPANS: dict[str, Callable] = {
     "relax.nn.gelu_tanh": realize_gelu,
     "relax.rsqrt": realize_rsqrt,
     "relax.negative": realize_island,
+    "relax.exp": realize_exp_log,
+    "relax.log": realize_exp_log,
     "relax.divide": realize_hard_swish,
     "relax.multiply": realize_mul,
     "relax.image.resize2d": realize_resize_bilinear,
