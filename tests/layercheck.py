@@ -3,6 +3,7 @@ runtime's tensors, and the one-line user error of an in-process run."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Callable
 
@@ -100,3 +101,18 @@ def assert_user_error(run: Callable[[list[str]], int], capsys, args: list[str], 
         assert n in lines[0], (n, lines[0])
     assert not out.exists()
     return lines[0]
+
+
+def output_files(folder: Path) -> dict[str, bytes]:
+    """Every file's bytes in an output folder by relative path; ``manifest.json`` without the
+    fields that name the command and the folder it ran in (to compare two runs' outputs)."""
+    out = {}
+    for p in sorted(folder.rglob("*")):
+        if p.is_file():
+            data = p.read_bytes()
+            if p.name == "manifest.json":
+                doc = json.loads(data)
+                doc.pop("command"), doc.pop("cwd")
+                data = json.dumps(doc, sort_keys=True).encode()
+            out[p.relative_to(folder).as_posix()] = data
+    return out

@@ -16,24 +16,11 @@ import pytest
 
 from irgen.cli import main
 from irgen.verify import verify_output
+from layercheck import output_files
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT / "examples" / "tiny_cnn.onnx"
 SHAPE = (1, 3, 32, 32)
-
-
-def _files(folder: Path) -> dict[str, bytes]:
-    """Every file's bytes by relative path; manifest.json without the fields that name the command."""
-    out = {}
-    for p in sorted(folder.rglob("*")):
-        if p.is_file():
-            data = p.read_bytes()
-            if p.name == "manifest.json":
-                doc = json.loads(data)
-                doc.pop("command"), doc.pop("cwd")
-                data = json.dumps(doc, sort_keys=True).encode()
-            out[p.relative_to(folder).as_posix()] = data
-    return out
 
 
 def _run(*argv: str) -> None:
@@ -59,10 +46,10 @@ def test_cached_run_writes_the_same_bytes(tmp_path, cache, capsys, monkeypatch):
     assert main(["run", str(MODEL), "-o", str(tmp_path / "warm"), "--debug", "all"]) == 0
     assert "compiled model from the cache" in capsys.readouterr().err
     _run("-o", str(tmp_path / "uncached"), "--debug", "all", "--no-cache")
-    fresh = _files(tmp_path / "fresh")
+    fresh = output_files(tmp_path / "fresh")
     assert "debug/output_tensors.params" in fresh
-    assert _files(tmp_path / "warm") == fresh
-    assert _files(tmp_path / "uncached") == fresh
+    assert output_files(tmp_path / "warm") == fresh
+    assert output_files(tmp_path / "uncached") == fresh
     assert verify_output(tmp_path / "warm", modes=("single", "entire", "source"))["passed"]
     # a kernel's weight constant is its layer's weight parameter: one file in the entry
     plan = json.loads((entries[0] / "plan.json").read_text())
@@ -125,7 +112,7 @@ def test_warm_run_streams_weights_and_writes_the_same_bytes(tmp_path, cache, mon
     def run(out: str, *extra: str) -> dict[str, bytes]:
         assert main(["run", str(model), "-o", str(tmp_path / out), "--input", str(x), "--opt-level", str(opt),
                      "--debug", "all", "--no-progress", *extra]) == 0
-        return _files(tmp_path / out)
+        return output_files(tmp_path / out)
 
     fresh = run("fresh", "--no-cache")
     assert run("cold") == fresh
@@ -178,7 +165,7 @@ def test_cache_key_and_damaged_entries(tmp_path, cache, capsys):
     capsys.readouterr()
     assert main(["run", str(MODEL), "-o", str(tmp_path / "c")]) == 0
     assert "from the cache" not in capsys.readouterr().err
-    assert _files(tmp_path / "c") == _files(tmp_path / "a")
+    assert output_files(tmp_path / "c") == output_files(tmp_path / "a")
     capsys.readouterr()
     assert main(["run", str(MODEL), "-o", str(tmp_path / "d")]) == 0
     assert "compiled model from the cache" in capsys.readouterr().err
@@ -208,7 +195,7 @@ def test_debug_levels(tmp_path):
     assert sorted(p.name for p in (tmp_path / "layers" / "debug").iterdir()) == ["_tvmdbg_graph_dump.json"]
     assert (tmp_path / "all" / "debug" / "output_tensors.params").is_file()
     # apart from debug/ the three outputs are the same
-    strip = {lvl: {k: v for k, v in _files(tmp_path / lvl).items() if not k.startswith(("debug/", "manifest"))}
+    strip = {lvl: {k: v for k, v in output_files(tmp_path / lvl).items() if not k.startswith(("debug/", "manifest"))}
              for lvl in ("none", "layers", "all")}
     assert strip["none"] == strip["layers"] == strip["all"]
 
@@ -221,8 +208,8 @@ def test_layers_subset(tmp_path):
     chosen = {l["name"] for l in ir["layers"] if l["name"].startswith("conv")}
     model_out = {o["producer"] for o in ir["outputs"]}
     assert chosen and written == chosen | model_out
-    full = _files(tmp_path / "all")
-    for name, data in _files(tmp_path / "sub").items():
+    full = output_files(tmp_path / "all")
+    for name, data in output_files(tmp_path / "sub").items():
         if name.startswith(("activations/", "parameters/")):
             assert full[name] == data  # the same file names and bytes as the full run
     result = verify_output(tmp_path / "sub", modes=("single", "entire", "source"))
@@ -254,7 +241,7 @@ def test_inputs_in_workers_match_single_runs(tmp_path):
     assert sorted(p.name for p in (tmp_path / "many").iterdir()) == [p.stem for p in paths]
     for p in paths[::2]:
         _run("-o", str(tmp_path / f"one_{p.stem}"), "--input", str(p))
-        assert _files(tmp_path / "many" / p.stem) == _files(tmp_path / f"one_{p.stem}")
+        assert output_files(tmp_path / "many" / p.stem) == output_files(tmp_path / f"one_{p.stem}")
     # the parameter files are shared, not copied
     w = sorted((tmp_path / "many" / "s00" / "parameters").iterdir())[0]
     assert os.stat(w).st_nlink == 5 and os.path.samefile(w, tmp_path / "many" / "s04" / "parameters" / w.name)
@@ -312,7 +299,7 @@ def test_inputs_after_parallel_kernels_in_the_parent(tmp_path):
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert _files(tmp_path / "many" / paths[1].stem) == _files(tmp_path / "one")
+    assert output_files(tmp_path / "many" / paths[1].stem) == output_files(tmp_path / "one")
 
 
 def _multi_output_qdq(folder: Path) -> Path:
@@ -344,10 +331,10 @@ def test_inputs_two_workers_write_what_one_writes_on_a_multi_output_qdq_model(tm
     ir = json.loads((tmp_path / "j2" / "x3" / "ir.json").read_text())
     assert len(ir["outputs"]) == 3 and ir["layers"]
     for k in range(4):
-        assert _files(tmp_path / "j1" / f"x{k}") == _files(tmp_path / "j2" / f"x{k}")
+        assert output_files(tmp_path / "j1" / f"x{k}") == output_files(tmp_path / "j2" / f"x{k}")
     assert main(["run", str(model), "-o", str(tmp_path / "one"), "--input", str(tmp_path / "in" / "x2.npy"),
                  "--no-progress"]) == 0
-    assert _files(tmp_path / "one") == _files(tmp_path / "j2" / "x2")
+    assert output_files(tmp_path / "one") == output_files(tmp_path / "j2" / "x2")
     assert verify_output(tmp_path / "j2" / "x2", modes=("single", "source"))["passed"]  # against onnxruntime
 
 
@@ -541,7 +528,7 @@ def test_a_cached_run_never_imports_tvm(tmp_path, cache):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]", proc.stdout
-    assert _files(tmp_path / "warm") == _files(tmp_path / "cold")
+    assert output_files(tmp_path / "warm") == output_files(tmp_path / "cold")
 
 
 def test_workers_are_not_pinned_to_one_core(tmp_path, cache):

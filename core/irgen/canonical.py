@@ -25,6 +25,7 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
+from irgen import spill
 from irgen.api import Provenance
 from irgen.graph import (Binding, Constant, fold_constants, main_bindings, rebuild_main, substitute, tensor_type, users_of,
                          var_names)
@@ -338,6 +339,7 @@ def _common_subexpressions(bindings: list[Binding], users: dict[str, list[int]],
         value = substitute(b.value, vmap) if any(n in vmap for n in var_names(b.value)) else b.value
         key = tvm_ffi.structural_hash(value)
         same = next((var for v, var in seen.get(key, []) if tvm_ffi.structural_equal(v, value)), None)
+        spill.release(*(a for a in getattr(value, "args", ()) if isinstance(a, Constant)))  # the hash read them
         if same is not None:
             vmap[b.name] = same
             replace[i] = same

@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from irgen import __version__
+from irgen import __version__, spill
 from irgen.api import (Backend, ImportedModel, InputSpec, IrgenError, Quantizer, StoredTensor, TensorInfo,
                        UnsupportedOpsError)
 from irgen.names import SafeNames
@@ -657,6 +657,7 @@ def _write_params(plan: Plan, write) -> dict[tuple[int, str], dict[str, Any]]:
             if fname in write.storage:
                 rec["storage"] = write.storage[fname]
             out[(i, role)] = rec
+            spill.release(arr)
     return out
 
 
@@ -745,9 +746,11 @@ def run(
     setup = _Setup(host, model, out, opt_level, frontend, backend, serializer, force, options, protect)
     fe, be, sers, folder, model_sha = setup.fe, setup.be, setup.sers, setup.folder, setup.model_sha
 
-    plan, arrays = prepare(host, model, model_sha, fe, be, list(inputs), opt_level, quantizer, seed, options, progress)
-    with folder:
-        ir, files = write_output(host, plan, arrays, folder, model, model_sha, be, sers, options, command, progress)
+    # the weights wait on disk beside the output (where its partial folder goes), not in memory
+    with spill.weights_on_disk(folder.final.parent):
+        plan, arrays = prepare(host, model, model_sha, fe, be, list(inputs), opt_level, quantizer, seed, options, progress)
+        with folder:
+            ir, files = write_output(host, plan, arrays, folder, model, model_sha, be, sers, options, command, progress)
     progress.done(f"wrote {out} ({len(plan.records)} layers, {len(plan.kernels)} kernels"
                   f"{', compiled model from the cache' if plan.from_cache else ''})")
     return ir
@@ -969,27 +972,28 @@ def run_many(host, model: Path, out: Path, samples_from: Path, jobs: int = 1, op
     file_or_folder(samples_from, "--inputs")
     limit = options["max_tensor_bytes"]
 
-    plan, _ = prepare(host, model, model_sha, fe, be, [], opt_level, quantizer, 0, options, progress)
-    samples = read_samples(samples_from, plan.inputs, limit)
-    stems = SafeNames()
-    arrays = {stems(name): load_inputs(plan.inputs, [], 0, limit, given) for name, given in samples}  # all checked first
-    named = list(arrays)
-    workers = min(jobs, len(named))
-    threads = _kernel_threads(workers)
-    progress.stage(f"capture {len(named)} samples ({workers} worker{'s' if workers > 1 else ''}, "
-                   f"{threads} kernel thread{'s' if threads > 1 else ''} each)")
+    with spill.weights_on_disk(folder.final.parent):  # as in run()
+        plan, _ = prepare(host, model, model_sha, fe, be, [], opt_level, quantizer, 0, options, progress)
+        samples = read_samples(samples_from, plan.inputs, limit)
+        stems = SafeNames()
+        arrays = {stems(name): load_inputs(plan.inputs, [], 0, limit, given) for name, given in samples}  # all checked first
+        named = list(arrays)
+        workers = min(jobs, len(named))
+        threads = _kernel_threads(workers)
+        progress.stage(f"capture {len(named)} samples ({workers} worker{'s' if workers > 1 else ''}, "
+                       f"{threads} kernel thread{'s' if threads > 1 else ''} each)")
 
-    with folder:
-        first = _SampleFolder(folder.tmp / named[0])
-        shared = SharedParams(plan, _TensorWriter(first, be, host.backends, json.loads(json.dumps(plan.records)),
-                                                  plan.static_shapes, bool(options.get("compress"))))
-        quiet = Progress(enabled=False)
+        with folder:
+            first = _SampleFolder(folder.tmp / named[0])
+            shared = SharedParams(plan, _TensorWriter(first, be, host.backends, json.loads(json.dumps(plan.records)),
+                                                      plan.static_shapes, bool(options.get("compress"))))
+            quiet = Progress(enabled=False)
 
-        def one(name: str) -> None:
-            write_output(host, plan, arrays[name], _SampleFolder(folder.tmp / name), model, model_sha, be, sers,
-                         options, command, quiet, shared)
+            def one(name: str) -> None:
+                write_output(host, plan, arrays[name], _SampleFolder(folder.tmp / name), model, model_sha, be, sers,
+                             options, command, quiet, shared)
 
-        _in_workers(named, workers, threads, one, progress)
+            _in_workers(named, workers, threads, one, progress)
     progress.done(f"wrote {out} ({len(named)} samples, {len(plan.records)} layers each"
                   f"{', compiled model from the cache' if plan.from_cache else ''})")
     return named

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from irgen import parallel_build
+from irgen import parallel_build, spill
 from irgen.api import InputSpec, IrgenError
 
 #: the layout of a saved plan; a cache entry of another format is compiled anew
@@ -144,6 +144,7 @@ class Plan:
             if where in written:
                 return written[where][0]
             np.save(arrays / name, arr, allow_pickle=False)
+            spill.release(arr)
             if where is not None:
                 written[where] = (name, arr)
             return name

@@ -74,6 +74,10 @@ The graph a scheme reads and rewrites
   (every binding of ``main``), ``check_tensor_sizes`` (refuse tensors over a
   byte limit before compiling), ``tuple_output_outside_dataflow`` (a
   multi-output ``main`` returning its tuple): helpers for frontends.
+* ``weight_tensor(array)`` (1.5): the TVM tensor a frontend makes of a model's weight
+  (instead of ``tvm.runtime.tensor``). During ``irgen run`` a large one is kept in an
+  unnamed file beside the output and read from there when needed, so a model's weights
+  are not all in memory at once (peak memory flat in the number of layers).
 * ``arg_ref``: how ``ir.json`` refers to an op argument (a variable's name,
   ``"param:<role>"``, ``{"value": ...}``, ``{"shape": [...]}``).
 
@@ -219,7 +223,7 @@ from irgen.safeio import (
     regular_tree,
 )
 
-API_VERSION = "1.4"
+API_VERSION = "1.5"
 
 #: names whose module imports TVM: (module, name there), loaded by :func:`__getattr__`
 _LAZY = {
@@ -234,6 +238,7 @@ _LAZY = {
     "arg_ref": ("irgen.ir", "arg_ref"),
     "realize_qdq": ("irgen.qdq", "realize"),
     "QDQ_RECOMPUTE": ("irgen.qdq_spans", "RECOMPUTE"),
+    "weight_tensor": ("irgen.spill", "weight_tensor"),
 }
 
 
@@ -258,7 +263,7 @@ __all__ = [
     "TensorInfo", "StoredTensor", "TENSOR_KINDS",
     # the graph a scheme reads and rewrites
     "QGraph", "QTensor", "Binding", "Constant", "attrs_to_dict", "substitute", "main_bindings",
-    "module_bindings", "check_tensor_sizes", "tuple_output_outside_dataflow", "arg_ref",
+    "module_bindings", "check_tensor_sizes", "tuple_output_outside_dataflow", "arg_ref", "weight_tensor",
     # integer arithmetic
     "DOUBLE", "SINGLE", "WIDE", "FLOAT64", "ROUNDING_RULES", "rescale_float64", "rx_rescale_float64", "round_half_away", "rx_round_half_away", "float_record", "tflite_quantize_value", "quantize_multiplier", "multiply_by_quantized_multiplier",
     "rx_multiply_by_quantized_multiplier", "divide_round_half_away", "rx_divide_round_half_away",

@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from irgen import spill
 from irgen.api import IrgenError
 from irgen.lean_import import unpin_threads
 
@@ -162,6 +163,7 @@ def run_program(lib: Any, program: dict[str, Any], kernels: list, inputs: list[n
             if k.arg_types is not None:
                 check_arguments(k.callee, values, k.arg_types)
             f(*[tvm_ffi.from_dlpack(x) for x in values])
+            spill.release(*values[:len(args)])  # a weight kept on disk leaves memory again
             del values  # a constant lives no longer than its kernel call
             for j, o in enumerate(outs):
                 on_output(ki, j, o)

@@ -70,10 +70,11 @@ def _naming_importer():
 
         def _parse_array(self, tensor_proto):
             """A tensor's value, as TVM's importer makes it; a deferred initializer is read
-            from its file now (:func:`.loader.tensor_array`), one at a time."""
-            import tvm
+            from its file now (:func:`.loader.tensor_array`), one at a time, and a large one
+            kept on the run's weight file (``weight_tensor``), not in memory."""
+            from irgen.plugin import weight_tensor
 
-            return tvm.runtime.tensor(loader.tensor_array(tensor_proto).reshape(tuple(tensor_proto.dims)))
+            return weight_tensor(loader.tensor_array(tensor_proto).reshape(tuple(tensor_proto.dims)))
 
         def _name(self, k: int) -> str:
             node = self.ctx.current
