@@ -23,7 +23,7 @@ from tvm import relax
 
 from irgen import parallel_build, schedule, share, spill, target
 from irgen.api import IrgenError
-from irgen.graph import Constant, fold_constants, main_bindings, tensor_type
+from irgen.graph import Constant, fold_constants, main_bindings, rewrite_blocks, tensor_type
 
 #: what each opt level adds, cumulatively (README documents the same table)
 OPT_LEVELS = {
@@ -323,11 +323,7 @@ def _constants_as_params(mod: tvm.IRModule, consts: list[Constant]) -> tvm.IRMod
             return relax.Call(e.op, [sub(a) for a in e.args], e.attrs, e.ty_args)
         return e
 
-    blocks = []
-    for block in func.body.blocks:
-        bindings = [relax.VarBinding(b.var, sub(b.value)) for b in block.bindings]
-        blocks.append(relax.DataflowBlock(bindings) if isinstance(block, relax.DataflowBlock)
-                      else relax.BindingBlock(bindings))
+    blocks = rewrite_blocks(func, lambda b: relax.VarBinding(b.var, sub(b.value)))
     new = relax.Function(list(func.params) + list(params.values()), relax.SeqExpr(blocks, sub(func.body.body)),
                          func.ret_ty, func.is_pure, func.attrs)
     if not (func.attrs and "num_input" in func.attrs):

@@ -240,6 +240,17 @@ def substitute(expr: relax.Expr, vmap: dict[str, relax.Expr], cmap: dict | None 
     return expr
 
 
+def rewrite_blocks(func: relax.Function, rewrite: Callable[[relax.VarBinding], relax.VarBinding]) -> list:
+    """``func``'s binding blocks with every binding replaced by ``rewrite(binding)``; a
+    dataflow block stays one."""
+    blocks = []
+    for block in func.body.blocks:
+        bindings = [rewrite(b) for b in block.bindings]
+        blocks.append(relax.DataflowBlock(bindings) if isinstance(block, relax.DataflowBlock)
+                      else relax.BindingBlock(bindings))
+    return blocks
+
+
 def rebuild_main(mod: tvm.IRModule, bindings: list[Binding]) -> tvm.IRModule:
     """``mod`` with ``main``'s dataflow block replaced by ``bindings`` (vars kept)."""
     func = mod["main"]

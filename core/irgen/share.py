@@ -206,7 +206,7 @@ def share_kernels(mod) -> tuple[Any, dict[str, str]]:
     stats = Stats()
     if not enabled():
         return mod, {}
-    from irgen.graph import main_bindings
+    from irgen.graph import main_bindings, rewrite_blocks
 
     call_tir = tvm.ir.Op.get("relax.call_tir")
     _, bindings = main_bindings(mod)
@@ -308,10 +308,7 @@ def share_kernels(mod) -> tuple[Any, dict[str, str]]:
     renamed = {old.name_hint: bb.add_func(f, old.name_hint) for old, f in new_funcs.items()}
     target_of = {n: (renamed.get(gv.name_hint, gv), differ) for n, (gv, differ) in target_of.items()}
     func = mod["main"]
-    blocks = []
-    for block in func.body.blocks:
-        new_b = [rewrite(b) for b in block.bindings]
-        blocks.append(relax.DataflowBlock(new_b) if isinstance(block, relax.DataflowBlock) else relax.BindingBlock(new_b))
+    blocks = rewrite_blocks(func, rewrite)
     out = bb.get()
     out["main"] = relax.Function(list(func.params), relax.SeqExpr(blocks, func.body.body), func.ret_ty, func.is_pure,
                                  func.attrs)

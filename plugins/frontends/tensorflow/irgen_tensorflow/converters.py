@@ -276,8 +276,7 @@ def _arg_extreme(code: str, relax_op: str) -> Callable[[Any, Any], Any]:
 
         x_t = _ins(conv, op)[0]
         if x_t.qnn_params is not None:
-            scale = np.asarray(x_t.qnn_params["scale"].value.numpy() if hasattr(x_t.qnn_params["scale"], "value")
-                               else x_t.qnn_params["scale"]).reshape(-1)
+            scale = x_t.qnn_params["scale"].value.numpy().reshape(-1)  # TVM's converter makes it a constant
             if scale.size != 1 or not float(scale[0]) > 0:
                 raise ValueError(f"{code}: the input's scale is not one positive value")
         return getattr(_tvm(conv), "_convert_arg_min_max")(conv, op, getattr(relax.op, relax_op))
