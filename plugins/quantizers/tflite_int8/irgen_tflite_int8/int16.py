@@ -62,61 +62,46 @@ SIGMOID_TABLE = np.array([
 # ------------------------------------------------------------------ numpy kernels
 
 
-def lut_populate16(fn: Callable[[float], float], s_in: float, zp_in: int, s_out: float, zp_out: int) -> np.ndarray:
-    """TFLite's ``LUTPopulate<int16_t>`` (``LUTPopulateInt16<double>``): 513 int16 samples of ``fn``
+def lut_populate16(fn: Callable[[np.ndarray], np.ndarray], s_in: float, zp_in: int, s_out: float, zp_out: int,
+                   dtype: type = np.float64) -> np.ndarray:
+    """TFLite's ``LUTPopulate<int16_t>`` (``LUTPopulateInt16<T>``): 513 int16 samples of ``fn``
     over the input's int16 range, each corrected by half the error of linear interpolation at
-    its interval's midpoint; every step in double, ``fn`` the double libm function."""
-    in_min, in_max = s_in * (I16[0] - zp_in), s_in * (I16[1] - zp_in)
-    out_min, out_max = s_out * (I16[0] - zp_out), s_out * (I16[1] - zp_out)
-    steps = 512
-    step = (in_max - in_min) / steps
-    half = step / 2
-    inv = 65536.0 / (out_max - out_min)
-    lut = np.zeros(steps + 1, np.int16)
-
-    def _std_round(v: float) -> float:  # std::round of a double
-        return float(round_half_away(np.float64(v)))
-
-    for i in range(steps):
-        val, mid, nxt = fn(in_min + i * step), fn(in_min + i * step + half), fn(in_min + (i + 1) * step)
-        sample = _std_round(val * inv)
-        interp = _std_round((nxt * inv + _std_round(val * inv)) / 2)
-        bias = _std_round((interp - _std_round(mid * inv)) / 2)
-        lut[i] = min(max(sample - bias, I16[0]), I16[1])
-    lut[steps] = min(max(_std_round(fn(in_max) * inv), I16[0]), I16[1])
-    return lut
-
-
-def lut_populate16_f32(fn: Callable[[np.ndarray], np.ndarray], s_in: float, zp_in: int, s_out: float,
-                       zp_out: int) -> np.ndarray:
-    """TFLite's ``LUTPopulate<int16_t>`` of a float function (``LUTPopulateInt16<float>``): as
-    :func:`lut_populate16`, every step in float32; ``fn`` maps a float32 array elementwise."""
-    f = np.float32
+    its interval's midpoint. Every step in ``dtype`` (``T``: double for softmax's tables, float
+    for GELU's); ``fn`` maps an array of ``dtype`` elementwise, as the C library's function of
+    that type does (:func:`each` makes one of a scalar function)."""
+    f = dtype
     in_min, in_max = f(s_in) * f(I16[0] - zp_in), f(s_in) * f(I16[1] - zp_in)
     out_min, out_max = f(s_out) * f(I16[0] - zp_out), f(s_out) * f(I16[1] - zp_out)
     step = (in_max - in_min) / f(512)
     half = step / f(2)
     inv = f(65536) / (out_max - out_min)
-    i = np.arange(512, dtype=np.float32)
+    i = np.arange(512, dtype=dtype)
     at = in_min + i * step
     val, mid, nxt = fn(at), fn(at + half), fn(in_min + (i + f(1)) * step)
 
-    def rnd(v):  # std::round of a float
-        return round_half_away(np.asarray(v, np.float32))
+    def rnd(v):  # std::round in dtype
+        return round_half_away(np.asarray(v, dtype))
 
     sample = rnd(val * inv)
     interp = rnd((nxt * inv + rnd(val * inv)) / f(2))
     bias = rnd((interp - rnd(mid * inv)) / f(2))
     lut = np.empty(513, np.int16)
     lut[:512] = np.clip(sample - bias, *I16)
-    lut[512] = np.clip(rnd(fn(np.array([in_max], np.float32)) * inv)[0], *I16)
+    lut[512] = np.clip(rnd(fn(np.array([in_max], dtype)) * inv)[0], *I16)
     return lut
 
 
+def each(fn: Callable[[float], float]) -> Callable[[np.ndarray], np.ndarray]:
+    """``fn`` of a Python float applied to every element of a float64 array (``math.exp`` is
+    the C library's ``exp``, whose last bit numpy's own may not share)."""
+    return lambda a: np.array([fn(float(v)) for v in a], np.float64)
+
+
 def gelu_table16(s_in: float, zp_in: int, s_out: float, zp_out: int, approximate: bool) -> np.ndarray:
-    """GeluPrepare's int16 table: :func:`lut_populate16_f32` of ``GeluTransform`` (or
+    """GeluPrepare's int16 table: :func:`lut_populate16` in float of ``GeluTransform`` (or
     ``GeluTransformApproximate``)."""
-    return lut_populate16_f32(kinds.gelu_tanh_f32 if approximate else kinds.gelu_f32, s_in, zp_in, s_out, zp_out)
+    return lut_populate16(kinds.gelu_tanh_f32 if approximate else kinds.gelu_f32, s_in, zp_in, s_out, zp_out,
+                          np.float32)
 
 
 def gelu16(x, table) -> np.ndarray:
@@ -128,7 +113,7 @@ def softmax_tables() -> tuple[np.ndarray, np.ndarray]:
     """SoftmaxPrepare's two tables: ``exp`` over [-10, 0] and ``1 / (1 + x)`` over [0, 1], both
     to [-1, 1) in int16."""
     r = 65535.0
-    return (lut_populate16(math.exp, 10.0 / r, I16[1], 2.0 / r, 0),
+    return (lut_populate16(each(math.exp), 10.0 / r, I16[1], 2.0 / r, 0),
             lut_populate16(lambda v: 1.0 / (1.0 + v), 1.0 / r, I16[0], 2.0 / r, 0))
 
 
