@@ -239,6 +239,42 @@ def test_an_operand_computed_from_a_quantized_constant_table(tmp_path, capsys):
     assert all(c["status"] == "pass" and c.get("exact") for c in single.values()), single
 
 
+def _position_mlp():
+    """Swin V2's continuous position bias as torchvision's export and quantize_static leave it: a
+    constant table of coordinates (a buffer) through an MLP, so the first MatMul multiplies two
+    dequantized constants (ONNX Runtime's QLinearMatMul of two constants), added to the input."""
+    rng = np.random.default_rng(8)
+    coords = np.stack(np.meshgrid(np.linspace(-1, 1, 4), np.linspace(-1, 1, 3)), -1).reshape(12, 2)
+    inits = [numpy_helper.from_array(coords.astype(np.float32), "coords"),
+             numpy_helper.from_array((rng.standard_normal((2, 16)) * 0.8).astype(np.float32), "W1"),
+             numpy_helper.from_array((rng.standard_normal((16, 3)) * 0.4).astype(np.float32), "W2")]
+    q = helper.make_node
+    nodes = [q("MatMul", ["coords", "W1"], ["h"], name="mlp0"), q("Relu", ["h"], ["r"], name="mlp1"),
+             q("MatMul", ["r", "W2"], ["bias"], name="mlp2"), q("Add", ["x", "bias"], ["y"], name="add")]
+    graph = helper.make_graph(nodes, "position_mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 12, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 12, 3])], initializer=inits)
+    return graph, "x", lambda k: np.random.default_rng(k).standard_normal((1, 12, 3)).astype(np.float32)
+
+
+@pytest.mark.parametrize("per_channel", [False, True], ids=["per-tensor", "per-channel"])
+def test_a_matmul_of_two_quantized_constants(tmp_path, capsys, per_channel):
+    """Per tensor: the integers as QLinearMatMul computes them; per channel (the table too), the
+    node unit in float, as ONNX Runtime runs it. Either way folded into the add's operand."""
+    path, x = _quantized(tmp_path, _position_mlp, per_channel=per_channel)
+    q = onnx.load(str(path))
+    dq_of = {n.output[0]: n for n in q.graph.node if n.op_type == "DequantizeLinear"}
+    inits = {t.name: numpy_helper.to_array(t) for t in q.graph.initializer}
+    mm = next(n for n in q.graph.node if n.op_type == "MatMul" and n.name.startswith("mlp0"))
+    assert all(dq_of[i].input[0] in inits for i in mm.input)  # both operands: dequantized constants
+    assert (inits[dq_of[mm.input[0]].input[1]].size > 1) == per_channel  # the table's scales
+    report = _run_and_verify(tmp_path, path, x, capsys)
+    ir = json.loads((tmp_path / "out" / "ir.json").read_text())
+    add = next(layer for layer in ir["layers"] if layer["quant"] and layer["quant"].get("kind") == "add")
+    assert add["quant"].get("constants"), add["quant"]  # the MLP folded into the add's integer operand
+    checks = [row["checks"][m] for row in report["layers"] for m in ("single", "source")]
+    assert checks and all(c["status"] == "pass" and c.get("exact") for c in checks), checks
+
+
 def _quantized_table_moved():
     """Swin V2's continuous position bias as quantize_static leaves it: a table of constants
     (its MLP folded at import) quantized by a QuantizeLinear ONNX Runtime runs, then viewed,

@@ -108,6 +108,23 @@ def _need(qg, expr, what: str, tensor: str):
     return r
 
 
+def _need_or_constant(qg, expr, what: str, tensor: str):
+    """:func:`_need`, or for a per-tensor dequantized 8-bit constant (Swin V2's position-bias MLP
+    multiplies a quantized constant table by its weights: ONNX Runtime's QLinearMatMul of two
+    constants) the constant in the activation's place; TVM folds the layer into a literal, which
+    the layer reading it records. A per-channel one has no integer kernel (ONNX Runtime runs the
+    node unit in float: ``quantize_static``'s ``per_channel`` quantizes the table per channel too)."""
+    relax, _, _, Constant = _ops()
+    b = qg.producer(expr)
+    if b is not None and b.op == "relax.dequantize" and isinstance(b.value.args[0], Constant) \
+            and str(b.value.args[0].ty.dtype) in ("int8", "uint8"):
+        qt = _qparams(qg, b.value, b.name)
+        if qt.scale.size != 1:
+            raise IrgenError(f"{SCHEME}: {what} of {tensor!r} is a per-channel constant; no integer kernel")
+        return b.value.args[0], qt, b.name
+    return _need(qg, expr, what, tensor)
+
+
 def _const_chain(qg, expr, tensor: str, what: str):
     """Follow dequantize/reshape/permute_dims back to a constant: (array, QTensor, chain)."""
     _, _, q, _ = _ops()
@@ -260,7 +277,7 @@ def _check_conv_bias_scale(qx, qw, bq, n_out: int, tensor: str) -> None:
 def _realize_conv(qg, qb, comp, bias_b, acts, out, requant=None):
     relax, op, q, Constant = _ops()
     tensor = qb.name
-    x, qx, dqx = _need(qg, comp.value.args[0], "the input", tensor)
+    x, qx, dqx = _need_or_constant(qg, comp.value.args[0], "the input", tensor)
     if not _is_torch(qg) and _float_weights(qg, comp.value.args[1]):
         # 4-bit weights (the onnx frontend folds their DequantizeLinear: ORT runs the op in float)
         raise IrgenError(f"{SCHEME}: weights of {tensor!r} are float: no integer kernel")
