@@ -275,6 +275,35 @@ def test_a_matmul_of_two_quantized_constants(tmp_path, capsys, per_channel):
     assert checks and all(c["status"] == "pass" and c.get("exact") for c in checks), checks
 
 
+def _ceil_pools():
+    """timm ResNet-D's shortcut pool (``AvgPool2d(2, 2, ceil_mode=True, count_include_pad=False)``)
+    on an odd size, so the last windows hang past the input, and a padded ceil-mode pool that
+    counts its padding (not the part past it), between convolutions."""
+    rng = np.random.default_rng(9)
+    q = helper.make_node
+    inits = [numpy_helper.from_array((rng.standard_normal((4, 3, 3, 3)) * 0.4).astype(np.float32), "w0"),
+             numpy_helper.from_array((rng.standard_normal((4, 4, 1, 1)) * 0.5).astype(np.float32), "w1")]
+    nodes = [q("Conv", ["x", "w0"], ["c0"], name="conv0", pads=[1, 1, 1, 1]),
+             q("AveragePool", ["c0"], ["p0"], name="pool_d", kernel_shape=[2, 2], strides=[2, 2], ceil_mode=1),
+             q("Conv", ["p0", "w1"], ["c1"], name="conv1"),
+             q("AveragePool", ["c1"], ["y"], name="pool_pad", kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1],
+               ceil_mode=1, count_include_pad=1)]
+    graph = helper.make_graph(nodes, "ceil_pools", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 9, 11])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], initializer=inits)
+    return graph, "x", lambda k: np.random.default_rng(k).standard_normal((1, 3, 9, 11)).astype(np.float32)
+
+
+def test_average_pools_in_ceil_mode(tmp_path, capsys):
+    path, x = _quantized(tmp_path, _ceil_pools)
+    report = _run_and_verify(tmp_path, path, x, capsys)
+    ir = json.loads((tmp_path / "out" / "ir.json").read_text())
+    pools = [layer for layer in ir["layers"] if layer["quant"] and layer["quant"].get("kind") == "avg_pool2d"]
+    assert [p["quant"]["pool"].get("ceil_mode") for p in pools] == [True, True]
+    assert [p["outputs"][0]["shape"] for p in pools] == [[1, 4, 5, 6], [1, 4, 3, 4]]  # partial last windows
+    checks = [row["checks"][m] for row in report["layers"] for m in ("single", "source")]
+    assert checks and all(c["status"] == "pass" and c.get("exact") for c in checks), checks
+
+
 def _quantized_table_moved():
     """Swin V2's continuous position bias as quantize_static leaves it: a table of constants
     (its MLP folded at import) quantized by a QuantizeLinear ONNX Runtime runs, then viewed,

@@ -682,25 +682,30 @@ def _realize_global_avg(qg, qb, comp, out):
 
 
 def _window_mean(qg, deq, a):
-    """NCHW average pool in float32 with each window summed in row-major order: padding, then one
-    strided slice per window offset added in turn, divided by the per-position count."""
-    _, op, q, _ = _ops()
+    """NCHW average pool in float32 with each window summed in row-major order: padding (and in
+    ceil mode zeros past it for the last windows), then one strided slice per window offset added
+    in turn, divided by the per-position count (:func:`irgen.quant.pool_windows`)."""
+    relax, op, q, _ = _ops()
     e = qg.emit
-    (kh, kw), (sh, sw) = [int(v) for v in a.pool_size], [int(v) for v in a.strides]
-    pt, pl, pb, pr = [int(v) for v in a.padding]
     n, c, h, w = [int(d) for d in deq.ty.shape.values]
+    p = _pool_record(a)
+    (kh, kw), (sh, sw), (oh, ow), (pt, pl, pb, pr), count = q.pool_windows((h, w), p)
     xp = e(op.nn.pad(deq, [0, 0, 0, 0, pt, pb, pl, pr])) if (pt, pl, pb, pr) != (0, 0, 0, 0) else deq
-    oh, ow = (h + pt + pb - kh) // sh + 1, (w + pl + pr - kw) // sw + 1
-    one = np.pad(np.ones((h, w), np.float32), ((pt, pb), (pl, pr)))
-    total, count = None, np.zeros((oh, ow), np.float32)
+    total = None
     for i in range(kh):
         for j in range(kw):
             win = e(op.strided_slice(xp, [2, 3], [i, j], [i + sh * (oh - 1) + 1, j + sw * (ow - 1) + 1], [sh, sw]))
             total = win if total is None else e(op.add(total, win))
-            count = count + one[i:i + sh * (oh - 1) + 1:sh, j:j + sw * (ow - 1) + 1:sw]
-    if bool(a.count_include_pad):
-        count = np.full((oh, ow), np.float32(kh * kw))
-    return e(op.divide(total, q.rx_const(count.flat[0], "float32")))
+    if np.all(count == count.flat[0]):
+        return e(op.divide(total, q.rx_const(count.flat[0], "float32")))
+    return e(op.divide(total, relax.const(count)))
+
+
+def _pool_record(a) -> dict:
+    """An average pool's attributes as its layer's ``quant.pool`` records them."""
+    return {"size": [int(v) for v in a.pool_size], "strides": [int(v) for v in a.strides],
+            "padding": [int(v) for v in a.padding], "count_include_pad": bool(a.count_include_pad),
+            **({"ceil_mode": True} if bool(a.ceil_mode) else {}), "layout": "NCHW"}
 
 
 def _uniform_count(a) -> bool:
@@ -715,11 +720,16 @@ def _realize_avg_pool(qg, qb, comp, out):
     a = comp.value.attrs
     if _is_torch(qg) and str(a.layout) == "NCHW" and (bool(a.ceil_mode) or any(int(d) != 1 for d in a.dilation)):
         return _spans().realize_float(qg, qb, comp, out)  # timm's ResNet-D shortcut pool (ceil mode): a float span
-    if str(a.layout) != "NCHW" or bool(a.ceil_mode) or any(int(d) != 1 for d in a.dilation):
-        raise IrgenError(f"{SCHEME}: average pool at {tensor!r} with layout {a.layout}, ceil mode or dilation; not supported")
+    if str(a.layout) != "NCHW" or any(int(d) != 1 for d in a.dilation):
+        raise IrgenError(f"{SCHEME}: average pool at {tensor!r} with layout {a.layout} or dilation; not supported")
     e = qg.emit
     deq = e(op.multiply(e(op.astype(_offset(qg, x, int(qx.zero_point[0])), "float32")), q.rx_const(qx.scale[0], "float32")))
-    if _is_torch(qg) or not _uniform_count(a):
+    if bool(a.ceil_mode):  # timm's ResNet-D shortcut (AvgPool2d(2, 2, ceil_mode=True, count_include_pad=False))
+        shape = [int(d) for d in comp.var.ty.shape.values][2:]
+        if list(q.pool_windows([int(d) for d in deq.ty.shape.values][2:], _pool_record(a))[2]) != shape:
+            raise IrgenError(f"{SCHEME}: average pool at {tensor!r}: ceil mode gives another output size than {shape}")
+        avg = _window_mean(qg, deq, a)
+    elif _is_torch(qg) or not _uniform_count(a):
         avg = e(op.nn.avg_pool2d(deq, pool_size=list(a.pool_size), strides=list(a.strides), padding=list(a.padding),
                                  dilation=list(a.dilation), ceil_mode=False, count_include_pad=bool(a.count_include_pad),
                                  layout="NCHW"))
@@ -734,9 +744,7 @@ def _realize_avg_pool(qg, qb, comp, out):
         expr = q.rx_round_to_int(e, f, 0, int(info.min), int(info.max), out.dtype)  # zp already in f, as _realize_mul
     rec = {"scheme": SCHEME, "kind": "avg_pool2d", "inputs": [qx.record()], "output": out.record(),
            **({"reference": "torch"} if _is_torch(qg) else {}),
-           "pool": {"size": [int(v) for v in a.pool_size], "strides": [int(v) for v in a.strides],
-                    "padding": [int(v) for v in a.padding], "count_include_pad": bool(a.count_include_pad),
-                    "layout": "NCHW"},
+           "pool": _pool_record(a),
            "requant": {"rounding": "half_to_even",
                        "rounding_rule": ("y = quantize(mean of float32 (x - zp_x) * s_x over the window)" if _is_torch(qg)
                                          else "y = saturate(rint(m / s_y + zp_y)), m the float32 mean of (x - zp_x) * s_x "

@@ -604,19 +604,45 @@ def move_after_table(layer: dict[str, Any], t: np.ndarray, inputs: list[np.ndarr
     return run_layer({"name": layer.get("name", "?"), "fused_ops": [last]}, [t, *inputs[1:]], params)[0]
 
 
+def pool_windows(hw, p: dict):
+    """The windows of a 2-D average pool (``p`` as a layer's ``quant.pool`` records it) over an
+    ``hw`` input: kernel, strides, output size, the padding that makes every window whole (in
+    ceil mode zeros past the declared padding, as ONNX Runtime and torch size the output: the
+    last window starts inside the input or its leading padding) and each output's count, float32
+    [oh, ow], as ONNX Runtime's QLinearAveragePool divides: the input's values in the window, or
+    the whole kernel when padding counts (past the padding too, where its float AveragePool
+    would not count the part past it: measured on ORT 1.32, tests/test_qdq_exporter_patterns.py)."""
+    (kh, kw), (sh, sw), (pt, pl, pb, pr) = p["size"], p["strides"], p["padding"]
+    (h, w), out = hw, []
+    for n, k, s, lead, trail in ((h, kh, sh, pt, pb), (w, kw, sw, pl, pr)):
+        span = n + lead + trail - k
+        o = (-(-span // s) if p.get("ceil_mode") else span // s) + 1
+        if p.get("ceil_mode") and (o - 1) * s >= n + lead:
+            o -= 1
+        out.append(o)
+    (oh, ow) = out
+    eh, ew = max(0, (oh - 1) * sh + kh - (h + pt + pb)), max(0, (ow - 1) * sw + kw - (w + pl + pr))
+    if p["count_include_pad"]:
+        count = np.full((oh, ow), np.float32(kh * kw))
+    else:
+        one = np.pad(np.ones((h, w), np.float32), ((pt, pb + eh), (pl, pr + ew)))
+        count = np.zeros((oh, ow), np.float32)
+        for i in range(kh):
+            for j in range(kw):
+                count = count + one[i:i + sh * (oh - 1) + 1:sh, j:j + sw * (ow - 1) + 1:sw]
+    return (kh, kw), (sh, sw), (oh, ow), (pt, pl, pb + eh, pr + ew), count
+
+
 def _avg_pool_in_order(deq: np.ndarray, p: dict) -> np.ndarray:
     """NCHW average pool in float32: each window's in-bounds values added in row-major order, / count
-    (``kh * kw`` when padding counts)."""
-    (kh, kw), (sh, sw), (pt, pl, pb, pr) = p["size"], p["strides"], p["padding"]
+    (:func:`pool_windows`)."""
+    (kh, kw), (sh, sw), (oh, ow), (pt, pl, pb, pr), count = pool_windows(deq.shape[2:], p)
     x = np.pad(deq.astype(np.float32), ((0, 0), (0, 0), (pt, pb), (pl, pr)))
-    one = np.pad(np.ones(deq.shape[2:], np.float32), ((pt, pb), (pl, pr)))
-    oh, ow = (x.shape[2] - kh) // sh + 1, (x.shape[3] - kw) // sw + 1
-    total, count = np.zeros((*x.shape[:2], oh, ow), np.float32), np.zeros((oh, ow), np.float32)
+    total = np.zeros((*x.shape[:2], oh, ow), np.float32)
     for i in range(kh):
         for j in range(kw):
             total = total + x[:, :, i:i + sh * (oh - 1) + 1:sh, j:j + sw * (ow - 1) + 1:sw]
-            count = count + one[i:i + sh * (oh - 1) + 1:sh, j:j + sw * (ow - 1) + 1:sw]
-    return total / (np.float32(kh * kw) if p["count_include_pad"] else count)
+    return total / count
 
 
 def torch_quantize(x, scale, zero_point: int, lo: int, hi: int, dtype: str) -> np.ndarray:

@@ -1128,6 +1128,24 @@ def from_json_number(value: Any) -> Any:
     return value
 
 
+#: Relax ops whose two operands have one dtype
+_SAME_DTYPE = frozenset({"relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.power",
+                         "relax.maximum", "relax.minimum"})
+
+
+def _literals_typed(refs: list, args: list) -> list:
+    """An array literal (``{"value": [...]}``: ``ir.json`` keeps no dtype for it) of a binary op
+    in its tensor operand's dtype, as the Relax op had it (a float32 mean divided by its
+    per-position counts stays float32; numpy would make it float64)."""
+    out = list(args)
+    for k in (0, 1):
+        other = args[1 - k]
+        if isinstance(refs[k], dict) and isinstance(refs[k].get("value"), list) and isinstance(other, np.ndarray) \
+                and not (isinstance(refs[1 - k], dict) and "value" in refs[1 - k]):
+            out[k] = np.asarray(args[k]).astype(other.dtype)
+    return out
+
+
 def run_layer(layer: dict, inputs: list[np.ndarray], params: dict[str, np.ndarray]) -> list[np.ndarray]:
     """Execute a layer's ``fused_ops`` and return its output arrays (one per output record)."""
     name = layer.get("name", "?")
@@ -1137,7 +1155,10 @@ def run_layer(layer: dict, inputs: list[np.ndarray], params: dict[str, np.ndarra
         raise UnsupportedLayer(name, "<none>", "layer has no fused_ops")
     for op in ops:
         rop = op.get("relax_op") or op.get("op")
-        args = [_resolve(a, name, rop, inputs, params, results) for a in op.get("args", [])]
+        refs = op.get("args", [])
+        args = [_resolve(a, name, rop, inputs, params, results) for a in refs]
+        if rop in _SAME_DTYPE and len(args) == 2:
+            args = _literals_typed(refs, args)
         results.append(run_op(rop, args, op.get("attrs") or {}, name))
 
     picked = []
