@@ -256,17 +256,24 @@ def _position_mlp():
     return graph, "x", lambda k: np.random.default_rng(k).standard_normal((1, 12, 3)).astype(np.float32)
 
 
-@pytest.mark.parametrize("per_channel", [False, True], ids=["per-tensor", "per-channel"])
-def test_a_matmul_of_two_quantized_constants(tmp_path, capsys, per_channel):
-    """Per tensor: the integers as QLinearMatMul computes them; per channel (the table too), the
-    node unit in float, as ONNX Runtime runs it. Either way folded into the add's operand."""
-    path, x = _quantized(tmp_path, _position_mlp, per_channel=per_channel)
+@pytest.mark.parametrize("weights", ["int8", "int8-per-channel", "int4"])
+def test_a_matmul_of_two_quantized_constants(tmp_path, capsys, weights):
+    """Per tensor: the integers as QLinearMatMul computes them; per channel (the table too) or
+    4-bit (the table too), the node unit in float, as ONNX Runtime runs it. Either way folded into
+    the add's operand."""
+    from onnxruntime.quantization import QuantType
+
+    options = {"int8": {}, "int8-per-channel": {"per_channel": True},
+               "int4": {"per_channel": True, "weight_type": QuantType.QInt4}}[weights]
+    path, x = _quantized(tmp_path, _position_mlp, **options)
     q = onnx.load(str(path))
     dq_of = {n.output[0]: n for n in q.graph.node if n.op_type == "DequantizeLinear"}
-    inits = {t.name: numpy_helper.to_array(t) for t in q.graph.initializer}
+    inits = {t.name: t for t in q.graph.initializer}
     mm = next(n for n in q.graph.node if n.op_type == "MatMul" and n.name.startswith("mlp0"))
     assert all(dq_of[i].input[0] in inits for i in mm.input)  # both operands: dequantized constants
-    assert (inits[dq_of[mm.input[0]].input[1]].size > 1) == per_channel  # the table's scales
+    table = dq_of[mm.input[0]]
+    assert (numpy_helper.to_array(inits[table.input[1]]).size > 1) == bool(options)  # the table's scales
+    assert (inits[table.input[0]].data_type == TensorProto.INT4) == (weights == "int4")
     report = _run_and_verify(tmp_path, path, x, capsys)
     ir = json.loads((tmp_path / "out" / "ir.json").read_text())
     add = next(layer for layer in ir["layers"] if layer["quant"] and layer["quant"].get("kind") == "add")

@@ -241,7 +241,10 @@ TORCH_MODELS: dict[str, Callable] = {
     "bert": _BertEncoder.build,
     "vit_b_16": _tv_vit_b_16,
     "swin_t": _tv("swin_t"),
+    # continuous position bias: an MLP over a quantized constant table (a MatMul of two constants)
+    "swin_v2_t": _tv("swin_v2_t"),
     "gpt2": _gpt2,
+    "resnet50d": _timm("resnet50d"),  # ResNet-D shortcut: AvgPool2d(2, 2, ceil_mode=True, count_include_pad=False)
     "poolformer_s12": _timm("poolformer_s12"),  # GroupNorm(1) as InstanceNormalization, pool token mixer
     "mobilevit_xxs": _timm("mobilevit_xxs"),  # attention over one patch per position (softmax over 1)
     # TF "same" padding computed in the graph (quantized by quantize_static), requantizing slices, 0/0 before
@@ -266,10 +269,12 @@ TORCH_MODELS: dict[str, Callable] = {
 #: torch's default mapping, ``get_default_qconfig_mapping()``: x86, per-channel int8 weights,
 #: reduce_range uint8 activations; ``_convert_to_reference_decomposed_fx``, then a ``.pt2``)
 TORCH_PTQ_MODELS = ("resnet18", "mobilenet_v2", "mobilenet_v3_small", "efficientnet_b0", "squeezenet1_1",
-                    "shufflenet_v2_x0_5", "googlenet", "densenet121", "convnext_tiny", "swin_t")
+                    "shufflenet_v2_x0_5", "googlenet", "densenet121", "convnext_tiny", "swin_t", "swin_v2_t",
+                    "resnet50d")
 #: cases the tools before irgen cannot build (not irgen's failures), left out of the zoo
 NOT_BUILT = {
     "hf_beit-qdq-pre": "onnxruntime's quant_pre_process: 'Incomplete symbolic shape inference'",
+    "swin_v2_t-qdq-pre": "onnxruntime's quant_pre_process: 'Incomplete symbolic shape inference'",
     "MobileNetV3Small-tflite-16x8": "the TFLite converter: 'Quantization to 16x8-bit not yet supported for op: HARD_SWISH'",
     "ConvNeXtTiny-tflite-16x8": "the TFLite converter: 'Quantization to 16x8-bit not yet supported for op: NEG'",
     # the random-weight model's activations vanish in block 4 (calibrated scale 8e-10), so RELU6's bound
@@ -278,10 +283,11 @@ NOT_BUILT = {
 }
 #: quantized models without a MatMul: qdq-mm would leave them float (nothing to check as quantized)
 NO_MATMUL = ("resnet18", "mobilenet_v2", "mobilenet_v3_small", "efficientnet_b0", "squeezenet1_1",
-             "shufflenet_v2_x0_5", "googlenet", "densenet121", "poolformer_s12")
+             "shufflenet_v2_x0_5", "googlenet", "densenet121", "poolformer_s12", "resnet50d")
 #: the torch models that are also quantized (the others are float only)
 QUANTIZED_TORCH_MODELS = ("resnet18", "mobilenet_v2", "mobilenet_v3_small", "efficientnet_b0", "squeezenet1_1",
-                          "shufflenet_v2_x0_5", "googlenet", "densenet121", "convnext_tiny", "vit", "bert",
+                          "shufflenet_v2_x0_5", "googlenet", "densenet121", "convnext_tiny", "vit", "bert", "swin_v2_t",
+                          "resnet50d",
                           "poolformer_s12", "mobilevit_xxs", "efficientvit_b0", "hf_roberta", "hf_albert", "hf_llama",
                           "hf_beit", "hf_dinov2", "hf_wav2vec2")
 

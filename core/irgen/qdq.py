@@ -122,6 +122,9 @@ def _need_or_constant(qg, expr, what: str, tensor: str):
         if qt.scale.size != 1:
             raise IrgenError(f"{SCHEME}: {what} of {tensor!r} is a per-channel constant; no integer kernel")
         return b.value.args[0], qt, b.name
+    if isinstance(expr, Constant) and str(expr.ty.dtype).startswith("float"):
+        # a 4-bit table (qdq-w4), whose DequantizeLinear the onnx frontend folds: ORT runs the op in float
+        raise IrgenError(f"{SCHEME}: {what} of {tensor!r} is a float constant; no integer kernel")
     return _need(qg, expr, what, tensor)
 
 
