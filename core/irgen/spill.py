@@ -68,8 +68,7 @@ class WeightFile:
             bisect.insort(self._starts, start)
             self._maps[start] = (start + arr.nbytes, m)
             self.bytes += arr.nbytes
-        m.madvise(mmap.MADV_DONTNEED)  # the write left no page of ours, but say so
-        return out
+        return out  # no page of it is ours yet: pwrite went to the page cache, not the mapping
 
     def release(self, address: int) -> bool:
         """Give back the resident pages of the array holding ``address``; False if none does."""
@@ -102,17 +101,14 @@ class WeightFile:
 def _read_only(address: int, nbytes: int) -> None:
     """Make the pages at ``address`` read-only: a write into a weight would otherwise be lost
     silently the next time its pages are given back (it would crash instead)."""
+    import ctypes
+
     global _mprotect
     if _mprotect is None:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        _mprotect = libc.mprotect
+        _mprotect = ctypes.CDLL(None, use_errno=True).mprotect
         _mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
         _mprotect.restype = ctypes.c_int
     if _mprotect(address, -(-nbytes // _PAGE) * _PAGE, mmap.PROT_READ) != 0:
-        import ctypes
-
         raise OSError(ctypes.get_errno(), "mprotect failed on a weight's pages")
 
 
