@@ -278,9 +278,13 @@ def test_inputs_workers_run_kernels_on_their_share_of_the_cores(tmp_path, monkey
 
     monkeypatch.delenv("TVM_NUM_THREADS")
     cores = len(os.sched_getaffinity(0))
-    assert [pipeline._kernel_threads(j) for j in (1, 2, cores + 1)] == [cores, max(1, cores // 2), 1]
+    # -j N: N cores, a worker each; fewer samples than cores: the workers share out the rest
+    assert [pipeline._split_cores(j, 64) for j in (1, 2, 3)] == [(1, 1), (2, 1), (3, 1)]
+    assert pipeline._split_cores(None, 64) == (cores, 1)
+    assert pipeline._split_cores(None, 1) == (1, cores)
+    assert pipeline._split_cores(4, 2) == (2, 2) and pipeline._split_cores(5, 2) == (2, 2)
     monkeypatch.setenv("TVM_NUM_THREADS", "3")
-    assert pipeline._kernel_threads(2) == 3
+    assert pipeline._split_cores(2, 64) == (2, 3) and pipeline._split_cores(2, 1) == (1, 3)
 
 
 def test_inputs_after_parallel_kernels_in_the_parent(tmp_path):

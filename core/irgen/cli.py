@@ -87,9 +87,9 @@ def build_parser(host: PluginHost | None = None) -> argparse.ArgumentParser:
                      help="many samples: a folder of .npy files (one per sample, sorted) or .npz files (one per "
                           "sample, an array per model input), or one .npz (an array per sample); writes OUT/<sample>/ "
                           "for each with one import and compile")
-    run.add_argument("-j", "--jobs", type=int, default=1, metavar="N",
-                     help="with --inputs: worker processes, each running kernels on its share of the cores "
-                          "($TVM_NUM_THREADS threads when set; default: 1)")
+    run.add_argument("-j", "--jobs", type=int, default=None, metavar="N",
+                     help="with --inputs: the cores to use, a worker process each, one sample at a time "
+                          "(default: every core; $TVM_NUM_THREADS sets each worker's kernel threads)")
     run.add_argument("--no-cache", action="store_true",
                      help="neither read nor write the compile cache ($IRGEN_CACHE_DIR, default ~/.cache/irgen)")
     run.add_argument("--allow-pickle", action="store_true",

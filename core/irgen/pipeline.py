@@ -184,7 +184,7 @@ def run_cli(args, host) -> int:
                  progress=Progress(enabled=not args.no_progress), options=options,
                  command=["irgen", *sys.argv[1:]])
         return 0
-    if getattr(args, "jobs", 1) != 1:
+    if getattr(args, "jobs", None) is not None:
         raise IrgenError("-j/--jobs: only with --inputs (one sample runs in one process)")
     run(
         host,
@@ -955,16 +955,17 @@ def read_samples(source: Path, specs: list[InputSpec], limit: int | None
     return [(k, {names[0]: (arrays[k], f"--inputs {source} array {k!r}")}) for k in sorted(arrays)]
 
 
-def run_many(host, model: Path, out: Path, samples_from: Path, jobs: int = 1, opt_level: int = 3,
+def run_many(host, model: Path, out: Path, samples_from: Path, jobs: int | None = None, opt_level: int = 3,
              frontend: str | None = None, backend: str = "generic", serializer=("json",), quantizer: str | None = None,
              force: bool = False, progress: Progress | None = None, options: dict[str, Any] | None = None,
              command: list[str] | None = None) -> list[str]:
     """``irgen run --inputs``: one complete output per sample under ``out/<sample>/``, with one
-    import and compile, in ``jobs`` worker processes; the samples share the parameter files.
-    Each sample's folder holds what ``irgen run --input SAMPLE`` writes. Returns the sample names."""
+    import and compile, on ``jobs`` cores (``None``: all; see :func:`_split_cores`), in worker
+    processes; the samples share the parameter files. Each sample's folder holds what
+    ``irgen run --input SAMPLE`` writes. Returns the sample names."""
     progress = progress or Progress(enabled=False)
     options = dict(options or {})
-    if jobs < 1:
+    if jobs is not None and jobs < 1:
         raise IrgenError(f"-j {jobs}: must be at least 1")
     setup = _Setup(host, model, out, opt_level, frontend, backend, serializer, force, options,
                    [("the --inputs samples", samples_from)])
@@ -978,8 +979,7 @@ def run_many(host, model: Path, out: Path, samples_from: Path, jobs: int = 1, op
         stems = SafeNames()
         arrays = {stems(name): load_inputs(plan.inputs, [], 0, limit, given) for name, given in samples}  # all checked first
         named = list(arrays)
-        workers = min(jobs, len(named))
-        threads = _kernel_threads(workers)
+        workers, threads = _split_cores(jobs, len(named))
         progress.stage(f"capture {len(named)} samples ({workers} worker{'s' if workers > 1 else ''}, "
                        f"{threads} kernel thread{'s' if threads > 1 else ''} each)")
 
@@ -999,19 +999,25 @@ def run_many(host, model: Path, out: Path, samples_from: Path, jobs: int = 1, op
     return named
 
 
-def _kernel_threads(workers: int) -> int:
-    """TVM threads for each of ``workers`` worker processes: ``TVM_NUM_THREADS`` when set,
-    else the cores this process may run on, shared out (TVM's own default, half the cores on
-    x86 for hyper-threading, would leave a 2-core machine's second core idle at ``-j 1``,
-    and its spinning workers would oversubscribe the cores at ``-j 2``)."""
+def _split_cores(jobs: int | None, samples: int) -> tuple[int, int]:
+    """``-j``'s cores as (worker processes, TVM kernel threads in each). ``jobs`` is the cores
+    to use (``None``: every core this process may run on); each worker takes one sample at a
+    time, and with fewer samples than cores the workers share out the rest as kernel threads.
+    ``TVM_NUM_THREADS``, when set, is each worker's thread count. A worker per core is the
+    faster split: a sample's file writing and hashing run on one core, so a worker with two
+    kernel threads leaves one idle for that part (64 ResNet-18 samples on 2 cores: 152 ms a
+    sample as one worker with two threads, 108 ms as two workers). TVM's own default, half
+    the cores on x86 for hyper-threading, is not used."""
+    if jobs is None:
+        try:
+            jobs = len(os.sched_getaffinity(0))
+        except AttributeError:  # not Linux
+            jobs = os.cpu_count() or 1
+    workers = max(1, min(jobs, samples))
     given = os.environ.get("TVM_NUM_THREADS", "").strip()
     if given.isdigit() and int(given) > 0:
-        return int(given)
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    return max(1, cores // workers)
+        return workers, int(given)
+    return workers, max(1, jobs // workers)
 
 
 def _in_workers(names: list[str], jobs: int, threads: int, work: Callable[[str], None], progress: Progress) -> None:
