@@ -887,3 +887,33 @@ def test_timm_parts_as_torch_runs_them(tmp_path, capsys):
     assert any(o and "split" in o for o in ops) and any(o and "matmul" in o for o in ops) and "nn.avg_pool2d" in ops, ops
     # the first conv bit for bit; after the float spans, verify's per-layer verdict
     _equal_to_torch_and_verified(r, [la for la in r["ir"]["layers"] if la["name"] == "conv2d"], capsys)
+
+
+class _PoolBranch(nn.Module):
+    """Inception V3's reduction block: a max-pool branch concatenated with a conv branch. FX PTQ
+    gives the concat one observer for its inputs and output, so the pool's input (the block's
+    input) and output (the concat's) have other parameters: dequantize -> max_pool2d -> quantize."""
+
+    def __init__(self):
+        super().__init__()
+        self.c, self.b = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 4, 3, stride=2)
+
+    def forward(self, x):
+        y = torch.relu(self.c(x))
+        return torch.cat([self.b(y) * 3.0, nn.functional.max_pool2d(y, 3, stride=2)], 1)
+
+
+def test_a_max_pool_that_changes_quantization_parameters(tmp_path, capsys):
+    """irgen refused it in torch graphs ("nn.max_pool2d ... changes quantization parameters";
+    torchvision Inception V3 PTQ with the default x86 mapping). torch's float max of dequantized
+    values is the dequantized integer max (dequantize never decreases), so the layer is a table
+    of torch's quantize(dequantize(i)) then the integer max pool, as for ONNX Runtime's graphs."""
+    from torch.ao.quantization import get_default_qconfig_mapping
+
+    r = _ptq_qnnpack(_PoolBranch, tmp_path, get_default_qconfig_mapping())
+    pools = [la for la in r["ir"]["layers"] if (la["quant"] or {}).get("op") == "nn.max_pool2d"]
+    assert [la["quant"]["kind"] for la in pools] == ["lut"], [la["op"] for la in r["ir"]["layers"]]
+    q = pools[0]["quant"]
+    assert (q["inputs"][0]["scale"], q["inputs"][0]["zero_point"]) != (q["output"]["scale"], q["output"]["zero_point"])
+    _equal_to_torch_and_verified(r, [la for la in r["ir"]["layers"] if la["outputs"][0]["dtype"] in ("uint8", "int8")],
+                                 capsys)

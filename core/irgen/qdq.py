@@ -846,10 +846,11 @@ def _realize_move(qg, qb, comp, out):
     x, qx, dqx = _need(qg, comp.value.args[0], "the input", tensor)
     differ = qx.scale[0] != out.scale[0] or qx.zero_point[0] != out.zero_point[0] or qx.dtype != out.dtype
     torch = _is_torch(qg)
-    if differ and not (torch and comp.op == "relax.nn.max_pool2d"):
+    if differ:
         # dequantize -> the move in float -> quantize with other parameters: per element, so a table then
         # the move on the integers. ORT runs such a node unit in float (its integer Slice/Transpose/MaxPool
-        # need equal parameters); a max pool commutes with the table, which never decreases.
+        # need equal parameters), as torch's reference graph does (Inception V3's pool branch into a
+        # concat); a max pool commutes with the table, which never decreases.
         table = _table(qx, out, torch_rule=torch)
         xt = qg.emit(_lut(qg, x, table, qx.dtype))
         v = comp.value
@@ -861,9 +862,6 @@ def _realize_move(qg, qb, comp, out):
                "op": comp.op.removeprefix("relax."), "inputs": [qx.record()], "output": out.record(),
                "table": [int(t) for t in table], "requant": {"rounding": "half_to_even", "rounding_rule": rule}}
         return [dqx, comp.name, qb.name], expr, rec
-    if differ:
-        raise IrgenError(f"{SCHEME}: {comp.op.removeprefix('relax.')} at {tensor!r} changes quantization parameters "
-                         f"({qx.scale[0]}/{qx.zero_point[0]} -> {out.scale[0]}/{out.zero_point[0]}); not supported")
     v = comp.value
     expr = relax.Call(v.op, [x] + list(v.args[1:]), v.attrs, v.sinfo_args if hasattr(v, "sinfo_args") else None)
     rec = {"scheme": SCHEME, "kind": "integer", "op": comp.op.removeprefix("relax.").removeprefix("nn."),
