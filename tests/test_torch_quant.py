@@ -917,3 +917,49 @@ def test_a_max_pool_that_changes_quantization_parameters(tmp_path, capsys):
     assert (q["inputs"][0]["scale"], q["inputs"][0]["zero_point"]) != (q["output"]["scale"], q["output"]["zero_point"])
     _equal_to_torch_and_verified(r, [la for la in r["ir"]["layers"] if la["outputs"][0]["dtype"] in ("uint8", "int8")],
                                  capsys)
+
+
+class _Fire(nn.Module):
+    """SqueezeNet's Fire module: a squeeze conv, then two expand convs (1x1 and 3x3) of the same
+    tensor, each with its ReLU, concatenated; the next Fire's squeeze conv reads the concat."""
+
+    def __init__(self):
+        super().__init__()
+        self.c, self.s = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 4, 1)
+        self.e1, self.e3 = nn.Conv2d(4, 8, 1), nn.Conv2d(4, 8, 3, padding=1)
+        self.n = nn.Conv2d(16, 4, 1)
+
+    def forward(self, x):
+        y = torch.relu(self.s(torch.relu(self.c(x))))
+        return self.n(torch.cat([torch.relu(self.e1(y)), torch.relu(self.e3(y))], 1))
+
+
+def test_a_float_span_that_reads_one_tensor_through_two_dequantizes(tmp_path, capsys):
+    """torchao's PT2E Arm quantizer leaves the Fire module's expand convs unquantized between the
+    squeeze's quantize and the concat's, and gives each conv its own dequantize of the squeezed
+    tensor: a float span of two convs and the concat. Its program named that one layer input
+    twice (``input:0``, ``input:1``), so ``irgen verify`` could not recompute it (torchvision
+    SqueezeNet 1.1). One tensor is one input now; every quantized layer equals torch's value."""
+    pytest.importorskip("torchao")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+        from torchao.quantization.pt2e.quantizer.arm_inductor_quantizer import (
+            ArmInductorQuantizer, get_default_arm_inductor_quantization_config)
+
+        torch.manual_seed(0)
+        x = torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+        quantizer = ArmInductorQuantizer().set_global(get_default_arm_inductor_quantization_config())
+        p = prepare_pt2e(torch.export.export(_Fire().eval(), (x,)).module(), quantizer)
+        with torch.no_grad():
+            for s in _samples(4, (1, 3, 8, 8)):
+                p(s)
+        r = _irgen(convert_pt2e(p), x, tmp_path)
+    spans = [la for la in r["ir"]["layers"] if (la["quant"] or {}).get("realization") == "float"]
+    assert [(len(la["inputs"]), len(la["quant"]["inputs"])) for la in spans] == [(1, 1)], \
+        [la["op"] for la in r["ir"]["layers"]]
+    assert spans[0]["op"].count("conv2d") == 2
+    _equal_to_torch_and_verified(r, [la for la in r["ir"]["layers"] if la["outputs"][0]["dtype"] in ("uint8", "int8")],
+                                 capsys)

@@ -433,11 +433,24 @@ def realize_float(qg, qb, last, out):
     new: dict[str, object] = {}
     refs: dict[str, str] = {}
     acts.sort(key=lambda d: min(j for j, b in enumerate(order) if d[2] in [getattr(a, "name", None) for a in _args(b.value)]))
-    for k, (x, qx, d) in enumerate(acts):  # dequantized first, in this order: the layer's inputs follow it
+    # dequantized first, in this order: the layer's inputs follow it. One tensor dequantized by two
+    # nodes (PT2E's Arm quantizer gives each reader its own: SqueezeNet's two expand convs) is one input
+    seen: dict[str, tuple] = {}
+    inputs = []
+    for x, qx, d in acts:
+        key = getattr(x, "name", None) or str(id(x))
+        if key in seen:
+            other, qo = seen[key]
+            if (qo.scale[0], qo.zero_point[0], qo.dtype) != (qx.scale[0], qx.zero_point[0], qx.dtype):
+                raise IrgenError(f"{p.SCHEME}: {key!r} is dequantized with two sets of parameters before {tensor!r}")
+            new[d] = new[other]
+            continue
+        seen[key] = (d, qx)
         f = e(op.multiply(e(op.astype(p._offset(qg, x, int(qx.zero_point[0])), "float32")),
                           q.rx_const(qx.scale[0], "float32")))
         new[d] = e(op.astype(f, "float64"))
-        refs[new[d].name] = f"input:{k}"
+        refs[new[d].name] = f"input:{len(inputs)}"
+        inputs.append(qx)
     for d, v in consts.items():
         new[d] = relax.const(v.astype(np.float64), "float64")
 
@@ -498,7 +511,7 @@ def realize_float(qg, qb, last, out):
     ops = "+".join(b.op.removeprefix("relax.") for b in order if b.op)
     rec = {"scheme": p.SCHEME, "kind": "float", "realization": "float", "op": ops,
            **({"reference": "torch"} if torch else {}),
-           "inputs": [qx.record() for _, qx, _ in acts], "output": out.record(), "program": program,
+           "inputs": [qx.record() for qx in inputs], "output": out.record(), "program": program,
            "result": result, "requant": {"rounding": "half_to_even", "rounding_rule": rule},
            "clamp": [out.lo, out.hi]}
     return dqs + [b.name for b in order] + [qb.name], expr, rec
