@@ -21,6 +21,8 @@ DEFAULT = {
     "bert-onnx",                    # transformer encoder, float ONNX
     "vit-pt2",                      # transformer, .pt2
     "mobilenet_v3_small-ptq",       # torch FX PTQ, torch's default mapping (reduce_range), .pt2
+    "mobilenet_v3_small-pt2e",      # torchao PT2E, x86 quantizer (uint8, per-channel weights), .pt2
+    "resnet18-pt2e-arm",            # torchao PT2E, Arm quantizer (int8 activations, per-tensor weights), .pt2
     "MobileNetV3Small-tflite-int8", # keras.applications, TFLite converter full-int8
     "MobileNetV2-keras",            # .keras float
     "hf_llama-pt2",                 # transformers decoder (RMSNorm, rotary positions, GQA, cache concat), .pt2

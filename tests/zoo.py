@@ -10,7 +10,8 @@ quantized the ways users quantize:
   ``quant_pre_process`` (``qdq-pre``), at the MatMuls only (``qdq-mm``), with
   16-bit activations (``qdq-a16``), and with 4-bit weights per channel (``qdq-w4``); the models of ``TORCH_PTQ_MODELS`` also
   quantized by torch's own FX post-training quantization with its default
-  mapping, exported as ``.pt2`` (``ptq``);
+  mapping, exported as ``.pt2`` (``ptq``), and by torchao's PT2E flow with the
+  x86 quantizer (``pt2e``) and the Arm one (``pt2e-arm``);
 * Keras models: ``.keras`` (``keras``) and the TFLite converter's ``.tflite``
   (``tflite``), float; the ``.keras`` file with irgen's
   ``--calibration`` (``keras-int8``), and the TFLite converter's full-int8
@@ -41,9 +42,19 @@ from typing import Callable
 
 import numpy as np
 
-QUANTIZED_FORMATS = ("qdq", "qdq-pc", "qdq-pre", "qdq-mm", "qdq-a16", "qdq-w4", "ptq", "tflite-int8", "tflite-int8-fio",
+QUANTIZED_FORMATS = ("qdq", "qdq-pc", "qdq-pre", "qdq-mm", "qdq-a16", "qdq-w4", "ptq", "pt2e", "pt2e-arm", "tflite-int8",
+                     "tflite-int8-fio",
                      "tflite-16x8", "keras-int8")
-TORCH_FORMATS = ("onnx", "pt2", "qdq", "qdq-pc", "qdq-pre", "qdq-mm", "qdq-a16", "qdq-w4", "ptq")
+TORCH_FORMATS = ("onnx", "pt2", "qdq", "qdq-pc", "qdq-pre", "qdq-mm", "qdq-a16", "qdq-w4", "ptq", "pt2e", "pt2e-arm")
+#: torchao's PT2E quantizers (``prepare_pt2e``/``convert_pt2e``; torch 2.13 has no PT2E of its own):
+#: pt2e, X86InductorQuantizer (uint8 activations, per-channel int8 weights); pt2e-arm,
+#: ArmInductorQuantizer (int8 activations, per-tensor symmetric int8 weights)
+PT2E_QUANTIZERS = {
+    "pt2e": ("torchao.quantization.pt2e.quantizer.x86_inductor_quantizer", "X86InductorQuantizer",
+             "get_default_x86_inductor_quantization_config"),
+    "pt2e-arm": ("torchao.quantization.pt2e.quantizer.arm_inductor_quantizer", "ArmInductorQuantizer",
+                 "get_default_arm_inductor_quantization_config"),
+}
 #: quantize_static's options for each ORT QDQ format (qdq-pre: after quant_pre_process)
 QDQ_OPTIONS = {
     "qdq-pc": {"per_channel": True},
@@ -275,6 +286,7 @@ TORCH_PTQ_MODELS = ("resnet18", "mobilenet_v2", "mobilenet_v3_small", "efficient
 NOT_BUILT = {
     "hf_beit-qdq-pre": "onnxruntime's quant_pre_process: 'Incomplete symbolic shape inference'",
     "swin_v2_t-qdq-pre": "onnxruntime's quant_pre_process: 'Incomplete symbolic shape inference'",
+    "resnet18-pt2e": "torchao's X86InductorQuantizer: 'Input partition has more than one output node'",
     "MobileNetV3Small-tflite-16x8": "the TFLite converter: 'Quantization to 16x8-bit not yet supported for op: HARD_SWISH'",
     "ConvNeXtTiny-tflite-16x8": "the TFLite converter: 'Quantization to 16x8-bit not yet supported for op: NEG'",
     # the random-weight model's activations vanish in block 4 (calibrated scale 8e-10), so RELU6's bound
@@ -320,7 +332,8 @@ class Case:
 
 def cases(formats=None) -> list[Case]:
     out = [Case(m, f) for m in TORCH_MODELS for f in TORCH_FORMATS
-           if (f in ("onnx", "pt2") or (m in TORCH_PTQ_MODELS if f == "ptq" else m in QUANTIZED_TORCH_MODELS))
+           if (f in ("onnx", "pt2") or (m in TORCH_PTQ_MODELS if f in ("ptq", *PT2E_QUANTIZERS)
+                                        else m in QUANTIZED_TORCH_MODELS))
            and f"{m}-{f}" not in NOT_BUILT and not (f == "qdq-mm" and m in NO_MATMUL)]
     out += [Case(m, f) for m in KERAS_MODELS for f in KERAS_FORMATS if f"{m}-{f}" not in NOT_BUILT]
     return [c for c in out if formats is None or c.fmt in formats]
@@ -422,28 +435,42 @@ def _quantize_onnx(model_name: str, fmt: str, folder: Path, onnx_path: Path, fee
     return out
 
 
-def _quantize_torch(model_name: str, folder: Path, feeds) -> Path:
-    """The model quantized by torch FX post-training quantization (``TORCH_PTQ_MODELS``), calibrated
-    on the samples ORT's calibration reads, as a ``.pt2``."""
+def _quantize_torch(model_name: str, fmt: str, folder: Path, feeds) -> Path:
+    """The model quantized by torch itself, calibrated on the samples ORT's calibration reads, as a
+    ``.pt2``: ``ptq``, FX post-training quantization (``TORCH_PTQ_MODELS``) with torch's default
+    mapping; ``pt2e``/``pt2e-arm``, torchao's PT2E flow (``torch.export``, ``prepare_pt2e``,
+    ``convert_pt2e``) with the quantizer of ``PT2E_QUANTIZERS``."""
+    import importlib
     import warnings
 
     import torch
-    from torch.ao.quantization import get_default_qconfig_mapping
-    from torch.ao.quantization.quantize_fx import _convert_to_reference_decomposed_fx, prepare_fx
 
-    out = folder / f"{model_name}.ptq.pt2"
+    out = folder / f"{model_name}.{fmt}.pt2"
     if out.exists():
         return out
-    torch.manual_seed(0)
-    model, shapes = TORCH_MODELS[model_name]()  # the weights _torch_base exported (the same seed)
-    args = tuple(torch.from_numpy(feeds[n]) for n in shapes)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        prepared = prepare_fx(model.eval(), get_default_qconfig_mapping(), args)
+    with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
+        warnings.simplefilter("ignore")  # torchao: "Failed to load ... _C_cutlass_90a" (CUDA kernels), Enum notes
+        torch.manual_seed(0)
+        model, shapes = TORCH_MODELS[model_name]()  # the weights _torch_base exported (the same seed)
+        args = tuple(torch.from_numpy(feeds[n]) for n in shapes)
+        if fmt == "ptq":
+            from torch.ao.quantization import get_default_qconfig_mapping
+            from torch.ao.quantization.quantize_fx import _convert_to_reference_decomposed_fx, prepare_fx
+
+            prepared = prepare_fx(model.eval(), get_default_qconfig_mapping(), args)
+            convert = _convert_to_reference_decomposed_fx
+        else:
+            from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+            where, cls, config = PT2E_QUANTIZERS[fmt]
+            mod = importlib.import_module(where)
+            quantizer = getattr(mod, cls)().set_global(getattr(mod, config)())
+            prepared = prepare_pt2e(torch.export.export(model.eval(), args).module(), quantizer)
+            convert = convert_pt2e
         with torch.no_grad():
             for k in range(CALIBRATION_SAMPLES):
                 prepared(*(torch.from_numpy(_sample(feeds[n].shape, feeds[n].dtype, 100 + k)) for n in shapes))
-            program = torch.export.export(_convert_to_reference_decomposed_fx(prepared), args)
+            program = torch.export.export(convert(prepared), args)
     torch.export.save(program, str(out))
     return out
 
@@ -522,8 +549,8 @@ def build(case: Case, folder: Path) -> tuple[Path, list[str]]:
             return onnx_path, args
         if case.fmt == "pt2":
             return pt2_path, args
-        if case.fmt == "ptq":
-            return _quantize_torch(case.model, folder, feeds), args
+        if case.fmt in ("ptq", *PT2E_QUANTIZERS):
+            return _quantize_torch(case.model, case.fmt, folder, feeds), args
         return _quantize_onnx(case.model, case.fmt, folder, onnx_path, feeds), args
     path, x, extra = _keras(case.model, case.fmt, folder)
     f = folder / f"{case.model}.x.npy"
@@ -602,7 +629,8 @@ def _subprocess(argv: list[str]) -> tuple[int, str, str]:
 FORMAT_TITLES = {
     "onnx": "ONNX float", "pt2": "`.pt2` float", "qdq": "ORT QDQ", "qdq-pc": "ORT QDQ per-channel",
     "qdq-pre": "ORT QDQ after `quant_pre_process`", "qdq-mm": "ORT QDQ, MatMuls only",
-    "qdq-a16": "ORT QDQ, 16-bit activations", "qdq-w4": "ORT QDQ, 4-bit weights", "ptq": "torch FX PTQ `.pt2`", "keras": "`.keras` float",
+    "qdq-a16": "ORT QDQ, 16-bit activations", "qdq-w4": "ORT QDQ, 4-bit weights", "ptq": "torch FX PTQ `.pt2`",
+    "pt2e": "torchao PT2E, x86 quantizer, `.pt2`", "pt2e-arm": "torchao PT2E, Arm quantizer, `.pt2`", "keras": "`.keras` float",
     "tflite": "TFLite float",
     "keras-int8": "`.keras` + `--calibration`", "tflite-int8": "TFLite full-int8",
     "tflite-int8-fio": "TFLite full-int8, float input/output", "tflite-16x8": "TFLite 16x8 (int16 activations)",
