@@ -581,6 +581,33 @@ def _layer_norm64(e, args, attrs):
     return y
 
 
+def _group_norm64(e, args, attrs):
+    """relax.nn.group_norm (float32/16 only in TVM) as float64 elementary ops, as TVM's
+    ``group_norm``: the channel axis split into (groups, channels per group), each group's
+    ``(x - mean) / sqrt(var + eps)`` over its channels and ``axes``, then ``* gamma + beta``
+    per channel (PoolFormer's GroupNorm(1, C))."""
+    from tvm.relax import op
+
+    x, gamma, beta = args
+    shape = [int(d) for d in x.ty.shape.values]
+    nd = len(shape)
+    c, groups = int(attrs.channel_axis) % nd, int(attrs.num_groups)
+    grouped = [*shape[:c], groups, shape[c] // groups, *shape[c + 1:]]
+    axes = [c + 1, *(a if a < c else a + 1 for a in (int(a) % nd for a in attrs.axes))]
+    xg = e(op.reshape(x, grouped))
+    n = _f64(float(np.prod([grouped[a] for a in axes])))
+    mean = e(op.divide(e(op.sum(xg, axis=axes, keepdims=True)), n))
+    xc = e(op.subtract(xg, mean))
+    var = e(op.divide(e(op.sum(e(op.multiply(xc, xc)), axis=axes, keepdims=True)), n))
+    y = e(op.reshape(e(op.divide(xc, e(op.sqrt(e(op.add(var, _f64(float(attrs.epsilon)))))))), shape))
+    per_channel = [shape[c] if a == c else 1 for a in range(nd)]
+    if bool(attrs.scale):
+        y = e(op.multiply(y, e(op.reshape(gamma, per_channel))))
+    if bool(attrs.center):
+        y = e(op.add(y, e(op.reshape(beta, per_channel))))
+    return y
+
+
 def _f64(v):
     from tvm import relax
 
@@ -628,7 +655,8 @@ def _split64(e, args, attrs):
     return [e(op.strided_slice(x, [axis], [b], [max(b, n)])) for b, n in zip(bounds, bounds[1:])]
 
 
-FLOAT64 = {"relax.nn.layer_norm": _layer_norm64, "relax.nn.batch_norm": _batch_norm64, "relax.split": _split64}
+FLOAT64 = {"relax.nn.layer_norm": _layer_norm64, "relax.nn.group_norm": _group_norm64, "relax.nn.batch_norm": _batch_norm64,
+           "relax.split": _split64}
 
 
 def drop_dead_items(qg) -> None:
