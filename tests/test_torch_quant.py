@@ -565,6 +565,32 @@ def _ptq_qnnpack(model_cls, d: Path, qmap=None):
     return _irgen(_convert_to_reference_decomposed_fx(p), x, d)
 
 
+def _ptq_pt2e(model_cls, fmt: str, d: Path):
+    """``model_cls()`` (built after seeding torch) quantized by torchao's PT2E flow with the zoo's
+    quantizer for ``fmt`` (``zoo.PT2E_QUANTIZERS``), calibrated on four samples, then through
+    irgen (:func:`_irgen`) on a [1, 3, 8, 8] input."""
+    pytest.importorskip("torchao")
+    import importlib
+    import warnings
+
+    from zoo import PT2E_QUANTIZERS
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+        where, cls, config = PT2E_QUANTIZERS[fmt]
+        mod = importlib.import_module(where)
+        torch.manual_seed(0)
+        x = torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+        p = prepare_pt2e(torch.export.export(model_cls().eval(), (x,)).module(),
+                         getattr(mod, cls)().set_global(getattr(mod, config)()))
+        with torch.no_grad():
+            for s in _samples(4, (1, 3, 8, 8)):
+                p(s)
+        return _irgen(convert_pt2e(p), x, d)
+
+
 def _equal_to_torch_and_verified(r: dict, layers: list[dict], capsys) -> None:
     """Each of ``layers`` (with a source tensor) equals torch's value to the bit; ``irgen verify`` passes."""
     for layer in layers:
@@ -940,23 +966,7 @@ def test_a_float_span_that_reads_one_tensor_through_two_dequantizes(tmp_path, ca
     tensor: a float span of two convs and the concat. Its program named that one layer input
     twice (``input:0``, ``input:1``), so ``irgen verify`` could not recompute it (torchvision
     SqueezeNet 1.1). One tensor is one input now; every quantized layer equals torch's value."""
-    pytest.importorskip("torchao")
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
-        from torchao.quantization.pt2e.quantizer.arm_inductor_quantizer import (
-            ArmInductorQuantizer, get_default_arm_inductor_quantization_config)
-
-        torch.manual_seed(0)
-        x = torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(1))
-        quantizer = ArmInductorQuantizer().set_global(get_default_arm_inductor_quantization_config())
-        p = prepare_pt2e(torch.export.export(_Fire().eval(), (x,)).module(), quantizer)
-        with torch.no_grad():
-            for s in _samples(4, (1, 3, 8, 8)):
-                p(s)
-        r = _irgen(convert_pt2e(p), x, tmp_path)
+    r = _ptq_pt2e(_Fire, "pt2e-arm", tmp_path)
     spans = [la for la in r["ir"]["layers"] if (la["quant"] or {}).get("realization") == "float"]
     assert [(len(la["inputs"]), len(la["quant"]["inputs"])) for la in spans] == [(1, 1)], \
         [la["op"] for la in r["ir"]["layers"]]
@@ -980,33 +990,14 @@ class _PoolFormerBlock(nn.Module):
         return self.fc(y + self.scale * (self.pool(n) - n))
 
 
-@pytest.mark.parametrize("quantizer", ["x86", "arm"])
+@pytest.mark.parametrize("quantizer", ["pt2e", "pt2e-arm"])
 def test_group_norm_in_a_float_span(tmp_path, capsys, quantizer):
     """torchao's PT2E quantizers leave PoolFormer's GroupNorm float between quantized tensors, so
     it is part of a float span, which irgen computes in float64; TVM's group_norm has no float64
     kernel, and irgen stopped with TVM's internal error (timm PoolFormer-S12). It is now float64
     elementary ops, as TVM's group_norm computes; the span is within the float-layer contract of
     torch's float32, and every other quantized layer equals torch's value."""
-    pytest.importorskip("torchao")
-    import importlib
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
-
-        where = {"x86": ("x86_inductor_quantizer", "X86InductorQuantizer", "get_default_x86_inductor_quantization_config"),
-                 "arm": ("arm_inductor_quantizer", "ArmInductorQuantizer", "get_default_arm_inductor_quantization_config")}
-        name, cls, config = where[quantizer]
-        mod = importlib.import_module(f"torchao.quantization.pt2e.quantizer.{name}")
-        torch.manual_seed(0)
-        x = torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(1))
-        p = prepare_pt2e(torch.export.export(_PoolFormerBlock().eval(), (x,)).module(),
-                         getattr(mod, cls)().set_global(getattr(mod, config)()))
-        with torch.no_grad():
-            for s in _samples(4, (1, 3, 8, 8)):
-                p(s)
-        r = _irgen(convert_pt2e(p), x, tmp_path)
+    r = _ptq_pt2e(_PoolFormerBlock, quantizer, tmp_path)
     layers = r["ir"]["layers"]
     spans = [la for la in layers if "group_norm" in la["op"]]
     assert spans and all(la["quant"]["realization"] == "float" for la in spans), [la["op"] for la in layers]

@@ -567,18 +567,25 @@ def _layer_norm64(e, args, attrs):
     from tvm.relax import op
 
     x, gamma, beta = args
-    shape = [int(d) for d in x.ty.shape.values]
-    axes = [int(a) % len(shape) for a in attrs.axes]
-    n = _f64(float(np.prod([shape[a] for a in axes])))
-    mean = e(op.divide(e(op.sum(x, axis=axes, keepdims=True)), n))
-    xc = e(op.subtract(x, mean))
-    var = e(op.divide(e(op.sum(e(op.multiply(xc, xc)), axis=axes, keepdims=True)), n))
-    y = e(op.divide(xc, e(op.sqrt(e(op.add(var, _f64(float(attrs.epsilon))))))))
+    y = _standardize64(e, x, [int(a) % len(x.ty.shape.values) for a in attrs.axes], float(attrs.epsilon))
     if bool(attrs.scale):
         y = e(op.multiply(y, gamma))
     if bool(attrs.center):
         y = e(op.add(y, beta))
     return y
+
+
+def _standardize64(e, x, axes: list[int], epsilon: float):
+    """``(x - mean) / sqrt(var + eps)`` over ``axes`` in float64 elementary ops, sums in index
+    order: the core of LayerNorm and GroupNorm."""
+    from tvm.relax import op
+
+    shape = [int(d) for d in x.ty.shape.values]
+    n = _f64(float(np.prod([shape[a] for a in axes])))
+    mean = e(op.divide(e(op.sum(x, axis=axes, keepdims=True)), n))
+    xc = e(op.subtract(x, mean))
+    var = e(op.divide(e(op.sum(e(op.multiply(xc, xc)), axis=axes, keepdims=True)), n))
+    return e(op.divide(xc, e(op.sqrt(e(op.add(var, _f64(epsilon)))))))
 
 
 def _group_norm64(e, args, attrs):
@@ -594,12 +601,7 @@ def _group_norm64(e, args, attrs):
     c, groups = int(attrs.channel_axis) % nd, int(attrs.num_groups)
     grouped = [*shape[:c], groups, shape[c] // groups, *shape[c + 1:]]
     axes = [c + 1, *(a if a < c else a + 1 for a in (int(a) % nd for a in attrs.axes))]
-    xg = e(op.reshape(x, grouped))
-    n = _f64(float(np.prod([grouped[a] for a in axes])))
-    mean = e(op.divide(e(op.sum(xg, axis=axes, keepdims=True)), n))
-    xc = e(op.subtract(xg, mean))
-    var = e(op.divide(e(op.sum(e(op.multiply(xc, xc)), axis=axes, keepdims=True)), n))
-    y = e(op.reshape(e(op.divide(xc, e(op.sqrt(e(op.add(var, _f64(float(attrs.epsilon)))))))), shape))
+    y = e(op.reshape(_standardize64(e, e(op.reshape(x, grouped)), axes, float(attrs.epsilon)), shape))
     per_channel = [shape[c] if a == c else 1 for a in range(nd)]
     if bool(attrs.scale):
         y = e(op.multiply(y, e(op.reshape(gamma, per_channel))))
