@@ -558,21 +558,27 @@ def _stopped(watch: _SignalWatch) -> int:
 
 
 def _traceback_wanted() -> bool:
-    import os
+    """``IRGEN_TRACEBACK`` is on (a bad value, refused up front by :func:`main`, counts as off)."""
+    from irgen import envflags
 
-    return os.environ.get("IRGEN_TRACEBACK", "").strip().lower() in {"1", "true", "yes", "on"}
+    try:
+        return envflags.switch("IRGEN_TRACEBACK")
+    except IrgenError:
+        return False
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code (2 for a user error, 130/143 when interrupted/terminated,
-    3 for an internal error). ``IRGEN_TRACEBACK=1`` prints the traceback of any error."""
-    from irgen import lean_import
+    3 for an internal error). ``IRGEN_TRACEBACK=1`` prints the traceback of any error; every
+    ``IRGEN_*`` variable is checked first (``irgen.envflags``)."""
+    from irgen import envflags, lean_import
 
     lean_import.install()  # TVM without torch unless a model needs it
     lean_import.unpin_threads()  # before any kernel, FoldConstant's included, makes a pool
     watch = _SignalWatch()
     try:
         with watch:
+            envflags.check_all()
             args = parse_args(argv)
             return int(args.func(args))
     except IrgenError as exc:

@@ -27,6 +27,8 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
+from irgen import envflags
+
 #: at most this many LLVM modules (and threads) per compile
 MAX_PARTS = 8
 
@@ -37,9 +39,9 @@ def workers() -> int:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cores = os.cpu_count() or 1
-    env = os.environ.get("IRGEN_BUILD_THREADS", "").strip()
-    if env.isdigit() and int(env) > 0:
-        cores = min(cores, int(env))
+    cap = envflags.positive_int("IRGEN_BUILD_THREADS")
+    if cap is not None:
+        cores = min(cores, cap)
     return max(1, min(cores, MAX_PARTS))
 
 

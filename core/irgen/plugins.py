@@ -27,7 +27,7 @@ from typing import Any, Callable, Generic, Iterable, TypeVar
 
 import pluggy
 
-from irgen import hookspecs
+from irgen import envflags, hookspecs
 from irgen.api import Backend, Frontend, IrgenError, Option, Quantizer, Serializer
 
 ENTRY_POINT_GROUP = "irgen"
@@ -131,10 +131,7 @@ class PluginTimeout(Exception):
 
 
 def _timeout_seconds() -> float:
-    try:
-        return max(0.0, float(os.environ.get(TIMEOUT_ENV, DEFAULT_PLUGIN_TIMEOUT)))
-    except ValueError:
-        raise IrgenError(f"{TIMEOUT_ENV}={os.environ.get(TIMEOUT_ENV)!r}: expected a number of seconds") from None
+    return envflags.seconds(TIMEOUT_ENV, DEFAULT_PLUGIN_TIMEOUT)
 
 
 class _TimeBound:
@@ -211,7 +208,7 @@ class PluginHost:
         to block a plugin. Returns ``self``.
         """
         extra = list(extra)
-        env_strict = os.environ.get(STRICT_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
+        env_strict = envflags.switch(STRICT_ENV)
         self.strict = strict or env_strict
         no_names = (e[3:] for e in extra if e.startswith("no:"))
         for name in {*blocked, *_env_names(BLOCK_ENV), *no_names}:

@@ -42,14 +42,22 @@ _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20,
           "tib": 1 << 40}
 
 
-def parse_bytes(text: str) -> int:
-    """``"512M"``, ``"2GiB"``, ``"1000000"`` -> a byte count (argparse type)."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", str(text))
+def byte_count(text: str) -> int:
+    """``"512M"``, ``"2GiB"``, ``"0"``, ``"1.5k"`` -> a byte count, exact (no float rounding or
+    overflow); ``ValueError`` for anything else (``inf``, ``-1``, ``1e9``, an unknown unit)."""
+    from fractions import Fraction
+
+    m = re.fullmatch(r"\s*(\d{1,30}(?:\.\d{1,30})?)\s*([A-Za-z]{0,3})\s*", str(text))
     if not m or m.group(2).lower() not in _UNITS:
-        raise ValueError(f"not a size: {text!r} (e.g. 512M, 2G, 1000000)")
-    value = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+        raise ValueError(f"not a size: {str(text)[:40]!r} (e.g. 512M, 2G, 1000000)")
+    return int(Fraction(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def parse_bytes(text: str) -> int:
+    """``"512M"``, ``"2GiB"``, ``"1000000"`` -> a positive byte count (argparse type)."""
+    value = byte_count(text)
     if value <= 0:
-        raise ValueError(f"not a positive size: {text!r}")
+        raise ValueError(f"not a positive size: {str(text)[:40]!r}")
     return value
 
 

@@ -34,8 +34,9 @@ time), as is any function a primitive rejects.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
+
+from irgen import envflags
 
 #: environment switch: a true value (1, true, yes, on) turns the schedule off
 ENV_OFF = "IRGEN_NO_SCHEDULE"
@@ -55,9 +56,7 @@ TILE_INT = 4
 
 def enabled() -> bool:
     """Whether :func:`schedule_module` schedules (``IRGEN_NO_SCHEDULE`` unset and ``ENABLED``)."""
-    from irgen.envflags import turned_off
-
-    return not turned_off(ENV_OFF, ENABLED)
+    return not envflags.turned_off(ENV_OFF, ENABLED)
 
 
 def key() -> tuple:
@@ -145,7 +144,7 @@ def schedule_func(func, stats: Stats | None = None):
             except ScheduleError:  # atomic: the primitives applied so far stand, all value-neutral
                 counts.failed += 1
     except Exception as err:  # noqa: BLE001 - any rejection: keep the function as legalized
-        if os.environ.get("IRGEN_SCHEDULE_DEBUG"):
+        if envflags.switch("IRGEN_SCHEDULE_DEBUG"):
             print(f"irgen.schedule: {type(err).__name__}: {err}")
         stats.failed += 1
         return None

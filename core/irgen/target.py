@@ -44,10 +44,11 @@ def spec() -> dict[str, Any]:
 
 
 def _generic() -> bool:
-    import os
     import platform
 
-    return (os.environ.get(ENV_GENERIC, "").strip().lower() in {"1", "true", "yes", "on"}
+    from irgen import envflags
+
+    return (envflags.switch(ENV_GENERIC)
             or platform.machine().lower() not in {"x86_64", "amd64"})
 
 
