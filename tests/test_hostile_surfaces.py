@@ -1,22 +1,139 @@
-"""Hostile input to irgen's smaller surfaces, found by trying them: ``IRGEN_*`` variables.
+"""Hostile input to irgen's smaller surfaces, found by trying them: ``irgen run --inputs``
+(decompression bombs, samples that collide), serializers that would have to truncate,
+the modes of the files irgen writes under a strict umask, and ``IRGEN_*`` variables.
 
 Each case runs the real ``irgen`` in a child process and asserts what ``tests/hostile.py``
 says: exit code 2, one ``irgen: error:`` line naming the culprit, no OUT and no partial
-folder.
+folder. A bomb's child must also stay under :data:`PEAK_RSS` of memory.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import zipfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from hostile import ENV, assert_refused, irgen
+from hostile import ENV, IRGEN, assert_refused, irgen
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT / "examples" / "tiny_cnn.onnx"  # one input 'x', float32 (1, 3, 32, 32)
+SHAPE = (1, 3, 32, 32)
+#: the most memory a child running a bomb may take (irgen itself, TVM loaded: about 210 MiB)
+PEAK_RSS = 300 << 20
 
 pytest.importorskip("onnx")
+
+#: runs ``argv`` as a child, passes on its stderr and exit code, and prints the child's peak RSS
+_PEAK = ("import resource, subprocess, sys\n"
+         "p = subprocess.run(sys.argv[1:], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)\n"
+         "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)\n"
+         "sys.exit(p.returncode)\n")
+
+
+def irgen_peak(*argv) -> tuple[subprocess.CompletedProcess, int]:
+    """``irgen ARGV...`` in a child of a fresh process (no other child to count): the result
+    and the child's peak resident memory in bytes."""
+    proc = subprocess.run([sys.executable, "-c", _PEAK, *IRGEN, *map(str, argv)], capture_output=True, text=True,
+                          timeout=300, stdin=subprocess.DEVNULL, env=ENV)
+    return proc, int(proc.stdout.strip().splitlines()[-1])
+
+
+def _npy_bytes(arr: np.ndarray) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    np.save(buf, arr, allow_pickle=False)
+    return buf.getvalue()
+
+
+def _npy_header(shape: tuple[int, ...], dtype: str = "<f4") -> bytes:
+    """The ``.npy`` header of an array of ``shape`` and ``dtype``, without its data."""
+    import io
+
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, {"descr": dtype, "fortran_order": False, "shape": shape})
+    return buf.getvalue()
+
+
+def _deflated(path: Path, name: str, head: bytes, zeros: int) -> None:
+    """A ``.npz`` whose member ``name`` is ``head`` then ``zeros`` MiB of zero bytes, deflated
+    as they are written (never all in memory): some KiB per hundred MiB."""
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        with zf.open(name, "w", force_zip64=True) as f:
+            f.write(head)
+            chunk = bytes(1 << 20)
+            for _ in range(zeros):
+                f.write(chunk)
+
+
+# ------------------------------------------------------------------ irgen run --inputs
+
+
+@pytest.mark.parametrize("case", ["wrong-shape", "longer-than-its-header"])
+def test_inputs_npz_bomb_is_refused_in_bounded_memory(tmp_path, case):
+    """A small ``.npz`` whose member expands to hundreds of MiB: refused from its header
+    (a shape the model does not take) or after one byte more than its header declares,
+    never decompressed whole."""
+    bomb = tmp_path / "bomb.npz"
+    if case == "wrong-shape":  # 384 MiB of float32 zeros, declared honestly
+        _deflated(bomb, "a.npy", _npy_header((1, 3, 8192, 4096)), 384)
+        words = ["array 'a'", "shape (1, 3, 8192, 4096) does not match input 'x'"]
+    else:  # the right header and data, then 384 MiB more
+        _deflated(bomb, "a.npy", _npy_bytes(np.ones(SHAPE, np.float32)), 384)
+        words = ["array 'a'", "more data than its header declares"]
+    assert bomb.stat().st_size < 2 << 20
+    out = tmp_path / "out"
+    proc, peak = irgen_peak("run", MODEL, "-o", out, "--inputs", bomb, "--no-progress")
+    assert_refused(proc, out, *words)
+    assert peak < PEAK_RSS, f"irgen took {peak >> 20} MiB on a {bomb.stat().st_size >> 10} KiB .npz"
+
+
+def test_inputs_total_size_is_bounded_before_reading(tmp_path):
+    """Many right-shaped samples: their total is checked from the headers against
+    4 x --max-tensor-bytes, and the error says how to raise it."""
+    x = np.zeros(SHAPE, np.float32)  # 12 KiB each, 100 of them: 1.2 MiB
+    np.savez_compressed(tmp_path / "many.npz", **{f"s{i:03d}": x for i in range(100)})
+    out = tmp_path / "out"
+    proc = irgen("run", MODEL, "-o", out, "--inputs", tmp_path / "many.npz", "--max-tensor-bytes", "200K",
+                 "--no-progress")
+    assert_refused(proc, out, "over the limit of 800.0 KiB for all samples together", "raise --max-tensor-bytes")
+
+
+@pytest.mark.parametrize("case", ["npz-members", "npz-sanitized", "folder-npy-npz", "folder-case"])
+def test_inputs_two_samples_of_one_name_are_refused(tmp_path, case):
+    """Two members or files that would be one sample (one output folder) are refused,
+    naming both, instead of one silently replacing the other."""
+    x = np.zeros(SHAPE, np.float32)
+    src = tmp_path / "in"
+    src.mkdir()
+    if case == "npz-members":
+        src = tmp_path / "in.npz"
+        with zipfile.ZipFile(src, "w") as zf:
+            zf.writestr("a.npy", _npy_bytes(x))
+            zf.writestr("a", _npy_bytes(x + 1))
+        words = ["'a.npy'", "'a'"]
+    elif case == "npz-sanitized":
+        src = tmp_path / "in.npz"
+        np.savez(src, **{"a b": x, "a_b": x + 1})
+        words = ["array 'a b'", "array 'a_b'"]
+    elif case == "folder-npy-npz":
+        np.save(src / "s.npy", x)
+        np.savez(src / "s.npz", x=x + 1)
+        words = ["'s.npy'", "'s.npz'"]
+    else:
+        np.save(src / "S.npy", x)
+        np.save(src / "s.npy", x + 1)
+        words = ["'S.npy'", "'s.npy'"]
+    out = tmp_path / "out"
+    proc = irgen("run", MODEL, "-o", out, "--inputs", src, "--no-progress")
+    assert_refused(proc, out, *words)
+
 
 # ------------------------------------------------------------------ IRGEN_* variables
 

@@ -112,13 +112,20 @@ def load_inputs(specs: list[InputSpec], given: list[str], seed: int,
     return out
 
 
+def _check_form(shape: tuple[int, ...], dtype: np.dtype, s: InputSpec, what: str) -> None:
+    """Data of ``shape`` and ``dtype`` can be input ``s``: its shape, and its dtype or a float
+    one for an integer input that has a scale (quantized on reading: :func:`quantize_input`)."""
+    if tuple(shape) != tuple(s.shape):
+        raise IrgenError(f"{what}: shape {tuple(shape)} does not match input {s.name!r} shape {tuple(s.shape)}")
+    if str(dtype) != s.dtype and not (s.quantization and dtype.kind == "f" and np.dtype(s.dtype).kind in "iu"):
+        raise IrgenError(f"{what}: dtype {dtype} does not match input {s.name!r} dtype {s.dtype}")
+
+
 def _checked_input(arr: np.ndarray, s: InputSpec, what: str) -> np.ndarray:
     """``arr`` as input ``s``: its shape, its dtype (a float array quantized for an integer
     input that has a scale), finite values; C order, 0-d kept 0-d."""
-    if tuple(arr.shape) != tuple(s.shape):
-        raise IrgenError(f"{what}: shape {tuple(arr.shape)} does not match input {s.name!r} shape {tuple(s.shape)}")
-    if str(arr.dtype) != s.dtype and s.quantization and arr.dtype.kind == "f" \
-            and np.dtype(s.dtype).kind in "iu" and np.isfinite(arr).all():
+    _check_form(arr.shape, arr.dtype, s, what)
+    if str(arr.dtype) != s.dtype and np.isfinite(arr).all():
         arr = quantize_input(arr, s)
     if str(arr.dtype) != s.dtype:
         raise IrgenError(f"{what}: dtype {arr.dtype} does not match input {s.name!r} dtype {s.dtype}")
@@ -916,43 +923,103 @@ class _SampleFolder:
         return p
 
 
+#: the samples of ``irgen run --inputs`` may hold this many times ``--max-tensor-bytes`` together
+SAMPLES_TOTAL_FACTOR = 4
+
+#: one sample's arrays before their data is read: input name -> (file, array name in a
+#: ``.npz`` or None for a ``.npy``, the array's header)
+_Headers = dict[str, tuple[Path, "str | None", Any]]
+
+
 def read_samples(source: Path, specs: list[InputSpec], limit: int | None
                  ) -> list[tuple[str, dict[str, tuple[np.ndarray, str]]]]:
     """``--inputs``: (sample name, input name -> (array, where it came from)) per sample,
-    sorted by name; no array is read before its header is checked (``load_npy``).
+    sorted by name.
 
     A folder holds one sample per ``.npy`` file (a one-input model) or per ``.npz`` file
     (its arrays named after the model's inputs); a ``.npz`` file holds one sample per
-    array (a one-input model)."""
-    from irgen.safeio import load_npz
+    array (a one-input model). Every array's header is read and checked against its input
+    (shape, dtype) first, and the samples' total size against ``SAMPLES_TOTAL_FACTOR``
+    times ``limit``, before any data is read or decompressed; two samples that would be
+    written to one folder are refused."""
+    from irgen.safeio import load_npy, load_npz
+
+    samples = _sample_headers(source, specs, limit)
+    _check_samples(source, samples, specs, limit)
+    arrays: dict[tuple[Path, str | None], np.ndarray] = {}
+    for file in sorted({f for _, headers in samples for f, _, _ in headers.values()}):
+        wanted = {a: h for _, headers in samples for f, a, h in headers.values() if f == file}
+        if None in wanted:
+            arrays[(file, None)] = load_npy(file, "--inputs", limit, expect=wanted[None])
+        else:
+            arrays.update(((file, a), arr) for a, arr in load_npz(file, "--inputs", limit, expect=wanted).items())
+    return [(name, {i: (arrays[(f, a)], _sample_where(f, a)) for i, (f, a, _) in headers.items()})
+            for name, headers in samples]
+
+
+def _sample_where(file: Path, array: str | None) -> str:
+    return f"--inputs {file}" + ("" if array is None else f" array {array!r:.100}")
+
+
+def _sample_headers(source: Path, specs: list[InputSpec], limit: int | None) -> list[tuple[str, _Headers]]:
+    """(sample name, its arrays' headers) per sample of ``--inputs``, sorted by name; no data read."""
+    from irgen.safeio import npy_header, npz_headers
 
     names = [s.name for s in specs]
     if source.is_dir():
         files = sorted(p for p in source.iterdir() if p.suffix in (".npy", ".npz") and not p.name.startswith("."))
         if not files:
             raise IrgenError(f"--inputs {source}: no .npy or .npz files")
-        samples = []
+        samples: list[tuple[str, _Headers]] = []
         for p in files:
             if p.suffix == ".npy":
                 if len(specs) != 1:
                     raise IrgenError(f"--inputs {p}: the model has {len(specs)} inputs ({', '.join(names)}); give "
                                      "one .npz per sample with an array named after each")
-                samples.append((p.stem, {names[0]: (load_npy(p, "--inputs", limit), f"--inputs {p}")}))
+                samples.append((p.stem, {names[0]: (p, None, npy_header(p, "--inputs", limit))}))
                 continue
-            arrays = load_npz(p, "--inputs", limit)
-            lacking = [n for n in names if n not in arrays]
+            headers = npz_headers(p, "--inputs", limit, names)
+            lacking = [n for n in names if n not in headers]
             if lacking:
                 raise IrgenError(f"--inputs {p}: no array named {lacking[0]!r} (the model's inputs: {', '.join(names)})")
-            samples.append((p.stem, {n: (arrays[n], f"--inputs {p} array {n!r}") for n in names}))
+            samples.append((p.stem, {n: (p, n, headers[n]) for n in names}))
         return samples
     if source.suffix != ".npz":
         raise IrgenError(f"--inputs {source}: expected a folder of .npy/.npz samples or one .npz file")
     if len(specs) != 1:
         raise IrgenError(f"--inputs {source}: one .npz of samples needs a one-input model (it has {len(specs)})")
-    arrays = load_npz(source, "--inputs", limit)
-    if not arrays:
+    headers = npz_headers(source, "--inputs", limit)
+    if not headers:
         raise IrgenError(f"--inputs {source}: the .npz holds no arrays")
-    return [(k, {names[0]: (arrays[k], f"--inputs {source} array {k!r}")}) for k in sorted(arrays)]
+    return [(k, {names[0]: (source, k, headers[k])}) for k in sorted(headers)]
+
+
+def _check_samples(source: Path, samples: list[tuple[str, _Headers]], specs: list[InputSpec],
+                   limit: int | None) -> None:
+    """Every array fits its input (as :func:`load_inputs` checks one), the samples together
+    fit ``SAMPLES_TOTAL_FACTOR * limit`` bytes, and no two share an output folder."""
+    from irgen.names import sanitize
+    from irgen.safeio import human_bytes
+
+    bound = None if limit is None else SAMPLES_TOTAL_FACTOR * limit
+    total, folders = 0, {}
+    by_name = {s.name: s for s in specs}
+    for k, (name, headers) in enumerate(samples):
+        file = next(iter(headers.values()))[0]
+        origin = f"{file.name!r:.100}" if source.is_dir() else f"array {name!r:.100}"
+        stem = sanitize(name)
+        if stem.lower() in folders:  # the output folder OUT/<stem> (case-folding file systems too)
+            raise IrgenError(f"--inputs {source}: {folders[stem.lower()]} and {origin} would both be the "
+                             f"sample folder {stem!r:.100}; rename one")
+        folders[stem.lower()] = origin
+        for i, (file, array, h) in headers.items():
+            _check_form(h.shape, h.dtype, by_name[i], _sample_where(file, array))
+            total += h.nbytes
+        if bound is not None and total > bound:
+            raise IrgenError(f"--inputs {source}: the first {k + 1} of {len(samples)} samples already hold "
+                             f"{human_bytes(total)}, over the limit of {human_bytes(bound)} for all samples together "
+                             f"({SAMPLES_TOTAL_FACTOR} x --max-tensor-bytes); raise --max-tensor-bytes if this is "
+                             "meant, or give the samples to several runs")
 
 
 def run_many(host, model: Path, out: Path, samples_from: Path, jobs: int | None = None, opt_level: int = 3,

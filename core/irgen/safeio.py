@@ -26,6 +26,7 @@ import math
 import os
 import re
 import stat
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Iterable
 
@@ -36,6 +37,10 @@ from irgen.api import IrgenError
 DEFAULT_MAX_TENSOR_BYTES = 2 << 30
 #: the largest JSON file (ir.json, manifest.json) irgen reads back
 MAX_JSON_BYTES = 256 << 20
+#: the largest zip directory (the list of members) of a ``.npz`` irgen reads: some 100,000 arrays
+MAX_NPZ_DIRECTORY = 16 << 20
+#: array data is read in pieces of this many bytes (a compressed member is never expanded further)
+_CHUNK = 1 << 20
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 1000 ** 2,
           "mib": 1 << 20, "g": 1 << 30, "gb": 1000 ** 3, "gib": 1 << 30, "t": 1 << 40, "tb": 1000 ** 4,
@@ -286,35 +291,105 @@ def _resolve_inside(root: str, parts: list[str], what: str, folder: str = "the o
     return current
 
 
-def load_npy(path: Path | str, what: str = "array", limit: int | None = DEFAULT_MAX_TENSOR_BYTES):
+@dataclass(frozen=True)
+class NpyHeader:
+    """What a ``.npy`` header declares: the shape, a plain numeric dtype, Fortran order."""
+
+    shape: tuple[int, ...]
+    dtype: Any
+    fortran: bool = False
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the data that follows the header (exact: Python ints)."""
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
+def npy_header(path: Path | str, what: str = "array", limit: int | None = DEFAULT_MAX_TENSOR_BYTES) -> NpyHeader:
+    """The header of a plain ``.npy`` file, checked as :func:`load_npy` checks it; no data is read."""
+    with open_regular(path, what) as f:
+        header = _read_header(f, f"{what} {path}")
+        _check_header(header, f, os.fstat(f.fileno()).st_size, f"{what} {path}", limit)
+        return header
+
+
+def load_npy(path: Path | str, what: str = "array", limit: int | None = DEFAULT_MAX_TENSOR_BYTES,
+             expect: NpyHeader | None = None):
     """A plain ``.npy`` array: no pickle, size checked from the header first.
 
     The header is read and checked (dtype without Python objects, size under
-    ``limit``, data no longer than the file) before the data is allocated."""
+    ``limit``, data no longer than the file; ``expect``: the header :func:`npy_header`
+    read earlier, unchanged) before the data is allocated."""
     with open_regular(path, what) as f:
-        return _read_npy(f, os.fstat(f.fileno()).st_size, f"{what} {path}", limit)
+        return _read_npy(f, os.fstat(f.fileno()).st_size, f"{what} {path}", limit, expect)
 
 
-def load_npz(path: Path | str, what: str = "arrays", limit: int | None = DEFAULT_MAX_TENSOR_BYTES) -> dict:
-    """The arrays of a ``.npz`` file by name, each read as :func:`load_npy` reads a file
-    (no pickle, size checked from its header before its data is decompressed)."""
+def _npz_members(f, path: Path | str, what: str) -> tuple[Any, dict[str, Any]]:
+    """The ``ZipFile`` of the open ``.npz`` file ``f`` and its members by array name (the
+    member's name without ``.npy``); a central directory over :data:`MAX_NPZ_DIRECTORY`
+    bytes, or two members of one name (``a.npy`` and ``a``), are refused."""
+    import zipfile
+
+    try:
+        end = zipfile._EndRecData(f) if hasattr(zipfile, "_EndRecData") else None  # what ZipFile reads first
+        if end and end[zipfile._ECD_SIZE] > MAX_NPZ_DIRECTORY:
+            raise IrgenError(f"{what} {path}: a zip directory of {human_bytes(end[zipfile._ECD_SIZE])}, over the "
+                             f"{human_bytes(MAX_NPZ_DIRECTORY)} irgen reads (too many arrays in one .npz)")
+        zf = zipfile.ZipFile(f)
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as err:
+        raise IrgenError(f"{what} {path}: not a .npz file ({' '.join(str(err).split())[:200]})") from None
+    members: dict[str, Any] = {}
+    for info in zf.infolist():
+        if info.is_dir():
+            continue
+        name = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
+        if name in members:
+            raise IrgenError(f"{what} {path}: members {members[name].filename!r:.100} and {info.filename!r:.100} are "
+                             f"both array {name!r:.100}; give each array one member")
+        members[name] = info
+    return zf, members
+
+
+def _npz_read(path: Path | str, what: str, names: Iterable[str] | None, read) -> dict[str, Any]:
+    """``read(stream, name, info, where)`` of the members named ``names`` (None: every member) of
+    the ``.npz`` file ``path``, by array name; a name it lacks is left out."""
     import zipfile
 
     with open_regular(path, what) as f:
-        try:
-            zf = zipfile.ZipFile(f)
-            members = [i for i in zf.infolist() if not i.is_dir()]
-        except (zipfile.BadZipFile, OSError, ValueError) as err:
-            raise IrgenError(f"{what} {path}: not a .npz file ({err})") from None
+        zf, members = _npz_members(f, path, what)
         out = {}
-        for info in members:
-            name = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
+        for name in (members if names is None else [n for n in names if n in members]):
+            where = f"{what} {path} array {name!r:.100}"
             try:
-                with zf.open(info) as m:
-                    out[name] = _read_npy(m, info.file_size, f"{what} {path} array {name!r}", limit)
-            except (zipfile.BadZipFile, OSError, RuntimeError, NotImplementedError) as err:
-                raise IrgenError(f"{what} {path} array {name!r}: unreadable ({err})") from None
+                with zf.open(members[name]) as m:
+                    out[name] = read(m, name, members[name], where)
+            except (zipfile.BadZipFile, OSError, RuntimeError, NotImplementedError, EOFError) as err:
+                raise IrgenError(f"{where}: unreadable ({' '.join(str(err).split())[:200]})") from None
         return out
+
+
+def npz_headers(path: Path | str, what: str = "arrays", limit: int | None = DEFAULT_MAX_TENSOR_BYTES,
+                names: Iterable[str] | None = None) -> dict[str, NpyHeader]:
+    """The headers of the arrays ``names`` (None: all) of a ``.npz`` file, by name, each checked
+    as :func:`load_npy` checks one; only the first bytes of each member are decompressed."""
+    def header(m, name: str, info, where: str) -> NpyHeader:
+        h = _read_header(m, where)
+        _check_header(h, m, info.file_size, where, limit)
+        return h
+
+    return _npz_read(path, what, names, header)
+
+
+def load_npz(path: Path | str, what: str = "arrays", limit: int | None = DEFAULT_MAX_TENSOR_BYTES,
+             expect: dict[str, NpyHeader] | None = None) -> dict:
+    """The arrays of a ``.npz`` file by name (``expect``: only those, each with the header
+    :func:`npz_headers` read earlier), each read as :func:`load_npy` reads a file (no
+    pickle, size checked from its header before its data is decompressed); a member that
+    holds more data than its header declares is refused after one byte more."""
+    def array(m, name: str, info, where: str):
+        return _read_npy(m, info.file_size, where, limit, None if expect is None else expect[name], exact=True)
+
+    return _npz_read(path, what, None if expect is None else list(expect), array)
 
 
 def npz_member(name: str) -> str:
@@ -328,23 +403,24 @@ def npz_member(name: str) -> str:
 def load_npz_member(path: Path | str, name: str, what: str = "array",
                     limit: int | None = DEFAULT_MAX_TENSOR_BYTES):
     """Tensor ``name`` of a ``.npz`` file irgen wrote (member :func:`npz_member`), read as
-    :func:`load_npy` reads a file."""
+    :func:`load_npy` reads a file (and refused when it holds more than its header declares)."""
     import zipfile
 
     member = npz_member(name)
     with open_regular(path, what) as f:
+        zf, _ = _npz_members(f, path, what)
         try:
-            zf = zipfile.ZipFile(f)
             info = zf.getinfo(member)
             with zf.open(info) as m:
-                return _read_npy(m, info.file_size, f"{what} {path} member {member}", limit)
+                return _read_npy(m, info.file_size, f"{what} {path} member {member}", limit, exact=True)
         except KeyError:
             raise IrgenError(f"{what} {path}: holds no member {member}") from None
-        except (zipfile.BadZipFile, OSError, RuntimeError, NotImplementedError) as err:
+        except (zipfile.BadZipFile, OSError, RuntimeError, NotImplementedError, EOFError) as err:
             raise IrgenError(f"{what} {path}: not a readable .npz file ({err})") from None
 
 
-def _read_npy(f, file_size: int, what: str, limit: int | None):
+def _read_header(f, what: str) -> NpyHeader:
+    """The ``.npy`` header at ``f``'s position: a plain numeric dtype (no objects, no fields)."""
     from numpy.lib import format as npformat
 
     try:
@@ -361,12 +437,27 @@ def _read_npy(f, file_size: int, what: str, limit: int | None):
         raise IrgenError(f"{what}: holds Python objects (a pickle); only plain numeric arrays are read")
     if dtype.fields is not None or dtype.subdtype is not None:
         raise IrgenError(f"{what}: a structured dtype ({dtype}); only plain numeric arrays are read")
-    check_tensor_size(what, shape, dtype, limit)
-    need = math.prod(shape) * dtype.itemsize
-    if f.tell() + need > file_size:
-        raise IrgenError(f"{what}: truncated ({file_size - f.tell()} bytes of data, the header says {need})")
+    return NpyHeader(tuple(int(d) for d in shape), dtype, bool(fortran))
+
+
+def _check_header(header: NpyHeader, f, file_size: int, what: str, limit: int | None) -> None:
+    """``header``'s tensor within ``limit`` and its data within the ``file_size`` bytes of ``f``."""
+    check_tensor_size(what, header.shape, header.dtype, limit)
+    if f.tell() + header.nbytes > file_size:
+        raise IrgenError(f"{what}: truncated ({file_size - f.tell()} bytes of data, the header says {header.nbytes})")
+
+
+def _read_npy(f, file_size: int, what: str, limit: int | None, expect: NpyHeader | None = None,
+              exact: bool = False):
+    """The array at ``f``: its header checked (``expect``: equal to it), then exactly its
+    data read (``exact``: and nothing after it)."""
+    header = _read_header(f, what)
+    if expect is not None and header != expect:
+        raise IrgenError(f"{what}: changed while being read (its header said {expect.dtype}{list(expect.shape)}, "
+                         f"now {header.dtype}{list(header.shape)})")
+    _check_header(header, f, file_size, what, limit)
     try:
-        return _read_data(f, shape, fortran, dtype)
+        return _read_data(f, header, what, exact)
     except (ValueError, OSError) as err:
         raise IrgenError(f"{what}: not a plain .npy array ({' '.join(str(err).split())[:200]})") from None
 
@@ -379,10 +470,22 @@ def _header_reader():
     return _read_array_header
 
 
-def _read_data(f, shape, fortran, dtype):
+def _read_data(f, header: NpyHeader, what: str, exact: bool):
+    """The array ``header`` declares, read from ``f`` in chunks into one new buffer (never
+    more than :data:`_CHUNK` bytes besides it); ``exact``: the stream must end there."""
     import numpy as np
 
-    count = math.prod(shape)
-    data = np.frombuffer(f.read(count * dtype.itemsize), dtype=dtype, count=count)
-    arr = data.reshape(shape[::-1]).transpose() if fortran else data.reshape(shape)
-    return np.array(arr, copy=True)  # writable, owns its memory
+    buf = np.empty(header.nbytes, dtype=np.uint8)
+    view, got = memoryview(buf), 0
+    while got < header.nbytes:
+        n = f.readinto(view[got:got + _CHUNK])
+        if not n:
+            raise IrgenError(f"{what}: truncated ({got} bytes of data, the header says {header.nbytes})")
+        got += n
+    if exact and f.read(1):
+        raise IrgenError(f"{what}: holds more data than its header declares ({header.dtype}{list(header.shape)}, "
+                         f"{header.nbytes} bytes); refused without reading the rest")
+    data = buf.view(header.dtype)
+    if header.fortran:
+        return np.array(data.reshape(header.shape[::-1]).transpose(), copy=True)  # Fortran order, as stored
+    return data.reshape(header.shape)  # writable; its memory is the buffer read into
