@@ -178,3 +178,38 @@ def test_environment_parsers():
             mp.setenv(name, value)
             with pytest.raises(IrgenError, match=f"{name}='{value}': expected"):
                 call()
+
+
+# ------------------------------------------------------------------ file modes
+
+
+def _modes(root: Path) -> dict[str, int]:
+    """The permission bits of every file and folder under ``root``, by relative path."""
+    found = {".": root.stat().st_mode & 0o777}
+    for p in root.rglob("*"):
+        found[p.relative_to(root).as_posix()] = p.lstat().st_mode & 0o777
+    return found
+
+
+@pytest.mark.parametrize("mask", [0o077, 0o002])
+def test_every_file_irgen_writes_follows_the_umask(tmp_path, mask):
+    """``irgen run`` (one input and ``--inputs``), ``irgen verify`` (its HTML report) and
+    ``irgen new-plugin`` under ``umask``: files ``0o666 & ~umask``, folders ``0o777 & ~umask``."""
+    work, samples = tmp_path / "w", tmp_path / "in"
+    work.mkdir()
+    samples.mkdir()
+    np.save(samples / "s1.npy", np.ones(SHAPE, np.float32))
+
+    def child(*argv) -> None:
+        proc = subprocess.run([*IRGEN, *map(str, argv)], capture_output=True, text=True, timeout=300,
+                              stdin=subprocess.DEVNULL, env=ENV, preexec_fn=lambda: os.umask(mask))
+        assert proc.returncode == 0, proc.stderr
+
+    child("run", MODEL, "-o", work / "out", "--no-progress")
+    child("verify", work / "out", "--mode", "single", "--no-progress")
+    child("run", MODEL, "-o", work / "many", "--inputs", samples, "--no-progress")
+    child("new-plugin", "backend", "acme", "-o", work / "plugin")
+    assert (work / "out.report.html").is_file() and (work / "plugin").is_dir()
+    wrong = {rel: oct(mode) for rel, mode in _modes(work).items()
+             if rel != "." and mode != (0o777 if (work / rel).is_dir() else 0o666) & ~mask}
+    assert not wrong, f"under umask {mask:03o}: {wrong}"

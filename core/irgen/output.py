@@ -177,6 +177,33 @@ class OutputFolder:
         self.tmp.rename(final)
 
 
+def umask() -> int:
+    """The process's umask, read without changing it where Linux tells it (``/proc/self/status``;
+    setting it to read it would, for an instant, leave other threads' new files open to all)."""
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def file_mode() -> int:
+    """The mode a new file gets from ``open``: ``0o666`` less the umask. A file made with
+    ``tempfile.mkstemp`` (``0o600``) is given it before it is put in place."""
+    return 0o666 & ~umask()
+
+
+def folder_mode() -> int:
+    """The mode a new folder gets from ``mkdir``: ``0o777`` less the umask (for one made with
+    ``tempfile.mkdtemp``, ``0o700``, before it is put in place)."""
+    return 0o777 & ~umask()
+
+
 def _contains(folder: Path, path: Path) -> bool:
     """Whether ``path`` is ``folder`` or lies inside it (after resolving links)."""
     p = Path(os.path.realpath(path))

@@ -37,6 +37,8 @@ from html import escape
 from pathlib import Path
 from typing import Any, Iterable
 
+from irgen.output import file_mode
+
 __all__ = ["write_report", "render_report", "COLORS", "DRIFT_RULE"]
 
 CHECKS = ("single", "entire", "source")
@@ -880,7 +882,7 @@ def write_report(result: dict, path: str | os.PathLike) -> Path:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
+        os.chmod(tmp, file_mode())  # mkstemp's 0600 -> what open() would give, the umask followed
         os.replace(tmp, path)
     except BaseException:
         try:

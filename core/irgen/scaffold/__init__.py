@@ -17,6 +17,7 @@ from importlib import resources
 from pathlib import Path
 
 from irgen.api import IrgenError
+from irgen.output import folder_mode
 
 KINDS = ("frontend", "quantizer", "backend", "serializer")
 #: a plugin name: lowercase letters and digits, words joined by single '-' or '_'
@@ -121,7 +122,7 @@ def new_plugin(kind: str, name: str, dest: str | Path | None = None) -> Path:
             path = tmp / rel.replace("package/", values["PACKAGE"] + "/")
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(_fill(text, values), encoding="utf-8")
-        os.chmod(tmp, 0o777 & ~_umask())
+        os.chmod(tmp, folder_mode())  # mkdtemp's 0700 -> what mkdir would give
         if os.path.lexists(target):  # appeared meanwhile
             raise IrgenError(f"{target} already exists: give a new folder with -o DIR")
         os.rename(tmp, target)
@@ -129,9 +130,3 @@ def new_plugin(kind: str, name: str, dest: str | Path | None = None) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return target
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask

@@ -44,10 +44,17 @@ __all__ = ["check_frontend", "check_scheme", "check_backend", "check_serializer"
 
 
 def _folder(tmp: str | Path | None) -> Path:
+    """A new folder for one check's runs (in ``tmp``, else the system's), left for a look
+    afterwards: its mode as ``mkdir`` would make it, the umask followed."""
+    import os
+
+    from irgen.output import folder_mode
+
     if tmp is not None:
         Path(tmp).mkdir(parents=True, exist_ok=True)
-        return Path(tempfile.mkdtemp(prefix="conformance-", dir=tmp))
-    return Path(tempfile.mkdtemp(prefix="irgen-conformance-"))
+    folder = Path(tempfile.mkdtemp(prefix="conformance-" if tmp is not None else "irgen-conformance-", dir=tmp))
+    os.chmod(folder, folder_mode())
+    return folder
 
 
 def _need(host, kind: str, name: str):
