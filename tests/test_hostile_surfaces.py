@@ -213,3 +213,54 @@ def test_every_file_irgen_writes_follows_the_umask(tmp_path, mask):
     wrong = {rel: oct(mode) for rel, mode in _modes(work).items()
              if rel != "." and mode != (0o777 if (work / rel).is_dir() else 0o666) & ~mask}
     assert not wrong, f"under umask {mask:03o}: {wrong}"
+
+
+# ------------------------------------------------------------------ serializers and backends never truncate
+
+
+def _relu_model(path: Path, shape: list[int], output: str = "y") -> Path:
+    """An ONNX model ``x -> Relu -> output`` of ``shape``, float32."""
+    from onnx import TensorProto, helper, save
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], [output])], "relu",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info(output, TensorProto.FLOAT, shape)])
+    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+    return path
+
+
+@pytest.mark.parametrize("case", ["rank-9-header", "long-name-header", "long-name-compress"])
+def test_a_tensor_a_writer_cannot_describe_is_refused(tmp_path, case):
+    """The C header's descriptor holds 8 dimensions and C string literals of 4095
+    characters; a zip entry (``--compress``) a name of 65535 bytes: a tensor beyond is one
+    error naming it and the limit, and OUT is not written (before: the header kept the
+    first 8 dimensions without a word; the long name was an internal error)."""
+    long = "\u00e9" * 12000  # 24000 bytes in UTF-8, 72000 percent-encoded
+    if case == "rank-9-header":
+        model = _relu_model(tmp_path / "m.onnx", [1, 1, 1, 1, 1, 1, 1, 2, 3])
+        args, words = ["--serializer", "npu-int8-header"], ["tensor 'x'", "rank 9", "8 dimensions", "NPU_MAX_RANK"]
+    elif case == "long-name-header":
+        model = _relu_model(tmp_path / "m.onnx", [1, 4], long)
+        args, words = ["--serializer", "npu-int8-header"], ["tensor '\u00e9\u00e9", "24000 bytes", "4095"]
+    else:
+        model = _relu_model(tmp_path / "m.onnx", [1, 4], long)
+        args, words = ["--compress"], ["tensor '\u00e9\u00e9", "72004 bytes", "65535"]
+    out = tmp_path / "out"
+    proc = irgen("run", model, "-o", out, "--no-progress", *args)
+    line = assert_refused(proc, out, *words)
+    assert len(line) < 400, line
+
+
+@pytest.mark.parametrize("dtype", ["complex64", "longdouble"])
+def test_npu_int8_refuses_a_dtype_its_hex_cannot_hold_before_writing(tmp_path, dtype):
+    pytest.importorskip("irgen_npu_int8")
+    from irgen.api import IrgenError, TensorInfo
+    from irgen_npu_int8 import store
+
+    arr = np.zeros((2, 3), dtype)
+    if arr.dtype.kind == "f" and arr.dtype.itemsize * 8 <= 64:
+        pytest.skip(f"{dtype} is {arr.dtype.itemsize * 8} bits here")
+    info = TensorInfo(name="odd", kind="activation", shape=(2, 3), dtype=str(arr.dtype))
+    with pytest.raises(IrgenError, match=f"tensor 'odd' of dtype {arr.dtype}: no .hex encoding"):
+        store.store_tensor(tmp_path / "odd", arr, info)
+    assert list(tmp_path.iterdir()) == []  # not one of .bin, .hex, .npy

@@ -39,6 +39,8 @@ DEFAULT_MAX_TENSOR_BYTES = 2 << 30
 MAX_JSON_BYTES = 256 << 20
 #: the largest zip directory (the list of members) of a ``.npz`` irgen reads: some 100,000 arrays
 MAX_NPZ_DIRECTORY = 16 << 20
+#: the longest member name a zip entry holds, in bytes
+MAX_ZIP_NAME = 0xFFFF
 #: array data is read in pieces of this many bytes (a compressed member is never expanded further)
 _CHUNK = 1 << 20
 
@@ -394,10 +396,15 @@ def load_npz(path: Path | str, what: str = "arrays", limit: int | None = DEFAULT
 
 def npz_member(name: str) -> str:
     """The member of a tensor named ``name`` in an ``.npz`` file irgen writes (``--compress``):
-    the name percent-encoded (no ``/``, no leading dot), plus ``.npy``."""
+    the name percent-encoded (no ``/``, no leading dot), plus ``.npy``; a name whose member
+    name would not fit a zip entry (:data:`MAX_ZIP_NAME` bytes) is refused."""
     from urllib.parse import quote
 
-    return quote(name, safe="").replace(".", "%2E") + ".npy"
+    member = quote(name, safe="").replace(".", "%2E") + ".npy"
+    if len(member) > MAX_ZIP_NAME:
+        raise IrgenError(f"tensor {name!r:.100}: its .npz member name would be {len(member)} bytes, over the "
+                         f"{MAX_ZIP_NAME} a zip entry holds; run without --compress")
+    return member
 
 
 def load_npz_member(path: Path | str, name: str, what: str = "array",

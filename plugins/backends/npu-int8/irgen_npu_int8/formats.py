@@ -25,15 +25,16 @@ from irgen.plugin import IrgenError
 _DIGITS = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
 
 
-def word_bits(dtype, width: int) -> int:
-    """The hex word width a tensor of ``dtype`` is written in, for the configured ``width``."""
+def word_bits(dtype, width: int, what: str = "a tensor") -> int:
+    """The hex word width a tensor of ``dtype`` is written in, for the configured ``width``;
+    a dtype no word holds (not an integer, boolean or float, or over 64 bits) is refused,
+    naming the tensor (``what``)."""
     dtype = np.dtype(dtype)
     bits = dtype.itemsize * 8
-    if dtype.kind == "f":
-        return bits
-    if dtype.kind not in "iub":
-        raise IrgenError(f"npu-int8: no hex encoding for dtype {dtype}")
-    return max(width, bits)
+    if dtype.kind not in "iubf" or bits > 64:
+        raise IrgenError(f"npu-int8: {what} of dtype {dtype}: no .hex encoding (integers, booleans and floats "
+                         "of at most 64 bits)")
+    return bits if dtype.kind == "f" else max(width, bits)
 
 
 def write_bin(path: Path, arr: np.ndarray) -> None:

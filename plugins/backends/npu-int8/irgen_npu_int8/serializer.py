@@ -8,16 +8,26 @@ weight and bias tensors. A tensor descriptor gives the *physical* form the data
 files hold (``storage`` in ``ir.json``: layout, padded dimensions), the logical
 channel count before padding (-1 when the tensor is not padded), the ``.bin``
 file and the ``.hex`` file with its word width.
+
+Nothing is cut to fit: a tensor of more than :data:`MAX_RANK` dimensions, a value a
+descriptor's integer field cannot hold, or a string longer than a C compiler must
+accept is refused with one error naming the tensor (or layer) and the limit, and the
+header is not written (nor, the run failing, the output folder).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from irgen.plugin import SafeNames, identifier
+from irgen.plugin import IrgenError, SafeNames, identifier
 
 FILE = "npu_int8_layers.h"
 MAX_RANK = 8
+#: the longest string literal every C compiler must accept, in characters (C11 5.2.4.1)
+MAX_STRING = 4095
+#: the ranges of the descriptors' integer fields
+UINT32 = (0, (1 << 32) - 1)
+INT64 = (-(1 << 63), (1 << 63) - 1)
 
 #: op codes of ``npu_op_t`` (0: an op outside this list)
 OPS = ("conv2d", "depthwise_conv2d", "dense", "max_pool2d", "avg_pool2d", "global_avg_pool2d", "add", "relu",
@@ -83,18 +93,44 @@ def op_macro(op: str) -> str:
     return "NPU_OP_" + identifier(op).upper()
 
 
+def _refuse(what: str, why: str) -> IrgenError:
+    return IrgenError(f"npu-int8-header: {what}: {why}; {FILE} cannot describe it (nothing was written)")
+
+
+def _text(what: str, field: str, text) -> str:
+    """The C string literal of ``text`` (None: ``NULL``), refused when longer than :data:`MAX_STRING`."""
+    if text is not None and len(str(text).encode("utf-8")) > MAX_STRING:
+        raise _refuse(what, f"its {field} is {len(str(text).encode('utf-8'))} bytes, longer than the {MAX_STRING} "
+                            "characters of a string literal every C compiler accepts")
+    return c_string(text)
+
+
+def _fits(what: str, field: str, values: list[int], bounds: tuple[int, int], ctype: str) -> list[int]:
+    """``values``, each within ``bounds`` (the range of ``ctype``), else refused."""
+    for v in values:
+        if not bounds[0] <= v <= bounds[1]:
+            raise _refuse(what, f"{field} {v} does not fit the descriptor's {ctype}")
+    return values
+
+
 def _tensor(t: dict) -> str:
+    what = f"tensor {t.get('name')!r:.100}"
     st = t.get("storage") or {}
-    shape = [int(d) for d in (st.get("shape", t.get("shape")) or [])][:MAX_RANK]
+    shape = _fits(what, "dimension", [int(d) for d in (st.get("shape", t.get("shape")) or [])], INT64, "int64_t")
+    if len(shape) > MAX_RANK:
+        raise _refuse(what, f"rank {len(shape)} (shape {shape}), over the {MAX_RANK} dimensions of a descriptor "
+                            "(NPU_MAX_RANK)")
     dims = ", ".join(str(d) for d in shape) or "0"
     layout = st.get("layout", t.get("layout")) or ""
     channels = -1
     for letter, (_, after) in (st.get("padding") or {}).items():
-        if letter in layout and layout.index(letter) < len(shape):
+        if letter in layout:
             channels = shape[layout.index(letter)] - int(after)
     hex_file = next((f for f in st.get("files") or [] if f.endswith(".hex")), None)
-    return (f"{{{c_string(t.get('name'))}, {c_string(t.get('dtype'))}, {c_string(layout or None)}, {len(shape)}u, "
-            f"{{{dims}}}, {channels}, {c_string(t.get('file'))}, {c_string(hex_file)}, {int(st.get('word_bits') or 0)}u}}")
+    bits = _fits(what, "hex word width", [int(st.get("word_bits") or 0)], UINT32, "uint32_t")[0]
+    return (f"{{{_text(what, 'name', t.get('name'))}, {_text(what, 'dtype', t.get('dtype'))}, "
+            f"{_text(what, 'layout', layout or None)}, {len(shape)}u, {{{dims}}}, {channels}, "
+            f"{_text(what, 'file', t.get('file'))}, {_text(what, 'hex file', hex_file)}, {bits}u}}")
 
 
 def _pair(v, default=(0, 0)) -> list[int]:
@@ -117,8 +153,9 @@ def _geometry(layer: dict) -> dict[str, list[int]]:
             "dilation": _pair(attrs.get("dilation")), "groups": [int(attrs.get("groups") or 0)]}
 
 
-def _array(values: list[int]) -> str:
-    return "{" + ", ".join(f"{v}u" for v in values) + "}"
+def _array(what: str, field: str, values: list[int]) -> str:
+    """A ``uint32_t`` array's initializer, every value checked to fit."""
+    return "{" + ", ".join(f"{v}u" for v in _fits(what, field, values, UINT32, "uint32_t")) + "}"
 
 
 def _declare(lines: list[str], cname: str, tensors: list[dict], array: bool) -> str:
@@ -145,12 +182,14 @@ def header(ir: dict) -> str:
                 for side in ("inputs", "outputs")}
         refs.update({role: _declare(lines, f"npu_{ident}_{role}", [params[role]] if role in params else [], array=False)
                      for role in ("weight", "bias")})
-        g = _geometry(layer)
+        g, what = _geometry(layer), f"layer {layer['name']!r:.100}"
         code = op_macro(layer["op"]) if layer["op"] in OPS else "NPU_OP_OTHER"
         n_in, n_out = len(layer.get("inputs") or []), len(layer.get("outputs") or [])
-        table.append(f"    {{{c_string(layer['name'])}, {code}, {c_string(layer['op'])}, {_array(g['kernel'])}, "
-                     f"{_array(g['strides'])}, {_array(g['padding'])}, {_array(g['dilation'])}, {g['groups'][0]}u, "
-                     f"{n_in}u, {refs['inputs']}, {n_out}u, {refs['outputs']}, {refs['weight']}, {refs['bias']}}},")
+        fields = ", ".join(_array(what, k, g[k]) for k in ("kernel", "strides", "padding", "dilation"))
+        groups = _fits(what, "groups", g["groups"], UINT32, "uint32_t")[0]
+        table.append(f"    {{{_text(what, 'name', layer['name'])}, {code}, {_text(what, 'op', layer['op'])}, {fields}, "
+                     f"{groups}u, {n_in}u, {refs['inputs']}, {n_out}u, {refs['outputs']}, {refs['weight']}, "
+                     f"{refs['bias']}}},")
     lines += ["", f"#define NPU_N_LAYERS {len(table)}",
               f"static const npu_layer_t npu_layers[{max(len(table), 1)}] = {{", *(table or ["    {0}"]), "};",
               "", "#endif /* NPU_INT8_LAYERS_H */", ""]
@@ -158,6 +197,7 @@ def header(ir: dict) -> str:
 
 
 def write(ir: dict, out_dir: Path) -> list[Path]:
-    """``npu_int8_layers.h`` in ``out_dir``."""
+    """``npu_int8_layers.h`` in ``out_dir``: the whole text is made (every descriptor
+    checked) before the file is opened."""
     (path := Path(out_dir) / FILE).write_text(header(ir), encoding="utf-8")
     return [path]

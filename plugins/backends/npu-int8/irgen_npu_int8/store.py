@@ -36,7 +36,7 @@ def store_tensor(path: Path, array, info: TensorInfo, config: settings.Settings 
     config = config or settings.current
     phys, storage = layout.to_physical(np.asarray(array), layout.plan(info.kind, tuple(info.shape), info.layout,
                                                                     info.role, info.op), config.channel_multiple)
-    bits = formats.word_bits(phys.dtype, config.hex_word_bits)
+    bits = formats.word_bits(phys.dtype, config.hex_word_bits, f"tensor {info.name!r:.100}")  # before any file
     main, hex_path, npy_path = (_with_suffix(path, s) for s in (".bin", ".hex", ".npy"))
     formats.write_bin(main, phys)
     formats.write_hex(hex_path, phys, bits)
