@@ -478,12 +478,12 @@ def _header_reader():
 
 
 def _read_data(f, header: NpyHeader, what: str, exact: bool):
-    """The array ``header`` declares, read from ``f`` in chunks into one new buffer (never
-    more than :data:`_CHUNK` bytes besides it); ``exact``: the stream must end there."""
+    """The array ``header`` declares, read from ``f`` in chunks straight into it (never more
+    than :data:`_CHUNK` bytes besides it); ``exact``: the stream must end there."""
     import numpy as np
 
-    buf = np.empty(header.nbytes, dtype=np.uint8)
-    view, got = memoryview(buf), 0
+    arr = np.empty(header.shape[::-1] if header.fortran else header.shape, header.dtype)  # owns its memory
+    view, got = memoryview(arr.reshape(-1).view(np.uint8)), 0
     while got < header.nbytes:
         n = f.readinto(view[got:got + _CHUNK])
         if not n:
@@ -492,7 +492,4 @@ def _read_data(f, header: NpyHeader, what: str, exact: bool):
     if exact and f.read(1):
         raise IrgenError(f"{what}: holds more data than its header declares ({header.dtype}{list(header.shape)}, "
                          f"{header.nbytes} bytes); refused without reading the rest")
-    data = buf.view(header.dtype)
-    if header.fortran:
-        return np.array(data.reshape(header.shape[::-1]).transpose(), copy=True)  # Fortran order, as stored
-    return data.reshape(header.shape)  # writable; its memory is the buffer read into
+    return arr.transpose() if header.fortran else arr  # Fortran order as stored: the reverse shape, transposed
