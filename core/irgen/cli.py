@@ -160,6 +160,8 @@ def build_parser(host: PluginHost | None = None) -> argparse.ArgumentParser:
                        help="jobs at a time (default: the CPU count, or the cluster's CPUs with --ray)")
     sweep.add_argument("--force", action="store_true",
                        help="sweep into an OUT written by a different spec (unchanged jobs are kept)")
+    sweep.add_argument("--max-jobs", type=int, default=None, metavar="N",
+                       help="refuse a spec of more than N jobs, before any is built (default 10000)")
     sweep.add_argument("--no-progress", action="store_true", help="no progress output")
     sweep.add_argument("--json", action="store_true", help="print the summary as JSON instead of the table")
     sweep.set_defaults(func=cmd_sweep)
@@ -425,10 +427,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     if args.jobs is not None and args.jobs < 1:
         raise IrgenError(f"-j {args.jobs}: must be 1 or more")
+    if args.max_jobs is not None and args.max_jobs < 1:
+        raise IrgenError(f"--max-jobs {args.max_jobs}: must be 1 or more")
     with contextlib.redirect_stdout(sys.stderr):  # Ray prints its workers' deaths to stdout; it holds the summary
         summary = sweep(args.spec, args.output, ray=args.ray, workers=args.jobs, force=args.force,
                         plugins=args.plugin, strict_plugins=args.strict_plugins, host=load_host(args),
-                        progress=Progress(enabled=not args.no_progress))
+                        progress=Progress(enabled=not args.no_progress), max_jobs=args.max_jobs)
     print(json.dumps(summary, indent=1) if args.json else format_summary(summary))
     return 1 if summary["counts"]["failed"] else 0
 

@@ -20,20 +20,37 @@ starts a local instance). A failed job (an error, or its worker died) is tried o
 more, then reported, and the others go on. ``OUT/sweep.json`` records every finished
 job (written atomically after each), so a sweep run again with the same spec skips the
 jobs already done; a different spec for the same OUT is refused unless ``force``.
+
+Specs and sweep folders may be hostile. A spec is bounded before it is expanded: YAML
+aliases are refused (no "billion laughs"), nesting and the number of values are limited
+(:data:`MAX_SPEC_DEPTH`, :data:`MAX_SPEC_VALUES`), and the number of jobs is counted from
+the list lengths (an ``inputs`` folder listed no further than fits) and refused past
+``max_jobs`` (``--max-jobs``) before any job is built. Every message names a value of the
+spec cut to a bounded length (:func:`_shown`). Inside OUT nothing is followed: a symbolic
+link on the way from OUT down to a job folder, at ``OUT/sweep.json`` or at the record's
+temporary file is refused (before any job runs, and again in the worker just before the
+job writes), so a job writes and deletes only inside OUT. OUT itself, named by the user,
+may be a link.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import hashlib
 import json
 import os
+import re
+import reprlib
+import stat
 import sys
 import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
+
+import yaml
 
 from irgen.api import IrgenError
 from irgen.names import SafeNames
@@ -44,6 +61,25 @@ ATTEMPTS = 2
 SWEEP_FORMAT = 1
 RECORD = "sweep.json"
 _SPEC_KEYS = ("models", "inputs", "seeds", "opt_levels", "schemes", "backend")
+#: the most jobs a spec may expand to unless ``max_jobs`` (``--max-jobs``) says otherwise
+MAX_JOBS = 10_000
+#: the most values (mapping keys and list items count) a spec may hold, and how deep it may nest
+MAX_SPEC_VALUES = 100_000
+MAX_SPEC_DEPTH = 16
+#: a scheme or backend name: also a folder name (the scheme's) and a command-line value
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
+
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = 160
+_REPR.maxlong = 40
+_REPR.maxlevel = 2
+_REPR.maxlist = _REPR.maxdict = 4
+
+
+def _shown(value: Any) -> str:
+    """A value of the spec (or a path made of one) for a message: its repr, cut in length and
+    nesting (:mod:`reprlib`), so a hostile value is never repeated whole."""
+    return _REPR.repr(str(value) if isinstance(value, Path) else value)
 
 
 # --------------------------------------------------------------------------- the spec
@@ -77,8 +113,9 @@ class Job:
         return argv
 
     def payload(self) -> dict[str, Any]:
-        """What a worker gets (plain data: it crosses process and machine boundaries)."""
-        return {"key": self.key, "out": self.out, "argv": self.argv()}
+        """What a worker gets (plain data: it crosses process and machine boundaries); ``root`` is OUT."""
+        root = Path(self.out).parents[self.key.count("/")]
+        return {"key": self.key, "out": self.out, "root": str(root), "argv": self.argv()}
 
 
 def _list(spec: dict, key: str, default: list, kind: type | tuple) -> list:
@@ -89,79 +126,191 @@ def _list(spec: dict, key: str, default: list, kind: type | tuple) -> list:
         raise IrgenError(f"sweep spec: '{key}' must be a non-empty list")
     for v in value:
         if not isinstance(v, kind) or isinstance(v, bool):
-            raise IrgenError(f"sweep spec: '{key}' holds {v!r}, not {getattr(kind, '__name__', 'a name or null')}")
+            raise IrgenError(f"sweep spec: '{key}' holds {_shown(v)}, "
+                             f"not {getattr(kind, '__name__', 'a name or null')}")
     return value
 
 
+class _TooBig(Exception):
+    """A spec refused for its shape (an alias, too deep, too many values): the message says which."""
+
+
+class _Budget:
+    """Counts a spec's values as they are read: refused past :data:`MAX_SPEC_VALUES` or nested
+    deeper than :data:`MAX_SPEC_DEPTH` (the top mapping is depth 1)."""
+
+    def __init__(self) -> None:
+        self.values = 0
+
+    def take(self, depth: int) -> None:
+        self.values += 1
+        if self.values > MAX_SPEC_VALUES:
+            raise _TooBig(f"more than {MAX_SPEC_VALUES} values; a sweep spec lists models, inputs, seeds, "
+                          "opt levels and schemes")
+        if depth > MAX_SPEC_DEPTH:
+            raise _TooBig(f"nested deeper than {MAX_SPEC_DEPTH} levels")
+
+
+class _SpecLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses any alias before it is expanded (a few hundred bytes of
+    aliases expand to billions of values) and counts the values (:class:`_Budget`) while
+    composing: nothing past a limit is built."""
+
+    def __init__(self, stream: str):
+        super().__init__(stream)
+        self.depth = 0
+        self.budget = _Budget()
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            mark = self.peek_event().start_mark
+            raise _TooBig(f"a YAML alias at line {mark.line + 1}, column {mark.column + 1}; a sweep spec "
+                          "may not use anchors and aliases: write the values out")
+        self.depth += 1
+        try:
+            self.budget.take(self.depth)
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+
+def _check_shape(spec: Any) -> None:
+    """The limits :class:`_SpecLoader` applies to YAML, applied to a spec parsed from JSON."""
+    budget = _Budget()
+    stack = [(spec, 1)]
+    while stack:
+        value, depth = stack.pop()
+        budget.take(depth)
+        items = [*value, *value.values()] if isinstance(value, dict) else value if isinstance(value, list) else ()
+        stack += [(v, depth + 1) for v in items]
+
+
 def read_spec(path: Path) -> dict[str, Any]:
-    """The spec file as a dict (YAML; a ``.json`` file as JSON), its keys checked."""
+    """The spec file as a dict (YAML; a ``.json`` file as JSON), its shape bounded and its keys checked."""
     from irgen.safeio import read_bytes
 
     text = read_bytes(path, "sweep spec", limit=1 << 20).decode("utf-8", "replace")
     try:
         if path.suffix.lower() == ".json":
             spec = json.loads(text)
+            _check_shape(spec)
         else:
-            import yaml
-
-            spec = yaml.safe_load(text)
+            spec = yaml.load(text, Loader=_SpecLoader)  # noqa: S506  a SafeLoader
+    except _TooBig as err:
+        raise IrgenError(f"{path}: not a valid sweep spec ({err})") from None
+    except RecursionError:
+        raise IrgenError(f"{path}: not a valid sweep spec (nested deeper than {MAX_SPEC_DEPTH} levels)") from None
     except Exception as err:  # noqa: BLE001  yaml.YAMLError / JSONDecodeError: one message
-        raise IrgenError(f"{path}: not a valid sweep spec ({' '.join(str(err).split())})") from None
+        raise IrgenError(f"{path}: not a valid sweep spec ({' '.join(str(err).split())[:300]})") from None
     if not isinstance(spec, dict):
         raise IrgenError(f"{path}: a sweep spec is a mapping (models, inputs, seeds, opt_levels, schemes, backend)")
-    unknown = sorted(set(spec) - set(_SPEC_KEYS))
+    unknown = [k for k in spec if k not in _SPEC_KEYS]  # in the spec's order: keys of any type
     if unknown:
-        raise IrgenError(f"{path}: unknown key(s) {', '.join(map(str, unknown))} (known: {', '.join(_SPEC_KEYS)})")
+        more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
+        raise IrgenError(f"{path}: unknown key(s) {', '.join(map(_shown, unknown[:5]))}{more} "
+                         f"(known: {', '.join(_SPEC_KEYS)})")
     if "models" not in spec:
         raise IrgenError(f"{path}: the spec names no models")
     return spec
 
 
-def _samples(spec: dict, base: Path) -> list[tuple[str | None, int]]:
+def _plain_name(what: str, name: str) -> None:
+    """A scheme or backend name as a plain name: it becomes a folder name and a command-line value."""
+    if not _PLAIN_NAME.fullmatch(name):
+        raise IrgenError(f"sweep spec: {what} {_shown(name)} is not a plain name "
+                         "(a letter or digit, then letters, digits, '_', '.' or '-'; at most 100)")
+
+
+def _spec_path(base: Path, entry: str, what: str) -> tuple[Path, os.stat_result]:
+    """A path of the spec (relative to ``base``), resolved, and its ``stat``; one bounded message
+    when it cannot be used."""
+    try:
+        path = Path(os.path.realpath(base / entry))  # not Path.resolve: a link loop is an OSError here
+        return path, os.stat(path)
+    except FileNotFoundError:
+        raise IrgenError(f"sweep spec: {what} {_shown(entry)}: no such file or folder") from None
+    except (OSError, ValueError) as err:  # ENAMETOOLONG, ELOOP, EACCES; an embedded NUL
+        reason = getattr(err, "strerror", None) or _shown(str(err))
+        raise IrgenError(f"sweep spec: {what} {_shown(entry)}: cannot use it ({reason})") from None
+
+
+def _too_many(jobs: int, limit: int, exact: bool = True) -> IrgenError:
+    """The spec expands to ``jobs`` jobs (not ``exact``: at least that many, the rest not counted)."""
+    return IrgenError(f"sweep spec: {'' if exact else 'at least '}{jobs} jobs, more than the limit of {limit} "
+                      "(raise it with --max-jobs N)")
+
+
+def _npy_files(folder: Path, entry: str, room: int) -> list[Path]:
+    """The .npy files of an ``inputs`` folder, sorted; listing stops past ``room`` of them."""
+    files: list[Path] = []
+    try:
+        with os.scandir(folder) as it:
+            for e in it:
+                if Path(e.name).suffix == ".npy" and e.is_file():
+                    files.append(folder / e.name)
+                    if len(files) > room:
+                        break
+    except OSError as err:
+        raise IrgenError(f"sweep spec: input folder {_shown(entry)}: cannot list it ({err.strerror})") from None
+    if not files:
+        raise IrgenError(f"sweep spec: input folder {_shown(entry)} holds no .npy files")
+    return sorted(files)
+
+
+def _samples(spec: dict, base: Path, per_sample: int, max_jobs: int) -> list[tuple[str | None, int]]:
     """(input file, seed) per sample: the ``inputs`` files (folders: their .npy files, sorted),
-    then the ``seeds``; neither given: seed 0, as ``irgen run`` does."""
-    samples: list[tuple[str | None, int]] = []
-    for entry in _list(spec, "inputs", [], str) if "inputs" in spec else []:
-        p = (base / entry).resolve()
-        if p.is_dir():
-            files = sorted(q for q in p.iterdir() if q.suffix == ".npy" and q.is_file())
-            if not files:
-                raise IrgenError(f"sweep spec: input folder {entry} holds no .npy files")
-            samples += [(str(q), 0) for q in files]
-        elif p.is_file():
-            samples.append((str(p), 0))
+    then the ``seeds``; neither given: seed 0, as ``irgen run`` does. Each sample is
+    ``per_sample`` jobs: past ``max_jobs`` refused, and folders are listed no further."""
+    entries = _list(spec, "inputs", [], str) if "inputs" in spec else []
+    seeds = _list(spec, "seeds", [0], int) if "seeds" in spec or not entries else []
+    least = per_sample * (len(entries) + len(seeds))  # every input entry is one sample at least
+    if least > max_jobs:
+        raise _too_many(least, max_jobs, exact=not entries)
+    room = max_jobs // per_sample - len(seeds)  # input files that fit
+    files: list[Path] = []
+    for entry in entries:
+        p, st = _spec_path(base, entry, "input")
+        if stat.S_ISDIR(st.st_mode):
+            files += _npy_files(p, entry, room - len(files))
+        elif stat.S_ISREG(st.st_mode):
+            files.append(p)
         else:
-            raise IrgenError(f"sweep spec: input {entry}: no such file or folder")
-    if "seeds" in spec or not samples:
-        samples += [(None, s) for s in _list(spec, "seeds", [0], int)]
-    return samples
+            raise IrgenError(f"sweep spec: input {_shown(entry)}: not a file or folder")
+        if len(files) > room:
+            raise _too_many(per_sample * (len(files) + len(seeds)), max_jobs, exact=False)
+    return [(str(f), 0) for f in files] + [(None, s) for s in seeds]
 
 
 def expand(spec: dict[str, Any], base: Path, out: Path, plugins: list[str] = (),
-           strict_plugins: bool = False) -> list[Job]:
-    """The jobs of ``spec`` (paths relative to ``base``), in order: models, samples, opt levels, schemes."""
+           strict_plugins: bool = False, max_jobs: int = MAX_JOBS) -> list[Job]:
+    """The jobs of ``spec`` (paths relative to ``base``), in order: models, samples, opt levels, schemes.
+    More than ``max_jobs`` is refused from the list lengths, before any job is built."""
     from irgen.plugins import _is_file_spec
 
-    models = [(base / m).resolve() for m in _list(spec, "models", [], str)]
-    for m in models:
-        if not m.exists():
-            raise IrgenError(f"sweep spec: model {m}: no such file or folder")
+    entries = _list(spec, "models", [], str)
     levels = _list(spec, "opt_levels", [3], int)
     bad = [lv for lv in levels if lv not in range(5)]
     if bad:
-        raise IrgenError(f"sweep spec: opt level {bad[0]} is not 0..4")
+        raise IrgenError(f"sweep spec: opt level {_shown(bad[0])} is not 0..4")
     schemes = _list(spec, "schemes", [None], (str, type(None)))
+    for scheme in schemes:
+        if scheme is not None:
+            _plain_name("scheme", scheme)
     backend = spec.get("backend", "generic")
     if not isinstance(backend, str):
         raise IrgenError("sweep spec: 'backend' must be a name")
+    _plain_name("backend", backend)
+    per_sample = len(entries) * len(levels) * len(schemes)
+    samples = _samples(spec, base, per_sample, max_jobs)
+    models = [_spec_path(base, m, "model") for m in entries]
     plugins = tuple(str(Path(p).resolve()) if _is_file_spec(p) and not p.startswith("no:") else p for p in plugins)
     model_names = SafeNames()
     model_names(RECORD)  # never a model folder of that name
     sample_names = SafeNames()
-    samples = [(f, s, sample_names(Path(f).stem if f else f"seed{s}")) for f, s in _samples(spec, base)]
+    samples = [(f, s, sample_names(Path(f).stem if f else f"seed{s}")) for f, s in samples]
     jobs = []
-    for m in models:
-        mname = model_names(m.stem if m.is_file() else m.name)
+    for m, st in models:
+        mname = model_names(m.stem if stat.S_ISREG(st.st_mode) else m.name)
         for f, seed, sname in samples:
             for level in levels:
                 for scheme in schemes:
@@ -197,6 +346,7 @@ def run_job(payload: dict[str, Any]) -> dict[str, Any]:
     """
     t0 = time.perf_counter()
     try:
+        _job_folder(Path(payload["root"]), payload["key"], make=True)  # checked again just before it writes
         layers = _run_irgen(payload["argv"], Path(payload["out"]))
         return {"ok": True, "seconds": time.perf_counter() - t0, "layers": layers, "error": None}
     except Exception as exc:  # noqa: BLE001  a job's failure is a result, reported in the summary
@@ -209,11 +359,11 @@ def run_job(payload: dict[str, Any]) -> dict[str, Any]:
 
 def _run_irgen(argv: list[str], out: Path) -> int:
     """``irgen run`` (argv) through the CLI's own parsing and :func:`irgen.pipeline.run_cli`, so a
-    job's options and files are those of the same command typed by hand; returns the layer count."""
+    job's options and files are those of the same command typed by hand; returns the layer count.
+    The folders above ``out`` exist (:func:`_job_folder`)."""
     from irgen import cli, pipeline
     from irgen.safeio import read_json
 
-    out.parent.mkdir(parents=True, exist_ok=True)
     args = cli.parse_args(argv)
     saved = sys.argv
     sys.argv = ["irgen", *argv]  # run_cli records sys.argv as the output's command (manifest.json)
@@ -327,15 +477,70 @@ def _complete(folder: Path) -> bool:
     return (folder / "ir.json").is_file() and (folder / "manifest.json").is_file()
 
 
+def _refuse_link(path: Path) -> os.stat_result | None:
+    """``lstat`` of a path inside OUT (None: not there); a symbolic link is refused, never followed."""
+    try:
+        st = os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        raise IrgenError(f"{path}: a symbolic link inside the sweep folder; irgen sweep never follows one "
+                         "(remove it, or sweep into another folder)")
+    return st
+
+
+def _job_folder(root: Path, key: str, make: bool) -> None:
+    """``root/key`` (OUT and a job's key), checked from OUT down: a link on the way or at the job
+    folder is refused, anything else but a folder too. ``make``: the folders above the job folder
+    are made, one at a time (the job makes its own); else the check stops where nothing is."""
+    parts = key.split("/")
+    if any(part in ("", ".", "..") for part in parts):
+        raise IrgenError(f"sweep: job folder {_shown(key)} would not be inside {root}")
+    path = root
+    for i, part in enumerate(parts):
+        path = path / part
+        st = _refuse_link(path)
+        if st is None:
+            if not make or i == len(parts) - 1:
+                break
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(path)
+            st = _refuse_link(path)
+        if st is not None and not stat.S_ISDIR(st.st_mode):
+            raise IrgenError(f"{path}: inside the sweep folder, and not a folder")
+
+
+def _check_out(out: Path, jobs: list[Job]) -> None:
+    """Before any job runs: OUT is a folder (or not there yet), and no link stands at ``OUT/sweep.json``,
+    at the record's temporary file or on the way from OUT down to any job folder."""
+    if out.exists() and not out.is_dir():
+        raise IrgenError(f"{out}: exists and is not a folder")
+    for path in (out / RECORD, _record_tmp(out)):
+        _refuse_link(path)
+    for job in jobs:
+        _job_folder(out, job.key, make=False)
+
+
+def _record_tmp(out: Path) -> Path:
+    return out / f".{RECORD}.{os.getpid()}.tmp"
+
+
 def _write_record(out: Path, state: dict[str, Any]) -> None:
-    """``OUT/sweep.json`` replaced atomically (a temporary file renamed over it)."""
-    tmp = out / f".{RECORD}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(state, indent=1) + "\n")
+    """``OUT/sweep.json`` replaced atomically (a temporary file renamed over it). The temporary file
+    is made new (``O_EXCL``): a link there is refused, a file left there removed, never written through."""
+    tmp = _record_tmp(out)
+    if _refuse_link(tmp) is not None:
+        os.unlink(tmp)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    with os.fdopen(os.open(tmp, flags, 0o666), "w") as f:
+        f.write(json.dumps(state, indent=1) + "\n")
     os.replace(tmp, out / RECORD)
 
 
-def _load_record(out: Path, spec_hash: str, force: bool) -> dict[str, Any]:
-    """The job records of an earlier sweep into ``out`` with the same spec (empty for a new OUT)."""
+def _load_record(out: Path, spec_hash: str, force: bool, max_jobs: int) -> dict[str, Any]:
+    """The job records of an earlier sweep into ``out`` with the same spec (empty for a new OUT).
+    The file is read up to a size that ``max_jobs`` records take (the memory of parsing it bounded),
+    and a record that is not a mapping is dropped (its job runs again)."""
     from irgen.safeio import read_json
 
     path = out / RECORD
@@ -345,7 +550,7 @@ def _load_record(out: Path, spec_hash: str, force: bool) -> dict[str, Any]:
                              "(use --force to sweep into it anyway)")
         return {}
     try:
-        old = read_json(path, RECORD)
+        old = read_json(path, RECORD, limit=(1 << 20) + 512 * max_jobs)
         jobs = old["jobs"]
         same = old.get("spec_sha256") == spec_hash
     except (IrgenError, KeyError, TypeError):
@@ -355,7 +560,7 @@ def _load_record(out: Path, spec_hash: str, force: bool) -> dict[str, Any]:
     if not same and not force:
         raise IrgenError(f"{out}: an earlier sweep with a different spec wrote it (use --force to sweep "
                          "this spec into it: jobs whose command line, model and input are unchanged are kept)")
-    return jobs if isinstance(jobs, dict) else {}
+    return {k: v for k, v in jobs.items() if isinstance(v, dict)} if isinstance(jobs, dict) else {}
 
 
 def _schedule(executor, todo: list[tuple[Job, str]], finish: Callable[[Job, str, dict, int], None],
@@ -388,24 +593,26 @@ def _schedule(executor, todo: list[tuple[Job, str]], finish: Callable[[Job, str,
 
 
 def sweep(spec_path: Path, out: Path, ray: str | None = None, workers: int | None = None, force: bool = False,
-          plugins: list[str] = (), strict_plugins: bool = False, host=None, progress=None) -> dict[str, Any]:
-    """Run the sweep of ``spec_path`` into ``out``; returns the summary (also kept in ``OUT/sweep.json``)."""
+          plugins: list[str] = (), strict_plugins: bool = False, host=None, progress=None,
+          max_jobs: int | None = None) -> dict[str, Any]:
+    """Run the sweep of ``spec_path`` into ``out``; returns the summary (also kept in ``OUT/sweep.json``).
+    A spec of more than ``max_jobs`` jobs (default :data:`MAX_JOBS`) is refused."""
     from irgen.output import Progress
 
     progress = progress or Progress(enabled=False)
     spec_path = Path(spec_path)
     spec = read_spec(spec_path)
     out = Path(os.path.abspath(out))
-    jobs = expand(spec, spec_path.resolve().parent, out, plugins, strict_plugins)
+    max_jobs = MAX_JOBS if max_jobs is None else max_jobs
+    jobs = expand(spec, spec_path.resolve().parent, out, plugins, strict_plugins, max_jobs)
     if host is not None:  # names the workers would only fail on, refused up front
         for scheme in {j.scheme for j in jobs} - {None}:
             host.quantizers.get(scheme)
         host.backends.get(jobs[0].backend)
     identity = [[j.key if a == j.out else a for a in j.argv()] for j in jobs]  # OUT may move
     spec_hash = hashlib.sha256(json.dumps(identity).encode()).hexdigest()
-    if out.exists() and not out.is_dir():
-        raise IrgenError(f"{out}: exists and is not a folder")
-    records = _load_record(out, spec_hash, force)
+    _check_out(out, jobs)
+    records = _load_record(out, spec_hash, force, max_jobs)
     out.mkdir(parents=True, exist_ok=True)
 
     hashes: dict[str, str] = {}
