@@ -33,6 +33,42 @@ def irgen(*argv, cwd=None, timeout=300, env=None) -> subprocess.CompletedProcess
                           timeout=timeout, stdin=subprocess.DEVNULL, env=env or ENV)
 
 
+#: runs ARGV as its child (address space capped at CAP bytes unless 0, killed after TIMEOUT
+#: seconds), passes on the child's output, and writes its exit code, peak RSS and seconds to REPORT
+_MEASURE = """import json, resource, subprocess, sys, time
+report, cap, timeout = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+def limit():
+    if cap:
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+t0 = time.perf_counter()
+try:
+    code = subprocess.run(sys.argv[4:], stdin=subprocess.DEVNULL, timeout=timeout, preexec_fn=limit).returncode
+except subprocess.TimeoutExpired:
+    code = None
+seconds = time.perf_counter() - t0
+peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+open(report, "w").write(json.dumps({"code": code, "peak": peak, "seconds": seconds}))
+"""
+
+
+def measured(*argv, cap: int = 0, timeout: float = 300) -> tuple[subprocess.CompletedProcess, int, float]:
+    """``irgen ARGV...`` as the child of a fresh small process, its address space capped at
+    ``cap`` bytes (0: not capped): the result, the child's peak resident memory in bytes, and
+    its seconds (exit code None: killed after ``timeout``). The child of this test process
+    would count this process's memory too: Linux folds the memory of the image a child
+    replaces at ``exec`` (a copy of its parent) into its peak."""
+    import json
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        report = Path(folder) / "report.json"
+        proc = subprocess.run([sys.executable, "-c", _MEASURE, str(report), str(cap), str(timeout), *IRGEN,
+                               *map(str, argv)], capture_output=True, text=True, stdin=subprocess.DEVNULL, env=ENV,
+                              timeout=timeout + 60)
+        r = json.loads(report.read_text())
+    return subprocess.CompletedProcess([*IRGEN, *argv], r["code"], proc.stdout, proc.stderr), r["peak"], r["seconds"]
+
+
 def leftovers(out: Path) -> list[str]:
     """Hidden partial/old folders irgen left beside OUT."""
     parent = Path(out).parent

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hostile import ENV, IRGEN, assert_refused, irgen
+from hostile import ENV, IRGEN, assert_refused, irgen, measured
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT / "examples" / "tiny_cnn.onnx"  # one input 'x', float32 (1, 3, 32, 32)
@@ -28,21 +28,6 @@ SHAPE = (1, 3, 32, 32)
 PEAK_RSS = 300 << 20
 
 pytest.importorskip("onnx")
-
-#: runs ``argv`` as a child, passes on its stderr and exit code, and prints the child's peak RSS
-_PEAK = ("import resource, subprocess, sys\n"
-         "p = subprocess.run(sys.argv[1:], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)\n"
-         "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)\n"
-         "sys.exit(p.returncode)\n")
-
-
-def irgen_peak(*argv) -> tuple[subprocess.CompletedProcess, int]:
-    """``irgen ARGV...`` in a child of a fresh process (no other child to count): the result
-    and the child's peak resident memory in bytes."""
-    proc = subprocess.run([sys.executable, "-c", _PEAK, *IRGEN, *map(str, argv)], capture_output=True, text=True,
-                          timeout=300, stdin=subprocess.DEVNULL, env=ENV)
-    return proc, int(proc.stdout.strip().splitlines()[-1])
-
 
 def _npy_bytes(arr: np.ndarray) -> bytes:
     import io
@@ -89,7 +74,7 @@ def test_inputs_npz_bomb_is_refused_in_bounded_memory(tmp_path, case):
         words = ["array 'a'", "more data than its header declares"]
     assert bomb.stat().st_size < 2 << 20
     out = tmp_path / "out"
-    proc, peak = irgen_peak("run", MODEL, "-o", out, "--inputs", bomb, "--no-progress")
+    proc, peak, _ = measured("run", MODEL, "-o", out, "--inputs", bomb, "--no-progress")
     assert_refused(proc, out, *words)
     assert peak < PEAK_RSS, f"irgen took {peak >> 20} MiB on a {bomb.stat().st_size >> 10} KiB .npz"
 

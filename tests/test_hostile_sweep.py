@@ -2,7 +2,7 @@
 
 Each case asserts what ``tests/hostile.py`` says (exit 2 and one ``irgen: error:`` line,
 no traceback, nothing outside OUT touched) and, where an input could make irgen take
-gigabytes, the peak memory of the ``irgen`` child alone (``os.wait4``): well under
+gigabytes, the peak memory of the ``irgen`` child alone (:func:`hostile.measured`): well under
 300 MiB. The child's address space is capped, so a regression fails the test instead
 of taking the machine.
 
@@ -20,16 +20,13 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import shutil
 import subprocess
-import tempfile
-import time
 from pathlib import Path
 
 import pytest
 
-from hostile import ENV, IRGEN, Sentinel, assert_refused, irgen
+from hostile import Sentinel, assert_refused, irgen, measured
 from irgen.api import IrgenError
 from irgen.sweep import RECORD, expand, run_job, sweep
 
@@ -42,32 +39,11 @@ PEAK_MIB = 300
 LINE_MAX = 600
 
 
-def measured(*argv, timeout: float = 180) -> tuple[subprocess.CompletedProcess, float, float]:
-    """``irgen ARGV`` in a child with its address space capped at :data:`CAP`:
+def sweep_measured(*argv) -> tuple[subprocess.CompletedProcess, float, float]:
+    """``irgen ARGV`` with its address space capped at :data:`CAP` (:func:`hostile.measured`):
     (result, peak RSS of that child in MiB, seconds)."""
-    def cap() -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (CAP, CAP))
-
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        t0 = time.perf_counter()
-        child = subprocess.Popen([*IRGEN, *map(str, argv)], stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                                 env=ENV, preexec_fn=cap)
-        while True:
-            pid, status, usage = os.wait4(child.pid, os.WNOHANG)
-            if pid:
-                break
-            if time.perf_counter() - t0 > timeout:
-                child.kill()
-                pid, status, usage = os.wait4(child.pid, 0)
-                break
-            time.sleep(0.02)
-        seconds = time.perf_counter() - t0
-        child.returncode = os.waitstatus_to_exitcode(status)
-        out.seek(0)
-        err.seek(0)
-        result = subprocess.CompletedProcess(child.args, child.returncode, out.read().decode(errors="replace"),
-                                             err.read().decode(errors="replace"))
-    return result, usage.ru_maxrss / 1024, seconds
+    proc, peak, seconds = measured(*argv, cap=CAP, timeout=180)
+    return proc, peak / (1 << 20), seconds
 
 
 def bounded_refusal(proc: subprocess.CompletedProcess, peak: float, *names: str) -> str:
@@ -144,7 +120,7 @@ def test_hostile_record_in_out(swept, tmp_path, case):
     if case == "huge":
         record["jobs"] = {"x": [[]] * 13_000_000}
         (out / RECORD).write_text(json.dumps(record, separators=(",", ":")))
-        proc, peak, _ = measured("sweep", spec, "-o", out, "--no-progress")
+        proc, peak, _ = sweep_measured("sweep", spec, "-o", out, "--no-progress")
         bounded_refusal(proc, peak, str(out / RECORD), "--force")
         return
     [key] = record["jobs"]
@@ -197,7 +173,7 @@ def test_yaml_aliases_are_refused_before_expansion(tmp_path):
     spec = tmp_path / "laughs.yaml"
     spec.write_text(_laughs())
     assert len(spec.read_bytes()) < 600
-    proc, peak, seconds = measured("sweep", spec, "-o", tmp_path / "out", "--no-progress")
+    proc, peak, seconds = sweep_measured("sweep", spec, "-o", tmp_path / "out", "--no-progress")
     bounded_refusal(proc, peak, str(spec), "alias", "line 3")
     assert seconds < 30
     assert not (tmp_path / "out").exists()
@@ -220,7 +196,7 @@ def test_spec_nesting_and_size_are_bounded(tmp_path, case):
     spec = tmp_path / ("spec.yaml" if case.startswith("yaml") else "spec.json")
     spec.write_text(text)
     assert len(spec.read_bytes()) <= 1 << 20
-    proc, peak, _ = measured("sweep", spec, "-o", tmp_path / "out", "--no-progress")
+    proc, peak, _ = sweep_measured("sweep", spec, "-o", tmp_path / "out", "--no-progress")
     bounded_refusal(proc, peak, str(spec), *names)
 
 
@@ -277,7 +253,7 @@ def test_job_count_is_refused_before_the_jobs_are_built(tmp_path):
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps({"models": [str(EXAMPLE)] * 1000, "seeds": list(range(1000)),
                                 "opt_levels": [0, 1, 2, 3, 4], "schemes": [None, "qdq", "pow2", "tflite-int8"]}))
-    proc, peak, seconds = measured("sweep", spec, "-o", tmp_path / "out", "--no-progress")
+    proc, peak, seconds = sweep_measured("sweep", spec, "-o", tmp_path / "out", "--no-progress")
     bounded_refusal(proc, peak, "20000000 jobs", "10000", "--max-jobs")
     assert seconds < 30
 
