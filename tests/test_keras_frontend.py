@@ -33,14 +33,6 @@ def _irgen(args: list[str]) -> int:
     return irgen_main(["run", *args, "--no-progress"])
 
 
-def _build(name: str):
-    tf = tflite_models._tf()
-    tf.keras.utils.set_random_seed(tflite_models.SEED)
-    model, shape = tflite_models.BUILDERS[name](tf)
-    tflite_models._randomize(model, np.random.default_rng(tflite_models.SEED))
-    return model, shape
-
-
 def _convert(path: Path, calib: list[np.ndarray] | None = None) -> bytes:
     """What the frontend does, done independently here."""
     tf = tflite_models._tf()
@@ -67,7 +59,7 @@ def saved(tmp_path_factory):
     d = tmp_path_factory.mktemp("keras_models")
     out = {}
     for name in ("small_cnn", "mlp"):
-        model, shape = _build(name)
+        model, shape = tflite_models.build(name)
         model.save(d / f"{name}.keras")
         model.save(d / f"{name}.h5")
         model.export(str(d / f"{name}_saved"), verbose=False)

@@ -332,10 +332,7 @@ def test_keras_source(keras_float, capsys):
 def test_keras_int8_source_uses_recorded_calibration(tmp_path, capsys):
     import tflite_models
 
-    tf = tflite_models._tf()
-    tf.keras.utils.set_random_seed(tflite_models.SEED)
-    model, shape = tflite_models.BUILDERS["mlp"](tf)
-    tflite_models._randomize(model, np.random.default_rng(tflite_models.SEED))
+    model, shape = tflite_models.build("mlp")
     model.save(tmp_path / "m.keras")
     calib = tmp_path / "calib"
     calib.mkdir()

@@ -187,6 +187,15 @@ def _randomize(model, rng) -> None:
         w.assign(v)
 
 
+def build(name: str):
+    """Keras model ``name`` with its seeded random weights, and its input shape."""
+    tf = _tf()
+    tf.keras.utils.set_random_seed(SEED)
+    model, shape = BUILDERS[name](tf)
+    _randomize(model, np.random.default_rng(SEED))
+    return model, shape
+
+
 def export(name: str, folder: Path, quant: str = "float") -> tuple[Path, np.ndarray]:
     """Build model ``name``, convert it to ``folder/<name>_<quant>.tflite``.
 
@@ -200,10 +209,7 @@ def export(name: str, folder: Path, quant: str = "float") -> tuple[Path, np.ndar
     scale and zero point).
     """
     tf = _tf()
-    tf.keras.utils.set_random_seed(SEED)
-    rng = np.random.default_rng(SEED)
-    model, shape = BUILDERS[name](tf)
-    _randomize(model, rng)
+    model, shape = build(name)
     conv = tf.lite.TFLiteConverter.from_keras_model(model)
     if quant in ("int8", "int8-floatio", "int8-pertensor", "int16x8", "dynamic"):
         conv.optimizations = [tf.lite.Optimize.DEFAULT]
