@@ -75,6 +75,11 @@ class ImportedModel:
     #: Relax variable of a quantize -> the integer range it clamps to, when narrower than its
     #: dtype's (torch's ``reduce_range`` observers: uint8 values in [0, 127]); a scheme clamps there
     quant_ranges: dict[str, tuple[int, int]] = field(default_factory=dict)
+    #: Python modules whose code built the graph besides installed libraries (a ``--model-class``
+    #: and the local modules it uses: :func:`irgen.plugin.local_modules` finds them). The compile
+    #: cache keys on their source, as it does on every file the import opened through
+    #: :func:`irgen.safeio.open_regular` (external data)
+    code_modules: tuple[str, ...] = ()
 
 
 #: The quantization dialects of the in-repository frontends: what a graph's

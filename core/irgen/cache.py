@@ -1,10 +1,12 @@
 """The compile cache: a model's compiled plan, kept in a user cache folder so that a
 second ``irgen run`` of the same model skips import, layer forming and compile.
 
-An entry is keyed by everything that shapes the plan: the model's bytes (sha256), the
-frontend, backend, scheme and opt level, the options of every plugin, the versions
-of irgen, TVM and Python, and a digest of irgen's and every installed plugin's code
-(an edited checkout never reuses a stale compile). It holds ``plan.json``, the
+An entry is keyed by everything that determines the plan (:mod:`irgen.runkey`: the
+model's files by name and content, every option and ``IRGEN_*`` variable that can change
+a value, irgen's and every plugin's code, the versions of Python and of every installed
+distribution) and is used only while the files and code its import read besides the
+model (external data, a ``--model-class`` module) are unchanged. It holds ``key.json``
+(what it was keyed on, those dependencies, the run that made it), ``plan.json``, the
 parameter arrays and the kernels' constants as ``.npy`` (read without pickle, each
 when needed: ``irgen.plan.Stored``) and the exported library (the kernels, without
 the weights when irgen's executor runs the plan).
@@ -15,13 +17,12 @@ the weights when irgen's executor runs the plan).
 * ``irgen run --no-cache`` neither reads nor writes it.
 
 An entry appears complete or not at all (written into a temporary folder, renamed into
-place); an unreadable entry is removed and compiled anew. The cache never changes a
+place); an unreadable or stale entry is removed and compiled anew. The cache never changes a
 golden value: a cached run writes the same bytes as a fresh one (tested).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -31,14 +32,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+from irgen import runkey
 from irgen.api import IrgenError
-from irgen.plan import PLAN_FORMAT, Plan
+from irgen.plan import Plan
+from irgen.runkey import KEY_FORMAT, PlanKey
+from irgen.safeio import read_json
+
+#: in an entry: what it was keyed on, its import's dependencies and the run that made it
+KEY_FILE = "key.json"
 
 DEFAULT_SIZE = 2 << 30
-
-#: options that never change the plan (where and how the output is written)
-_NOT_PLAN = {"output", "force", "seed", "no_progress", "input", "verify", "cache", "debug", "layers", "inputs", "compress",
-             "jobs", "max_lsb", "atol", "rtol", "min_cosine", "allow_unsupported", "plugin", "serializer"}
 
 
 def folder() -> Path:
@@ -50,109 +53,122 @@ def folder() -> Path:
 
 
 def size_limit() -> int:
-    """``$IRGEN_CACHE_SIZE`` in bytes (``DEFAULT_SIZE`` when unset)."""
-    text = os.environ.get("IRGEN_CACHE_SIZE", "").strip()
-    if not text:
-        return DEFAULT_SIZE
-    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1].upper(), 1)
-    try:
-        return int(float(text[:-1] if scale > 1 else text) * scale)
-    except ValueError:
-        raise IrgenError(f"IRGEN_CACHE_SIZE={text!r}: expected a size such as 500M or 2G") from None
+    """``$IRGEN_CACHE_SIZE`` in bytes (``DEFAULT_SIZE`` when unset; 0 turns the cache off)."""
+    from irgen import envflags
+
+    return envflags.size("IRGEN_CACHE_SIZE", DEFAULT_SIZE)
 
 
-def _code_digest(host) -> str:
-    """sha256 over the source files of irgen and of every plugin module the host loaded."""
-    from irgen.pipeline import _tvm_version
-
-    mods = {"irgen": sys.modules["irgen"]}
-    for plugin in host.pm.get_plugins():
-        name = getattr(plugin, "__name__", None)
-        if not isinstance(name, str) or not hasattr(plugin, "__file__"):  # an object: its class's module
-            plugin = sys.modules.get(type(plugin).__module__)
-            name = getattr(plugin, "__name__", None)
-        if isinstance(name, str):
-            top = name.split(".")[0]
-            mods.setdefault(top, sys.modules.get(top, plugin))
-    h = hashlib.sha256(f"{_tvm_version()} {sys.version} {PLAN_FORMAT}".encode())
-    for top, mod in sorted(mods.items()):
-        files = [Path(mod.__file__)] if getattr(mod, "__file__", None) else []
-        if files and files[0].name == "__init__.py":
-            files = sorted(files[0].parent.rglob("*.py"))
-        for f in files:
-            h.update(f"{top}:{f.name}:".encode())
-            h.update(f.read_bytes())
-    return h.hexdigest()
+def enabled() -> bool:
+    """Whether the cache is on (``$IRGEN_CACHE_SIZE`` is not 0)."""
+    return size_limit() > 0
 
 
-def plan_key(host, model_sha: str, frontend: str, backend: str, quantizer: str | None, opt_level: int,
-             options: dict[str, Any]) -> str | None:
-    """The entry name for this compile, or None when the cache is off."""
-    if size_limit() <= 0:
-        return None
-    from irgen import schedule, share, target
-    from irgen.pipeline import sha256_path
-
-    registered = dict(host.options.items())
-    opts = {}
-    for k, v in sorted(options.items()):
-        if k in _NOT_PLAN or v in (None, False, [], {}):
-            continue
-        opt = registered.get(k)
-        if opt is not None and opt.kind == "path" and Path(v).exists():
-            v = {"path": str(Path(v).resolve()), "sha256": sha256_path(Path(v))}  # its content shapes the plan
-        opts[k] = v if isinstance(v, (str, int, float, bool)) else repr(v)
-    doc = {"model": model_sha, "frontend": frontend, "backend": backend, "quantizer": quantizer,
-           "opt_level": opt_level, "options": opts, "code": _code_digest(host), "schedule": schedule.key(),
-           "share": share.key(), "target": target.key()}
-    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:32]
-
-
-def load(key: str) -> Plan | None:
-    """The plan stored under ``key``, or None (a missing or broken entry)."""
-    entry = folder() / key
+def load(key: PlanKey) -> tuple[Plan | None, str | None]:
+    """The plan stored under ``key`` and None, or None and why none is used (nothing stored,
+    with what a near entry of the same model was keyed on differently; or the entry is stale:
+    a file or module its import read has changed since, and the entry is removed)."""
+    entry = folder() / key.digest
     if not (entry / "plan.json").is_file():
-        return None
+        return None, _near_miss(key)
     try:
-        plan = Plan.load(entry)
-    except IrgenError:
+        recorded = read_json(entry / KEY_FILE, "compile cache key")
+        depends = recorded["depends"]
+        why = runkey.stale(depends, Path(key.doc["model"]["path"]))
+        if why is None:
+            plan = Plan.load(entry)
+    except (IrgenError, KeyError, TypeError) as err:
         shutil.rmtree(entry, ignore_errors=True)
-        return None
+        return None, f"an unreadable entry was removed ({' '.join(str(err).split())[:200]})"
+    if why is not None:
+        shutil.rmtree(entry, ignore_errors=True)
+        return None, f"the stored compile is stale ({why}): compiling again"
+    plan.keyed = {"key": key.digest, "depends": depends}
     try:
         os.utime(entry)  # recently used
     except OSError:
         pass
-    return plan
+    return plan, None
 
 
-def library(key: str) -> Path | None:
+def _near_miss(key: PlanKey) -> str | None:
+    """What the newest entry of the same model was keyed on differently, or None."""
+    best = None
+    for recorded in entries():
+        doc = recorded.get("key") or {}
+        if (doc.get("model") or {}).get("path") == key.doc["model"]["path"]:
+            if best is None or recorded["used"] > best["used"]:
+                best = recorded
+    if best is None:
+        return None
+    changed = runkey.differences(best["key"], key.doc)
+    shown = ", ".join(changed[:6]) + (f" and {len(changed) - 6} more" if len(changed) > 6 else "")
+    return f"not stored; the entry for this model was keyed on another {shown}" if changed else None
+
+
+def entries() -> list[dict[str, Any]]:
+    """Every complete entry's ``key.json`` with its ``name``, ``size`` (bytes) and ``used``
+    (last use, seconds since the epoch), most recently used first."""
+    root = folder()
+    found = []
+    if not root.is_dir():
+        return found
+    for p in root.iterdir():
+        if p.name.startswith(".") or not (p / "plan.json").is_file():
+            continue
+        try:
+            recorded = read_json(p / KEY_FILE, "compile cache key")
+        except IrgenError:
+            recorded = {}
+        if isinstance(recorded, dict):
+            found.append({**recorded, "name": p.name, "size": _size(p), "used": p.stat().st_mtime})
+    return sorted(found, key=lambda e: -e["used"])
+
+
+def library(key: PlanKey) -> Path | None:
     """The kernel library of the entry ``key`` (None: not stored, or trimmed away); its
     arrays are in ``arrays/`` beside it."""
-    path = folder() / key / "model.so"
+    path = folder() / key.digest / "model.so"
     return path if path.is_file() else None
 
 
-def store(key: str, plan: Plan) -> bool:
-    """Keep ``plan`` under ``key``, then trim the cache to its size; whether it was stored.
-    A cache that cannot be written (read-only, full disk) costs the speed-up, never the
-    run: a warning."""
+def store(key: PlanKey, plan: Plan, request: dict[str, Any]) -> bool:
+    """Keep ``plan`` under ``key`` with ``key.json`` (what it was keyed on, the dependencies
+    its import read, and ``request``: the run that made it, for ``irgen cache verify``), then
+    trim the cache to its size; whether it was stored. A cache that cannot be written
+    (read-only, full disk) costs the speed-up, never the run: a warning."""
     root = folder()
     try:
         root.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=root))
+        tmp = Path(tempfile.mkdtemp(prefix=f".{key.digest}.", dir=root))
         try:
             plan.save(tmp / "e")
-            final = root / key
+            recorded = {"format": KEY_FORMAT, "key": key.doc, "depends": plan.keyed["depends"], "request": request}
+            (tmp / "e" / KEY_FILE).write_text(json.dumps(recorded, indent=1, default=str) + "\n")
+            final = root / key.digest
             if final.exists():
                 shutil.rmtree(final, ignore_errors=True)
             (tmp / "e").rename(final)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         trim(size_limit())
-        return (root / key / "plan.json").is_file()
+        return (root / key.digest / "plan.json").is_file()
     except OSError as err:
         print(f"irgen: warning: compile cache {root}: not stored ({err})", file=sys.stderr)
         return False
+
+
+def clear() -> tuple[int, int]:
+    """Remove every entry (and leftover temporary folder); (entries removed, bytes freed)."""
+    root = folder()
+    count = freed = 0
+    if root.is_dir():
+        for p in root.iterdir():
+            if p.is_dir() and not p.is_symlink():
+                count += not p.name.startswith(".")
+                freed += _size(p)
+                shutil.rmtree(p, ignore_errors=True)
+    return count, freed
 
 
 def _size(path: Path) -> int:

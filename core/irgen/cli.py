@@ -165,6 +165,7 @@ def build_parser(host: PluginHost | None = None) -> argparse.ArgumentParser:
     sweep.add_argument("--no-progress", action="store_true", help="no progress output")
     sweep.add_argument("--json", action="store_true", help="print the summary as JSON instead of the table")
     sweep.set_defaults(func=cmd_sweep)
+    _add_cache_parser(commands, after)
     if host is not None:
         _add_registered_options(host, {"run": run, "verify": verify})
     return parser
@@ -435,6 +436,60 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                         progress=Progress(enabled=not args.no_progress), max_jobs=args.max_jobs)
     print(json.dumps(summary, indent=1) if args.json else format_summary(summary))
     return 1 if summary["counts"]["failed"] else 0
+
+
+def _add_cache_parser(commands, after: argparse.ArgumentParser) -> None:
+    cache = commands.add_parser(
+        "cache", parents=[after],
+        help="the compile cache: where it is and its size (info), its entries (list, show NAME), clear, "
+             "verify (recompute entries without it and compare)")
+    cache.add_argument("action", nargs="?", default="info", choices=("info", "list", "show", "clear", "verify"),
+                       metavar="ACTION", help="info (default), list, show NAME, clear, or verify")
+    cache.add_argument("name", nargs="?", metavar="NAME", help="with show: the entry (its name or a prefix)")
+    cache.add_argument("--sample", type=int, default=None, metavar="N",
+                       help="with verify: the N most recently used entries (default: all)")
+    cache.add_argument("--json", action="store_true", help="print JSON")
+    cache.add_argument("--no-progress", action="store_true", help="no progress output")
+    cache.set_defaults(func=cmd_cache)
+
+
+def cmd_cache(args: argparse.Namespace) -> int:
+    """``irgen cache``: see :mod:`irgen.cachetool`; ``verify`` exits 1 when an entry differs."""
+    from irgen import cachetool
+    from irgen.safeio import human_bytes
+
+    if (args.name is not None) != (args.action == "show"):
+        raise IrgenError("irgen cache show NAME: a name goes with show, and only there")
+    if args.sample is not None and (args.action != "verify" or args.sample < 1):
+        raise IrgenError("--sample N: with 'irgen cache verify', N at least 1")
+    if args.action == "clear":
+        from irgen.cache import clear, folder
+
+        count, freed = clear()
+        print(f"removed {count} entries ({human_bytes(freed)}) from {folder()}")
+        return 0
+    if args.action == "verify":
+        from irgen.output import Progress
+
+        rows = cachetool.verify(load_host(args), args.sample, Progress(enabled=not args.no_progress))
+        differs = [r for r in rows if r["status"] in ("differs", "error")]
+        print(json.dumps(rows, indent=1) if args.json else
+              "\n".join(f"{r['status']:<12} {r['name']}  {r['model']}"
+                        f"{'  ' + ', '.join(r['files'][:5]) if r.get('files') else ''}"
+                        f"{'  (' + r['detail'] + ')' if r.get('detail') else ''}" for r in rows) or "no entries")
+        return 1 if differs else 0
+    value = {"info": cachetool.info, "list": cachetool.listing}.get(args.action)
+    result = value() if value else cachetool.show(args.name)
+    if args.json or args.action == "show":
+        print(json.dumps(result, indent=1))
+    elif args.action == "info":
+        print(cachetool.format_info(result))
+    else:
+        table = [("NAME", "MODEL", "FRONTEND", "QUANTIZER", "BACKEND", "O", "SIZE", "USED")]
+        table += [(r["name"][:12], str(r["model"]), str(r["frontend"]), str(r["quantizer"] or "-"), str(r["backend"]),
+                   str(r["opt_level"]), human_bytes(r["size"]), r["used"]) for r in result]
+        _print_columns(table) if result else print("no entries")
+    return 0
 
 
 def cmd_new_plugin(args: argparse.Namespace) -> int:

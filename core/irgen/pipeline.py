@@ -11,7 +11,6 @@ complete or not at all.
 from __future__ import annotations
 
 import fnmatch
-import hashlib
 import json
 import os
 import shlex
@@ -22,15 +21,15 @@ from typing import Any, Callable
 
 import numpy as np
 
-from irgen import __version__, spill
+from irgen import __version__, runkey, spill
 from irgen.api import (Backend, ImportedModel, InputSpec, IrgenError, Quantizer, StoredTensor, TensorInfo,
                        UnsupportedOpsError)
 from irgen.names import SafeNames
 from irgen.plugins import call_plugin
 from irgen.output import OutputFolder, ParamsStreamWriter, Progress, file_identity, sha256_file, write_manifest
-from irgen.plan import Plan, PlanKernel, array
-from irgen.safeio import (DEFAULT_MAX_TENSOR_BYTES, check_tensor_size, file_or_folder, load_npy, open_regular,
-                          regular_tree)
+from irgen.plan import PLAN_FORMAT, Plan, PlanKernel, array
+from irgen.safeio import (DEFAULT_MAX_TENSOR_BYTES, check_tensor_size, file_or_folder, load_npy,
+                          recording_reads, regular_tree)
 
 
 def parse_input_shapes(specs: list[str], limit: int | None = None) -> dict[str, tuple[int, ...]]:
@@ -166,22 +165,19 @@ def pick_quantizer(host, qg, name: str | None):
     return None
 
 
-def sha256_path(path: Path) -> str:
-    h = hashlib.sha256()
-    files = regular_tree(path) if path.is_dir() else [path]
-    for p in files:
-        with open_regular(p, "model") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
-    return h.hexdigest()
-
-
-def run_cli(args, host) -> int:
-    # frontends read their own options (those their plugin registers, e.g. model_class) from here
+def run_options(args) -> dict[str, Any]:
+    """The options of ``irgen run``'s parsed command line as :func:`run` takes them: every
+    option, a plugin's too (frontends read theirs, e.g. ``model_class``, from here), with
+    ``cache`` and the parsed ``input_shapes``."""
     options = {k: v for k, v in vars(args).items() if k not in ("func", "command", "host")}
     options["cache"] = not options.pop("no_cache", False)
     options["input_shapes"] = parse_input_shapes(getattr(args, "input_shape", []) or [],
                                                  options.get("max_tensor_bytes", DEFAULT_MAX_TENSOR_BYTES))
+    return options
+
+
+def run_cli(args, host) -> int:
+    options = run_options(args)
     if getattr(args, "inputs", None) is not None:
         if args.input:
             raise IrgenError("--input and --inputs: give one sample with --input or many with --inputs, not both")
@@ -750,12 +746,13 @@ def run(
     progress = progress or Progress(enabled=False)
     options = dict(options or {})
     protect = [("the input file", Path(i.partition("=")[2] if "=" in i and not Path(i).exists() else i)) for i in inputs]
-    setup = _Setup(host, model, out, opt_level, frontend, backend, serializer, force, options, protect)
+    setup = _Setup(host, model, out, opt_level, frontend, backend, serializer, quantizer, force, options, protect)
     fe, be, sers, folder, model_sha = setup.fe, setup.be, setup.sers, setup.folder, setup.model_sha
 
     # the weights wait on disk beside the output (where its partial folder goes), not in memory
     with spill.weights_on_disk(folder.final.parent):
-        plan, arrays = prepare(host, model, model_sha, fe, be, list(inputs), opt_level, quantizer, seed, options, progress)
+        plan, arrays = prepare(host, model, setup.key, fe, be, list(inputs), opt_level, quantizer, seed, options,
+                               progress)
         with folder:
             ir, files = write_output(host, plan, arrays, folder, model, model_sha, be, sers, options, command, progress)
     progress.done(f"wrote {out} ({len(plan.records)} layers, {len(plan.kernels)} kernels"
@@ -770,7 +767,8 @@ class _Setup:
     path option); ``options`` gains ``max_tensor_bytes`` and the plugins are configured."""
 
     def __init__(self, host, model: Path, out: Path, opt_level: int, frontend: str | None, backend: str,
-                 serializer, force: bool, options: dict[str, Any], protect: list[tuple[str, Path]]):
+                 serializer, quantizer: str | None, force: bool, options: dict[str, Any],
+                 protect: list[tuple[str, Path]]):
         options.setdefault("max_tensor_bytes", DEFAULT_MAX_TENSOR_BYTES)
         debug = options.get("debug") or "layers"
         if debug not in DEBUG_LEVELS:
@@ -789,10 +787,32 @@ class _Setup:
                 protect.append((f"the {opt.flag} path", Path(options[name])))
         host.configure(options)
         self.folder = OutputFolder(out, force, protect)
-        self.model_sha = sha256_path(model)
+        self.model_digest = runkey.digest_path(model)
+        self.model_sha = self.model_digest.sha256
+        self.key = run_key(host, model, opt_level, self.fe.name, self.be.name, quantizer, options, self.model_digest)
 
 
-def prepare(host, model: Path, model_sha: str, fe, be: Backend, inputs: list[str], opt_level: int,
+def run_key(host, model: Path, opt_level: int, frontend: str | None, backend: str, quantizer: str | None,
+            options: dict[str, Any], digest: runkey.PathDigest | None = None) -> runkey.PlanKey:
+    """The compile key of ``irgen run MODEL`` with these choices (``frontend`` None: chosen by
+    file type; ``digest``: the model's, when hashed already), computed without importing the
+    model: the compile cache's entry name, and the sweep's resume fingerprint."""
+    options = {"max_tensor_bytes": DEFAULT_MAX_TENSOR_BYTES, **options}
+    fe = pick_frontend(host, model, frontend)
+    be = host.backends.get(backend)
+    return runkey.plan_key(host, model, digest or runkey.digest_path(model), fe.name, be.name, quantizer, opt_level,
+                           options, compile_settings())
+
+
+def compile_settings() -> dict[str, Any]:
+    """What the compile steps themselves depend on, for the run's key: the schedule, kernel
+    sharing, the target CPU and the plan format."""
+    from irgen import schedule, share, target
+
+    return {"schedule": schedule.key(), "share": share.key(), "target": target.key(), "plan_format": PLAN_FORMAT}
+
+
+def prepare(host, model: Path, key: runkey.PlanKey, fe, be: Backend, inputs: list[str], opt_level: int,
             quantizer: str | None, seed: int, options: dict[str, Any], progress: Progress
             ) -> tuple[Plan, list[np.ndarray]]:
     """The model's compiled plan (from the compile cache, else import, form layers and
@@ -800,23 +820,29 @@ def prepare(host, model: Path, model_sha: str, fe, be: Backend, inputs: list[str
     from irgen import cache
 
     limit = options.get("max_tensor_bytes", DEFAULT_MAX_TENSOR_BYTES)
-    key = cache.plan_key(host, model_sha, fe.name, be.name, quantizer, opt_level, options) \
-        if options.get("cache", True) else None
-    plan = cache.load(key) if key else None
+    use_cache = options.get("cache", True) and cache.enabled()
+    plan, note = cache.load(key) if use_cache else (None, None)
+    if note:
+        progress.stage(f"compile cache: {note}")
     if plan is not None:
         progress.stage(f"compiled model from the cache ({cache.folder()})")
         check_inputs(plan.inputs, options.get("input_shapes") or {}, limit)
         return plan, load_inputs(plan.inputs, inputs, seed, limit)
 
     progress.stage(f"import {model.name} ({fe.name} frontend)")
-    imported: ImportedModel = call_plugin(host.frontends, fe.name, "import", fe.load, model, options)
+    with recording_reads() as reads:  # the files the import reads besides the model: the key's dependencies
+        imported: ImportedModel = call_plugin(host.frontends, fe.name, "import", fe.load, model, options)
     if imported.dialect is None:
         imported.dialect = fe.quant_dialect
     check_inputs(imported.inputs, options.get("input_shapes") or {}, limit)
     arrays = load_inputs(imported.inputs, inputs, seed, limit)
-    plan = build_plan(host, imported, be, quantizer, opt_level, limit, progress)
+    with recording_reads(reads):  # weights an import left on disk are read while compiling
+        plan = build_plan(host, imported, be, quantizer, opt_level, limit, progress)
     plan.frontend = fe.name  # the plugin that read the file (ir.json's producer), whoever's importer it used
-    library = cache.library(key) if key and cache.store(key, plan) else None
+    plan.keyed = {"key": key.digest, "depends": runkey.dependencies(reads, imported.code_modules, key.paths)}
+    request = {"model": str(model.resolve()), "frontend": fe.name, "backend": be.name, "quantizer": quantizer,
+               "opt_level": opt_level, "options": _request_options(options, key)}
+    library = cache.library(key) if use_cache and cache.store(key, plan, request) else None
     if library is not None:
         # run the stored library and read the stored arrays, as the next run will: its machine
         # code is generated once (for the file), not a second time by the JIT, and the compile's
@@ -827,6 +853,16 @@ def prepare(host, model: Path, model_sha: str, fe, be: Backend, inputs: list[str
         plan.use_stored(library.parent)
         execute.forget()
     return plan, arrays
+
+
+def _request_options(options: dict[str, Any], key: runkey.PlanKey) -> dict[str, Any]:
+    """The run's keyed options as given (a file or folder option as its absolute path), for
+    ``irgen cache verify``."""
+    out = {}
+    for k, keyed in key.doc["options"].items():
+        out[k] = keyed["path"] if isinstance(keyed, dict) and "path" in keyed \
+            else json.loads(json.dumps(options[k], default=str))
+    return out
 
 
 def build_plan(host, imported: ImportedModel, be: Backend, quantizer: str | None, opt_level: int,
@@ -903,6 +939,7 @@ def write_output(host, plan: Plan, arrays: list[np.ndarray], folder: OutputFolde
             "cwd": str(Path.cwd()),
             "model": ir["model"],
             "frontend_options": frontend_options(options, host),
+            "key": plan.keyed,  # what the compile was keyed on (irgen.runkey): the sweep's resume checks it
         },
         write.manifest,
         shared.digests if shared is not None else None,
@@ -1034,14 +1071,14 @@ def run_many(host, model: Path, out: Path, samples_from: Path, jobs: int | None 
     options = dict(options or {})
     if jobs is not None and jobs < 1:
         raise IrgenError(f"-j {jobs}: must be at least 1")
-    setup = _Setup(host, model, out, opt_level, frontend, backend, serializer, force, options,
+    setup = _Setup(host, model, out, opt_level, frontend, backend, serializer, quantizer, force, options,
                    [("the --inputs samples", samples_from)])
     fe, be, sers, folder, model_sha = setup.fe, setup.be, setup.sers, setup.folder, setup.model_sha
     file_or_folder(samples_from, "--inputs")
     limit = options["max_tensor_bytes"]
 
     with spill.weights_on_disk(folder.final.parent):  # as in run()
-        plan, _ = prepare(host, model, model_sha, fe, be, [], opt_level, quantizer, 0, options, progress)
+        plan, _ = prepare(host, model, setup.key, fe, be, [], opt_level, quantizer, 0, options, progress)
         samples = read_samples(samples_from, plan.inputs, limit)
         stems = SafeNames()
         arrays = {stems(name): load_inputs(plan.inputs, [], 0, limit, given) for name, given in samples}  # all checked first

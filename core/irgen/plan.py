@@ -117,6 +117,9 @@ class Plan:
     exe: Any  # the VM executable or the library loaded from the cache
     program: dict[str, Any] | None = None  # irgen.execute.program (None: the Relax VM runs main, weights embedded)
     from_cache: bool = False
+    #: what the run was keyed on: ``key`` (:attr:`irgen.runkey.PlanKey.digest`) and ``depends``
+    #: (:func:`irgen.runkey.dependencies`); ``manifest.json`` records it
+    keyed: dict[str, Any] = field(default_factory=dict)
 
     def kernel_tensor_name(self, ki: int, j: int) -> str:
         """The ``output_tensors.params`` name of kernel ``ki``'s output ``j``."""

@@ -141,7 +141,11 @@ Names and files
   ``file_or_folder``, ``regular_tree``, ``open_regular``, ``read_bytes``,
   ``load_npy``, ``inside`` (a path that stays inside a folder),
   ``check_tensor_size`` (refuse a tensor over a byte limit),
-  ``DEFAULT_MAX_TENSOR_BYTES``, ``MAX_JSON_BYTES``, ``human_bytes``.
+  ``DEFAULT_MAX_TENSOR_BYTES``, ``MAX_JSON_BYTES``, ``human_bytes``. A frontend that
+  opens every file through ``open_regular`` gets them into the compile cache's key.
+* ``local_modules(seeds)`` (1.6): the local (not installed) modules among ``seeds`` and
+  those they use, for ``ImportedModel.code_modules``: a frontend that runs the user's
+  code (``--model-class``) names it there, so the cache keys on that code.
 
 Names whose module imports TVM (the graph helpers, ``arg_ref``,
 ``realize_qdq``) are loaded on first use, so importing this module to register
@@ -209,6 +213,7 @@ from irgen.quant import (
 )
 from irgen.api import OPTION_KINDS, Option
 from irgen.reference import run_layer, run_op
+from irgen.runkey import local_modules
 from irgen.safeio import (
     DEFAULT_MAX_TENSOR_BYTES,
     MAX_JSON_BYTES,
@@ -223,7 +228,7 @@ from irgen.safeio import (
     regular_tree,
 )
 
-API_VERSION = "1.5"
+API_VERSION = "1.6"
 
 #: names whose module imports TVM: (module, name there), loaded by :func:`__getattr__`
 _LAZY = {
@@ -276,6 +281,7 @@ __all__ = [
     # names and files
     "SafeNames", "identifier", "regular_file", "file_or_folder", "regular_tree", "open_regular", "read_bytes",
     "load_npy", "inside", "check_tensor_size", "DEFAULT_MAX_TENSOR_BYTES", "MAX_JSON_BYTES", "human_bytes",
+    "local_modules",
     # command-line options
     "Option", "OPTION_KINDS",
 ]

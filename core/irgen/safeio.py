@@ -21,6 +21,8 @@ Plugins use these helpers through ``irgen.safeio``; every failure is an
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import math
 import os
@@ -28,7 +30,7 @@ import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 from irgen.api import IrgenError
 
@@ -180,12 +182,29 @@ def regular_tree(folder: Path | str, what: str = "model folder", max_entries: in
     return sorted(files)
 
 
+#: the set :func:`recording_reads` collects opened files into (None: not recording)
+_READS: contextvars.ContextVar[set[Path] | None] = contextvars.ContextVar("irgen_reads", default=None)
+
+
+@contextlib.contextmanager
+def recording_reads(into: set[Path] | None = None) -> Iterator[set[Path]]:
+    """Every file :func:`open_regular` opens inside the block, as a resolved path, added to
+    ``into`` (or a new set): what an import read, for the compile cache's key."""
+    reads = set() if into is None else into
+    token = _READS.set(reads)
+    try:
+        yield reads
+    finally:
+        _READS.reset(token)
+
+
 def open_regular(path: Path | str, what: str = "file"):
     """Open a regular file for binary reading without ever blocking.
 
     The file is opened with ``O_NONBLOCK`` (a FIFO put in its place after the
     check opens at once instead of waiting for a writer) and checked with
-    ``fstat`` on the open descriptor."""
+    ``fstat`` on the open descriptor. Inside :func:`recording_reads` the file is
+    recorded."""
     path = regular_file(path, what)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
@@ -196,6 +215,9 @@ def open_regular(path: Path | str, what: str = "file"):
         os.close(fd)
         raise IrgenError(f"{what} {path}: {_kind(st.st_mode)}, not a regular file")
     os.set_blocking(fd, True)
+    reads = _READS.get()
+    if reads is not None:
+        reads.add(Path(os.path.realpath(path)))
     return os.fdopen(fd, "rb")
 
 

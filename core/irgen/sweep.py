@@ -322,18 +322,48 @@ def expand(spec: dict[str, Any], base: Path, out: Path, plugins: list[str] = (),
     return jobs
 
 
-def _fingerprint(job: Job, hashes: dict[str, str]) -> str:
-    """What decides a job's output: its command line and the content of its model and input."""
-    from irgen.pipeline import sha256_path
+class _Fingerprints:
+    """Each job's resume fingerprint: its command line (without OUT), its input's content, and
+    the compile key ``irgen run`` computes for it (:func:`irgen.pipeline.run_key`: the model's
+    files, every keyed option and variable, the code and library versions). A finished job is
+    kept while its fingerprint is unchanged and the dependencies its output's manifest records
+    (external data, model code: :func:`irgen.runkey.stale`) still hold."""
 
-    def digest(p: str) -> str:
-        if p not in hashes:
-            hashes[p] = sha256_path(Path(p))
-        return hashes[p]
+    def __init__(self, host) -> None:
+        from irgen import cli
 
-    argv = [a for a in job.argv() if a != job.out]
-    data = [argv, digest(job.model), digest(job.sample) if job.sample else None]
-    return hashlib.sha256(json.dumps(data).encode()).hexdigest()
+        self.host = host
+        self.parser = cli.build_parser(host)
+        self.digests: dict[str, Any] = {}
+
+    def _digest(self, path: str):
+        from irgen.runkey import digest_path
+
+        if path not in self.digests:
+            self.digests[path] = digest_path(Path(path))
+        return self.digests[path]
+
+    def __call__(self, job: Job) -> str:
+        from irgen import pipeline
+
+        args = self.parser.parse_args(job.argv())
+        key = pipeline.run_key(self.host, Path(job.model), args.opt_level, args.frontend, args.backend,
+                               args.quantizer, pipeline.run_options(args), self._digest(job.model))
+        argv = [a for a in job.argv() if a != job.out]
+        data = [argv, key.digest, self._digest(job.sample).sha256 if job.sample else None]
+        return hashlib.sha256(json.dumps(data).encode()).hexdigest()
+
+
+def _still_holds(job: Job) -> bool:
+    """The dependencies the job's ``manifest.json`` records (read bounded: OUT is untrusted) hold."""
+    from irgen.runkey import stale
+    from irgen.safeio import read_json
+
+    try:
+        keyed = read_json(Path(job.out) / "manifest.json", "manifest.json", limit=64 << 20).get("key")
+    except (IrgenError, AttributeError):
+        return False
+    return isinstance(keyed, dict) and stale(keyed.get("depends"), Path(job.model)) is None
 
 
 # --------------------------------------------------------------------------- the job
@@ -592,6 +622,12 @@ def _schedule(executor, todo: list[tuple[Job, str]], finish: Callable[[Job, str,
         executor.close(cancel=list(running))
 
 
+def _host(plugins, strict: bool):
+    from irgen.plugins import PluginHost
+
+    return PluginHost().load(extra=list(plugins), strict=strict)
+
+
 def sweep(spec_path: Path, out: Path, ray: str | None = None, workers: int | None = None, force: bool = False,
           plugins: list[str] = (), strict_plugins: bool = False, host=None, progress=None,
           max_jobs: int | None = None) -> dict[str, Any]:
@@ -615,12 +651,13 @@ def sweep(spec_path: Path, out: Path, ray: str | None = None, workers: int | Non
     records = _load_record(out, spec_hash, force, max_jobs)
     out.mkdir(parents=True, exist_ok=True)
 
-    hashes: dict[str, str] = {}
+    fingerprint = _Fingerprints(host if host is not None else _host(plugins, strict_plugins))
     todo, reused = [], set()
     for job in jobs:
-        fp = _fingerprint(job, hashes)
+        fp = fingerprint(job)
         rec = records.get(job.key)
-        if rec and rec.get("status") == "ok" and rec.get("fingerprint") == fp and _complete(Path(job.out)):
+        if rec and rec.get("status") == "ok" and rec.get("fingerprint") == fp and _complete(Path(job.out)) \
+                and _still_holds(job):
             reused.add(job.key)
         else:
             todo.append((job, fp))

@@ -460,16 +460,11 @@ class SourceModel:
 
 
 def model_sha256(path: Path) -> str:
-    """The sha256 ``irgen run`` records for a model (as ``irgen.pipeline.sha256_path``, without
-    importing TVM): a file's bytes, or a folder's regular files in sorted order
-    (:func:`irgen.safeio.regular_tree`); read without blocking on a FIFO or a device."""
-    h = hashlib.sha256()
-    files = regular_tree(path, "source model folder") if path.is_dir() else [path]
-    for p in files:
-        with open_regular(p, "source model") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
-    return h.hexdigest()
+    """The sha256 ``irgen run`` records for a model (:func:`irgen.runkey.digest_path`: a file's
+    bytes, or a folder's files by name, size and content), without importing TVM."""
+    from irgen.runkey import digest_path
+
+    return digest_path(path, "source model").sha256
 
 
 def _manifest_options(manifest: dict | None, path: Path, allow_pickle: bool, limit: int | None,

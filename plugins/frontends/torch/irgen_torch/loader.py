@@ -17,7 +17,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-from irgen.plugin import DEFAULT_MAX_TENSOR_BYTES, IrgenError, check_tensor_size, open_regular
+from irgen.plugin import DEFAULT_MAX_TENSOR_BYTES, IrgenError, check_tensor_size, local_modules, open_regular
 
 from .archive import TRUST, inspect_pt2, inspect_pth, one_line
 from .guard import PickledDataError, no_code_from_file, quiet_torch
@@ -151,7 +151,8 @@ def _read_pth(path: Path, options: dict[str, Any]):
 
 
 def load_pth(path: Path, options: dict[str, Any]):
-    """Build the model from a .pth file; returns (ExportedProgram, input name)."""
+    """Build the model from a .pth file; returns (ExportedProgram, input name, the local
+    modules whose code it ran: :func:`irgen.plugin.local_modules` of its classes' modules)."""
     import torch
 
     obj, pickled = _read_pth(path, options)
@@ -208,4 +209,4 @@ def load_pth(path: Path, options: dict[str, Any]):
             ep = torch.export.export(model, (example,))
     except Exception as err:  # noqa: BLE001
         raise IrgenError(f"{path}: torch.export.export failed on an input of shape {tuple(shape)}: {type(err).__name__}: {one_line(err, 300)}") from None
-    return ep, name
+    return ep, name, local_modules({type(m).__module__ for m in model.modules()})

@@ -13,6 +13,7 @@ provenance (:func:`_finish`).
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from functools import cache
 from pathlib import Path
@@ -299,5 +300,6 @@ def load_torch(path: Path, options: dict[str, Any]) -> ImportedModel:
         ep = load_pt2(path, options)
         _check_input_shapes(user_inputs(ep), options.get("input_shapes") or {})
         return translate(ep, where)
-    ep, name = load_pth(path, options)
-    return translate(ep, where, [name])  # the input is called what --input-shape calls it
+    ep, name, code = load_pth(path, options)
+    # the input is called what --input-shape calls it; the compile cache keys on the model's code
+    return dataclasses.replace(translate(ep, where, [name]), code_modules=code)
