@@ -109,10 +109,11 @@ def test_link_at_the_record_temp_file_is_refused(swept, tmp_path):
     assert sentinel.secret.read_text().startswith("sentinel:")
 
 
-@pytest.mark.parametrize("case", ["huge", "row-not-a-mapping"])
+@pytest.mark.parametrize("case", ["huge", "row-not-a-mapping", "row-without-fields", "row-of-wrong-types"])
 def test_hostile_record_in_out(swept, tmp_path, case):
     """``OUT/sweep.json`` is OUT's too: one of 40 MB is refused unread, in bounded memory (today it
-    was parsed whole: ~13 million lists); a job's record that is not a mapping is dropped and the
+    was parsed whole: ~13 million lists); a job's record that is not a mapping, or lacks a field,
+    or holds a field of another type (with the right status and fingerprint) is dropped and the
     job runs again (today: an internal error)."""
     spec, done = swept
     out = _copy(done, tmp_path / "out")
@@ -124,7 +125,10 @@ def test_hostile_record_in_out(swept, tmp_path, case):
         bounded_refusal(proc, peak, str(out / RECORD), "--force")
         return
     [key] = record["jobs"]
-    record["jobs"][key] = 5
+    rec = record["jobs"][key]
+    record["jobs"][key] = {"row-not-a-mapping": 5,
+                           "row-without-fields": {k: rec[k] for k in ("status", "fingerprint")},
+                           "row-of-wrong-types": {**rec, "attempts": "x" * 100, "layers": [[]]}}[case]
     (out / RECORD).write_text(json.dumps(record))
     proc = irgen("sweep", spec, "-o", out, "--json", "--no-progress")
     assert proc.returncode == 0, proc.stderr

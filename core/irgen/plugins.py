@@ -71,7 +71,8 @@ class Registry(Generic[T]):
             return self._entries[name][0]
         except KeyError:
             available = ", ".join(self.names()) or "none registered"
-            raise IrgenError(f"unknown {self.kind} '{name}' (available: {available})") from None
+            shown = str(name)[:60] + ("..." if len(str(name)) > 60 else "")  # a name may come from a hostile file
+            raise IrgenError(f"unknown {self.kind} '{shown}' (available: {available})") from None
 
     def names(self) -> list[str]:
         return sorted(self._entries)

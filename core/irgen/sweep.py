@@ -570,7 +570,7 @@ def _write_record(out: Path, state: dict[str, Any]) -> None:
 def _load_record(out: Path, spec_hash: str, force: bool, max_jobs: int) -> dict[str, Any]:
     """The job records of an earlier sweep into ``out`` with the same spec (empty for a new OUT).
     The file is read up to a size that ``max_jobs`` records take (the memory of parsing it bounded),
-    and a record that is not a mapping is dropped (its job runs again)."""
+    and a record that is not a mapping of the fields a record has is dropped (its job runs again)."""
     from irgen.safeio import read_json
 
     path = out / RECORD
@@ -590,7 +590,17 @@ def _load_record(out: Path, spec_hash: str, force: bool, max_jobs: int) -> dict[
     if not same and not force:
         raise IrgenError(f"{out}: an earlier sweep with a different spec wrote it (use --force to sweep "
                          "this spec into it: jobs whose command line, model and input are unchanged are kept)")
-    return {k: v for k, v in jobs.items() if isinstance(v, dict)} if isinstance(jobs, dict) else {}
+    return {k: v for k, v in jobs.items() if _valid_record(v)} if isinstance(jobs, dict) else {}
+
+
+#: a job record's fields and the types each may hold (a record otherwise is dropped: its job runs again)
+_RECORD_FIELDS = {"status": str, "attempts": int, "seconds": (int, float, type(None)), "layers": (int, type(None)),
+                  "output": str, "error": (str, type(None)), "fingerprint": str}
+
+
+def _valid_record(rec: Any) -> bool:
+    return isinstance(rec, dict) and all(isinstance(rec.get(k), t) for k, t in _RECORD_FIELDS.items()) \
+        and rec["status"] in ("ok", "failed")
 
 
 def _schedule(executor, todo: list[tuple[Job, str]], finish: Callable[[Job, str, dict, int], None],
