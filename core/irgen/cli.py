@@ -317,8 +317,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     code = int(pipeline.run_cli(args, host))
     if code == 0 and args.verify:
-        # with --inputs: every sample's folder
-        outs = sorted(p.parent for p in Path(args.output).glob("*/ir.json")) if args.inputs else [args.output]
+        from irgen.irfile import output_folders
+
+        outs = output_folders(args.output)  # with --inputs: every sample's folder
         failed = [out for out in outs if not run_verify(args, out, modes=None, model=args.model)["passed"]]
         for out in failed:
             print(f"irgen: verification of {out} failed (the output is kept)", file=sys.stderr)
@@ -334,8 +335,8 @@ def _thresholds(args: argparse.Namespace):
 
 
 def run_verify(args: argparse.Namespace, out: Path, modes: list[str] | None, model: Path | None,
-               as_json: bool = False, report: Path | None = None) -> dict[str, Any]:
-    """Verify ``out`` and print the table (or JSON); ``modes`` None: all that can run.
+               as_json: bool = False, report: Path | None = None, quiet: bool = False) -> dict[str, Any]:
+    """Verify ``out`` and print the table (or JSON; ``quiet``: neither); ``modes`` None: all that can run.
 
     The report is written atomically (a temporary file renamed over ``report``), so a
     symbolic link planted at that path is replaced, never followed."""
@@ -347,7 +348,7 @@ def run_verify(args: argparse.Namespace, out: Path, modes: list[str] | None, mod
         result = _verify_quietly(args, out, modes, model)
     if as_json:
         print(json.dumps(result, indent=1))
-    else:
+    elif not quiet:
         print(format_table(result, getattr(args, "limit", None)))
     if report is not None:
         try:
@@ -398,24 +399,54 @@ def _verify_quietly(args: argparse.Namespace, out: Path, modes: list[str] | None
     return result
 
 
-def cmd_verify(args: argparse.Namespace) -> int:
+def _default_report(out: Path) -> Path:
+    """OUT.report.html beside OUT (OUT as given, '.' and trailing parts resolved without links)."""
     import os
 
-    out = args.out
-    if args.no_report:
-        report = None
-    else:  # default: OUT.report.html beside OUT (OUT as given, '.' and trailing parts resolved without links)
-        plain = Path(os.path.abspath(out))
-        report = args.report or plain.parent / f"{plain.name}.report.html"
-    result = run_verify(args, out, args.mode, args.model, as_json=args.json, report=report)
-    return 0 if result["passed"] else 1
+    plain = Path(os.path.abspath(out))
+    return plain.parent / f"{plain.name}.report.html"
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    """``irgen verify OUT``; an ``irgen run --inputs`` output: every sample, each with its report
+    beside its folder; exit 1 when one fails."""
+    from irgen.irfile import output_folders
+
+    folders = output_folders(args.out)
+    if len(folders) > 1 and args.report:
+        raise IrgenError(f"--report: {args.out} holds {len(folders)} samples; each gets its own report beside "
+                         "its folder (leave --report out, or verify one sample folder)")
+    if len(folders) == 1 and folders[0] == Path(args.out):
+        report = None if args.no_report else args.report or _default_report(args.out)
+        return 0 if run_verify(args, args.out, args.mode, args.model, as_json=args.json, report=report)["passed"] else 1
+    results = {}
+    for folder in folders:
+        if not args.json:
+            print(f"== sample {folder.name} ==")
+        results[folder.name] = run_verify(args, folder, args.mode, args.model, report=None if args.no_report
+                                          else _default_report(folder), quiet=args.json)
+    failed = [name for name, r in results.items() if not r["passed"]]
+    if args.json:
+        print(json.dumps({"passed": not failed, "samples": results}, indent=1))
+    else:
+        print(f"{len(folders)} samples: {len(folders) - len(failed)} passed, {len(failed)} failed"
+              + (f" ({', '.join(failed[:10])}{', ...' if len(failed) > 10 else ''})" if failed else ""))
+    return 1 if failed else 0
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
+    """``irgen inspect OUT``; an ``irgen run --inputs`` output: every sample."""
+    from irgen.irfile import output_folders
     from irgen.summary import format_inspect, inspect_output
 
-    info = inspect_output(args.out)
-    print(json.dumps(info, indent=1) if args.json else format_inspect(info))
+    folders = output_folders(args.out)
+    infos = [inspect_output(folder) for folder in folders]
+    if len(folders) == 1 and folders[0] == Path(args.out):
+        print(json.dumps(infos[0], indent=1) if args.json else format_inspect(infos[0]))
+    elif args.json:
+        print(json.dumps({"samples": {f.name: info for f, info in zip(folders, infos)}}, indent=1))
+    else:
+        print("\n\n".join(f"== sample {f.name} ==\n{format_inspect(info)}" for f, info in zip(folders, infos)))
     return 0
 
 

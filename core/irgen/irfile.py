@@ -209,6 +209,30 @@ def output_folder(out: str | os.PathLike) -> Path:
     return out
 
 
+#: the most sample folders an ``irgen run --inputs`` output is searched for
+MAX_SAMPLES = 100_000
+
+
+def output_folders(out: str | os.PathLike) -> list[Path]:
+    """The output folders under ``out``: ``[out]`` when it holds ``ir.json``; else, for an
+    ``irgen run --inputs`` output, its sample folders (the folders in it that hold ``ir.json``,
+    by name; links are not followed); one clear error when it is neither."""
+    folder = output_folder(out)
+    if os.path.lexists(folder / IR_FILE):
+        return [folder]
+    samples = []
+    with os.scandir(folder) as entries:
+        for n, entry in enumerate(entries):
+            if n >= MAX_SAMPLES:
+                raise IrgenError(f"{out}: more than {MAX_SAMPLES} entries; not an irgen output folder")
+            if entry.is_dir(follow_symlinks=False) and os.path.lexists(Path(entry.path) / IR_FILE):
+                samples.append(Path(entry.path))
+    if not samples:
+        raise IrgenError(f"{out}: not an irgen output folder (no ir.json, and no sample folders of "
+                         "'irgen run --inputs' holding one)")
+    return sorted(samples)
+
+
 def _read(out: str | os.PathLike, name: str, what: str) -> tuple[Path, Any] | None:
     """(path, parsed JSON) of ``OUT/name``, None when there is no such entry at all."""
     folder = output_folder(out)

@@ -70,14 +70,14 @@ def inspect_output(out_dir: str | Path) -> dict[str, Any]:
                      "param_bytes": sum(size(f) for f in pfiles), "activation_bytes": sum(size(f) for f in ofiles)})
     act_files.update(t["file"] for t in ir.get("inputs") or [] if t.get("file"))
     return {
-        "irgen_inspect": 1,
+        "irgen_inspect": 2,  # 2: "layers" is the list (as in ir.json), its length "layer_count"
         "out": str(out.resolve()),
         "ir_version": ir_version(ir),  # MAJOR.MINOR.PATCH; the old integer 1 is 1.0.0
         "producer": ir.get("producer"),
         "model": ir.get("model"),
         "inputs": [{k: t.get(k) for k in ("name", "shape", "dtype")} for t in ir.get("inputs") or []],
         "outputs": [{k: t.get(k) for k in ("name", "shape", "dtype")} for t in ir.get("outputs") or []],
-        "layers": len(layers),
+        "layer_count": len(layers),
         "ops": dict(sorted(ops.items(), key=lambda kv: (-kv[1], kv[0]))),
         "dtypes": dict(sorted(dtypes.items(), key=lambda kv: (-kv[1], kv[0]))),
         "schemes": schemes,
@@ -85,7 +85,7 @@ def inspect_output(out_dir: str | Path) -> dict[str, Any]:
         "parameter_bytes": sum(size(f) for f in param_files),
         "activation_files": len(act_files),
         "activation_bytes": sum(size(f) for f in act_files),
-        "layer_table": rows,
+        "layers": rows,
     }
 
 
@@ -100,7 +100,7 @@ def _human(n: int) -> str:
 def format_inspect(info: dict[str, Any]) -> str:
     p = info["producer"] or {}
     lines = [
-        f"{info['out']}: {info['layers']} layers from {(info['model'] or {}).get('path')} "
+        f"{info['out']}: {info['layer_count']} layers from {(info['model'] or {}).get('path')} "
         f"({p.get('frontend')} frontend, quantizer {p.get('quantizer') or 'none'}, backend {p.get('backend')}, "
         f"opt level {p.get('opt_level')}; IR {info.get('ir_version')}, irgen {p.get('irgen')}, tvm {p.get('tvm')})",
         "inputs:  " + ", ".join(f"{t['name']} {t['shape']} {t['dtype']}" for t in info["inputs"]),
@@ -114,7 +114,7 @@ def format_inspect(info: dict[str, Any]) -> str:
     ]
     lines = [printable(line) for line in lines]  # names from ir.json: no control characters reach the terminal
     table = [("LAYER", "OP", "DTYPE", "SCHEME", "OUTPUT SHAPE", "PARAM BYTES", "ACT BYTES")]
-    for r in info["layer_table"]:
+    for r in info["layers"]:
         table.append(tuple(map(printable, (r["name"], r["op"], r["dtype"], r["scheme"] or "-",
                                            "x".join(map(str, r["output_shape"] or [])) or "-",
                                            r["param_bytes"], r["activation_bytes"]))))
