@@ -375,9 +375,17 @@ class PluginHost:
 
 
 def _description(obj: Any) -> str:
-    """A registered object's one-line description (``description``, or an option's ``help``)."""
-    text = getattr(obj, "description", None) or getattr(obj, "help", None) or ""
-    return " ".join(str(text).split())
+    """A registered object's one-line description (``description``, or an option's ``help`` with
+    argparse's ``%(default)s``-style fields filled in, as ``--help`` shows it)."""
+    text = str(getattr(obj, "description", None) or getattr(obj, "help", None) or "")
+    if getattr(obj, "help", None) and "%(" in text:
+        fields = {"default": getattr(obj, "default", None), "metavar": getattr(obj, "metavar", None),
+                  "dest": getattr(obj, "name", None), "prog": "irgen"}
+        try:
+            text = text % fields
+        except (KeyError, ValueError, TypeError):
+            pass  # not argparse's fields: shown as written
+    return " ".join(text.split())
 
 
 def _import_module(name: str) -> ModuleType:

@@ -18,4 +18,4 @@ def write_json(ir: dict[str, Any], out_dir: Path) -> list[Path]:
 
 @hookimpl
 def irgen_register_serializers(register):
-    register(Serializer("json", write_json, "the custom IR as ir.json (DESIGN.md's contract)"))
+    register(Serializer("json", write_json, "the custom IR as ir.json, the format verify and inspect read (irgen schema prints its JSON Schema)"))
