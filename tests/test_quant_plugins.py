@@ -90,3 +90,13 @@ def test_quantized_model_without_a_scheme_is_an_error(int8_model, tmp_path, caps
     assert code == 2, err
     assert err.count("\n") == 1 and "no quantization scheme recognizes it" in err and "--quantizer" in err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("scheme", ["qdq", "pow2", "tflite-int8"])
+def test_a_forced_scheme_on_a_float_model_is_refused(scheme, tmp_path, capsys):
+    """A float model is not quantized: forcing a scheme on it is one clear error, not another fusion."""
+    model = Path(__file__).resolve().parent.parent / "examples" / "tiny_cnn.onnx"
+    code, err = _run(capsys, model, "-o", tmp_path / "out", "--quantizer", scheme)
+    assert code == 2 and err.count("\n") == 1 and err.startswith("irgen: error:"), err
+    assert f"--quantizer {scheme}" in err and "not quantized" in err
+    assert not (tmp_path / "out").exists()

@@ -148,14 +148,19 @@ def pick_frontend(host, model: Path, name: str | None):
 
 
 def pick_quantizer(host, qg, name: str | None):
-    """The scheme to realize: ``--quantizer NAME``, else the first that detects the model."""
+    """The scheme to realize: ``--quantizer NAME`` (which overrides detection, but never makes a
+    float model quantized), else the first that detects the model."""
+    qdq = [b.name for b in qg.bindings if b.op in ("relax.quantize", "relax.dequantize")]
     if name:
-        return host.quantizers.get(name)
+        scheme = host.quantizers.get(name)
+        if not qdq:
+            raise IrgenError(f"--quantizer {name}: the model is not quantized (no quantize or dequantize op), so "
+                             "no scheme can read it; run a float model without --quantizer")
+        return scheme
     found = [q for _, q in sorted(host.quantizers.items(), key=lambda kv: -kv[1].priority)
              if call_plugin(host.quantizers, q.name, "detect the model's quantization", q.detect, qg)]
     if found:
         return found[0]
-    qdq = [b.name for b in qg.bindings if b.op in ("relax.quantize", "relax.dequantize")]
     if qdq:
         known = ", ".join(host.quantizers.names()) or "none installed"
         raise IrgenError(
