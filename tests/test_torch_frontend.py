@@ -404,3 +404,36 @@ def test_falcon_transpose_and_inplace_divide(tmp_path):
     with torch.no_grad():
         assert_close(np.load(out / ir["outputs"][0]["file"]), model(x).numpy(), "model output")
     assert irgen_main(["verify", str(out), "--no-progress", "--no-report"]) == 0
+
+
+class _Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(3, 3, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(3)
+
+    def forward(self, x):
+        return torch.relu(self.bn(self.conv1(x)) + x)
+
+
+class _Nested(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layer1 = torch.nn.Sequential(_Block(), _Block())
+        self.fc = torch.nn.Linear(3, 2)
+
+    def forward(self, x):
+        return self.fc(self.layer1(x).mean((2, 3)))
+
+
+def test_layers_are_named_after_their_module_path(tmp_path):
+    """A ``.pt2`` layer is named after the module it runs in, as ONNX exporters name nodes (an FX
+    node is named after its op: ``conv2d_1``); a convolution with its batch norm folded in is named
+    after the convolution. The source nodes stay the FX names verify's source check asks torch for."""
+    torch.manual_seed(0)
+    x = torch.randn(1, 3, 8, 8)
+    out, ir = _run_exported(torch.export.export(_Nested().eval(), (x,)), x, tmp_path)
+    assert [layer["name"] for layer in ir["layers"]] == [
+        "layer1.0.conv1.conv2d", "layer1.0.add", "layer1.1.conv1.conv2d", "layer1.1.add", "mean", "fc.linear"]
+    assert [layer["source"]["nodes"] for layer in ir["layers"]][:2] == [["conv2d", "batch_norm"], ["add", "relu"]]
+    assert (out / "parameters" / "layer1.0.conv1.conv2d.weight.npy").is_file()

@@ -54,6 +54,10 @@ class Provenance:
     by_var: dict[str, tuple[str, str, str | None]] = field(default_factory=dict)
     # relax var name -> names of vars irgen folded into it (e.g. conv into batch norm)
     merged: dict[str, list[str]] = field(default_factory=dict)
+    # source node name -> the name of a layer anchored at it, where the node's own name says
+    # less than its place in the model (a torch FX node is named after its op, ``conv2d_3``;
+    # its module path names it, ``layer1.0.conv1.conv2d``, as ONNX exporters name nodes)
+    layer_names: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

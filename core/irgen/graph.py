@@ -490,6 +490,15 @@ def check_gather_indices(bindings: list[Binding], provenance: Provenance) -> Non
             raise IrgenError(f"{where}: gather {why}; the model is malformed")
 
 
+def _name_after_conv(provenance: Provenance, conv_vars: list[str], norm_vars: list[str]) -> None:
+    """A layer anchored at a folded batch norm's source node takes its convolution's name."""
+    by_var = provenance.by_var
+    conv = next((by_var[n][0] for n in conv_vars if n in by_var), None)
+    norm = next((by_var[n][0] for n in norm_vars if n in by_var), None)
+    if conv is not None and norm is not None and norm != conv:
+        provenance.layer_names[norm] = provenance.layer_names.get(conv, conv)
+
+
 def fold_batch_norm(mod: tvm.IRModule, provenance: Provenance) -> tvm.IRModule:
     """Fold inference batch norms that follow a convolution into its weight and bias.
 
@@ -554,6 +563,7 @@ def fold_batch_norm(mod: tvm.IRModule, provenance: Provenance) -> tvm.IRModule:
         drop.add(i)
         merged = provenance.merged.setdefault(bindings[out_idx].name, [])
         merged.extend([bindings[k].name for k in chain] + [b.name, conv.name])
+        _name_after_conv(provenance, [conv.name, *(bindings[k].name for k in chain)], [bindings[out_idx].name, b.name])
     if not replace:
         return mod
     new = [

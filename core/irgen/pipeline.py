@@ -289,7 +289,8 @@ def _name(graph: _Graph, imported: ImportedModel) -> _Names:
             folded = [n for m in layer.members for n in [*merged.get(m, []), m] if n in prov]
             src = next((prov[n] for n in folded if "quant" not in prov[n][1].lower()), src)
         # two layers from one source node (a fake-quant split in two) get distinct names
-        layer_names[layer.index] = layer_namer.fresh(src[0] if src else layer.anchor)
+        source = src[0] if src else layer.anchor
+        layer_names[layer.index] = layer_namer.fresh(imported.provenance.layer_names.get(source, source))
     tensor_name: dict[str, str] = {}
     for p, spec in zip(graph.func.params, imported.inputs):
         tensor_name[p.name] = spec.name

@@ -14,6 +14,7 @@ provenance (:func:`_finish`).
 from __future__ import annotations
 
 import dataclasses
+import re
 import warnings
 from functools import cache
 from pathlib import Path
@@ -151,6 +152,7 @@ def _naming_importer():
         def _name(self, node, out, before: set[str]):
             ctx = self.ctx
             op_type = str(node.target)
+            ctx.provenance.layer_names.setdefault(node.name, module_path_name(node))
 
             def one(expr, tensor: str):
                 if isinstance(expr, (relax.Call, relax.TupleGetItem)):
@@ -272,6 +274,17 @@ def _finish(ep, mod, ctx: Context, specs: list[InputSpec]) -> ImportedModel:
                    if node in ctx.ranges_by_node})
     return ImportedModel(mod=mod, inputs=specs, provenance=ctx.provenance, frontend="torch", output_names=outs,
                          quant_ranges=ranges)
+
+
+def module_path_name(node) -> str:
+    """A layer name for FX ``node`` from the module it runs in: ``layer1.0.conv1.conv2d`` for the
+    node ``conv2d_3`` inside ``model.layer1[0].conv1`` (the node's name, its counter dropped,
+    after the module path); the node's own name at the top level or without that record."""
+    stack = node.meta.get("nn_module_stack") or {}
+    path = next(reversed(stack.values()), ("", None))[0] if stack else ""
+    if not isinstance(path, str) or not path:
+        return node.name
+    return f"{path}.{re.sub(r'_[0-9]+$', '', node.name)}"
 
 
 # ---------------------------------------------------------------- the driver
