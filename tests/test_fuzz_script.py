@@ -1,5 +1,5 @@
 """``fuzz/fuzz_loaders.py`` works: a short bounded run of two targets finds nothing
-and reports the executions it ran (the long runs are documented in the README)."""
+and reports the executions it ran (the long runs are documented in docs/security.md)."""
 
 from __future__ import annotations
 

@@ -461,7 +461,7 @@ def test_reduce_range_of_the_default_mappings(tmp_path, capsys, flow):
     assert layers and all(la["quant"]["output"]["range"] == [0, 127] for la in layers), [la["quant"] for la in layers][:2]
     assert max(int(np.load(r["out"] / la["outputs"][0]["file"]).max()) for la in layers) == 127
     # a global pool is torch's mean, which adds in another order than the row-order float32 sum
-    # (1 LSB at a tie; the README's torch section): verified, not compared bit for bit
+    # (1 LSB at a tie; docs/quantization.md, torch graphs): verified, not compared bit for bit
     _equal_to_torch_and_verified(r, [la for la in layers if la["quant"]["kind"] != "global_avg_pool_float"], capsys)
 
 

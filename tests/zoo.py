@@ -22,9 +22,12 @@ quantized the ways users quantize:
   dynamic-range quantization (``tflite-dr``: int8 weights, float activations,
   TFLite's hybrid kernels).
 
-``python tests/zoo.py --table [--update-readme] [CASE ...]`` runs every case
-through ``irgen run`` + ``irgen verify`` and prints the table of what works
-(the README's table is written by this).
+``python tests/zoo.py --table [CASE ...]`` runs every case (or the given ones)
+through ``irgen run`` + ``irgen verify`` and prints the table of what works;
+``--update`` merges those rows into the committed results, ``docs/models.json``
+(one row per case and opt level), and writes the table of ``docs/models.md``
+from it. ``--render`` writes that table from ``docs/models.json`` alone, running
+nothing; ``tests/test_docs.py`` checks that the committed page is what it writes.
 """
 
 from __future__ import annotations
@@ -648,69 +651,139 @@ def _format_title(s: dict) -> str:
     return title if s.get("opt_level") is None else f"{title}, `--opt-level {s['opt_level']}`"
 
 
-def _cosine_text(c: float) -> str:
-    """1 - cosine is what differs; 0.99999999 would hide it."""
-    return "1" if 1 - c < 1e-15 else f"1 - {1 - c:.1e}"  # float64 rounding of an exact match
-
-
-def _times(s: dict) -> str:
+def _times(row: dict) -> str:
     """``irgen run`` against the source runtime's load + run of every compared tensor."""
-    src, run = s.get("source_seconds"), s.get("run_seconds")
-    if not src or run is None:
+    run, src = row.get("run_seconds"), row.get("source_seconds")
+    if run is None or src is None:
         return ""
-    total = src["load"] + src["run"]
-    return f"{run:.1f} s / {total:.1f} s ({run / total:.0f}×)" if total else f"{run:.1f} s / 0 s"
+    return f"{run:.1f} s / {src:.1f} s ({run / src:.0f}×)" if src else f"{run:.1f} s / 0 s"
 
 
-def table(summaries: list[dict]) -> str:
+def _round(x: float | None, digits: int) -> float | None:
+    """``x`` to ``digits`` significant digits (the results file holds what the table shows, a little more)."""
+    return None if x is None else float(f"{x:.{digits}g}")
+
+
+#: the fields of a row of docs/models.json, in the order they are written
+RESULT_FIELDS = ("case", "model", "format", "opt_level", "status", "layers", "compared", "exact_share", "worst_lsb",
+                 "worst_rel", "worst_cosine_gap", "drift_lsb", "run_seconds", "source_seconds", "error")
+
+
+def result_row(s: dict) -> dict:
+    """A row of docs/models.json from a :func:`run_case` summary: ``status`` is ``pass`` (verify
+    passed with the source check), ``pass-no-source``, ``fail`` (verify failed) or ``error``
+    (``irgen run`` failed: ``error`` holds its message); ``exact_share`` of the ``compared`` layers
+    equal to the source runtime bit for bit; ``worst_lsb`` (quantized formats: a layer recomputed
+    from the runtime's own inputs) or ``worst_rel`` (float); ``worst_cosine_gap``, 1 - the worst
+    cosine of a float layer; ``drift_lsb`` (end to end, quantized); ``run_seconds`` (``irgen run``)
+    and ``source_seconds`` (the source runtime's load and run, as verify timed it)."""
+    row = {"case": s["case"], "model": s["model"], "format": s["format"], "opt_level": s.get("opt_level")}
+    if not s.get("layers"):
+        return {**row, "status": "error", "error": " ".join(s.get("error") or ["?"])}
+    quantized = s["format"] in QUANTIZED_FORMATS
+    src = s.get("source_seconds")
+    cosine = s.get("worst_cosine")
+    gap = None if cosine is None else (0.0 if 1 - cosine < 1e-15 else _round(1 - cosine, 2))
+    row.update(
+        status=("pass" if s["source_ran"] else "pass-no-source") if s["passed"] else "fail",
+        layers=s["layers"], compared=s.get("compared") if s.get("exact_share") is not None else None,
+        exact_share=_round(s.get("exact_share"), 4),
+        worst_lsb=s.get("worst_local_lsb") if quantized else None,
+        worst_rel=None if quantized and s.get("worst_local_lsb") is not None else _round(s.get("worst_rel"), 2),
+        worst_cosine_gap=gap, drift_lsb=s.get("drift_lsb") if quantized else None,
+        run_seconds=round(s["run_seconds"], 1), source_seconds=round(src["load"] + src["run"], 2) if src else None,
+    )
+    if not s["passed"]:
+        row["error"] = "; ".join(s.get("problems") or s.get("error") or [])
+    return row
+
+
+def table(rows: list[dict]) -> str:
     """Markdown: one row per case (model × format → layers, exact share vs the source runtime,
     worst local LSB or relative error, worst cosine of a float layer, end-to-end drift, the
-    time of ``irgen run`` against the source runtime's, verify verdict)."""
+    time of ``irgen run`` against the source runtime's, verify verdict). ``rows``: rows of
+    docs/models.json, or :func:`run_case` summaries."""
     lines = ["| model | format | layers | equal to the source runtime | worst layer | worst cosine | end-to-end drift "
              "| irgen run / source runtime | verify |",
              "|---|---|---|---|---|---|---|---|---|"]
-    for s in summaries:
-        if not s.get("layers"):
-            why = (s.get("error") or ["?"])[0][:90].replace("|", "\\|")
-            lines.append(f"| {s['model']} | {_format_title(s)} | | | | | | | fails: {why} |")
+    for r in (r if "status" in r else result_row(r) for r in rows):
+        if r["status"] == "error":
+            why = r.get("error", "?").replace("|", "\\|")
+            lines.append(f"| {r['model']} | {_format_title(r)} | | | | | | | fails: {why} |")
             continue
-        quantized = s["format"] in QUANTIZED_FORMATS
-        if s["exact_share"] is None:
-            share = ""
-        elif quantized or s["exact_share"] == 1:
-            share = f"{s['exact_share']:.0%} of {s['compared']}"
+        quantized = r["format"] in QUANTIZED_FORMATS
+        share = r.get("exact_share")
+        if share is None:
+            share_text = ""
+        elif quantized or share == 1:
+            share_text = f"{share:.0%} of {r['compared']}"
         else:  # float layers: another accumulation order, compared within the float tolerance
-            share = f"{s['compared']} compared, {s['exact_share']:.0%} bit-equal"
-        if quantized and s["worst_local_lsb"] is not None:
-            worst = f"{s['worst_local_lsb']} LSB"
-        elif s["worst_rel"] is not None:
-            worst = f"rel {s['worst_rel']:.1e}" if s["worst_rel"] else "exact"
+            share_text = f"{r['compared']} compared, {share:.0%} bit-equal"
+        if r.get("worst_lsb") is not None:
+            worst = f"{r['worst_lsb']} LSB"
+        elif r.get("worst_rel") is not None:
+            worst = f"rel {r['worst_rel']:.1e}" if r["worst_rel"] else "exact"
         else:
             worst = ""
-        drift = "" if s["drift_lsb"] is None or not quantized else (f"{s['drift_lsb']} LSB" if s["drift_lsb"] else "none")
-        verdict = "PASS" if s["passed"] and s["source_ran"] else ("PASS (no source check)" if s["passed"] else "FAIL")
-        cosine = "" if s.get("worst_cosine") is None else _cosine_text(s["worst_cosine"])
-        lines.append(f"| {s['model']} | {_format_title(s)} | {s['layers']} | {share} | {worst} | {cosine} | {drift} "
-                     f"| {_times(s)} | {verdict} |")
+        gap = r.get("worst_cosine_gap")
+        cosine = "" if gap is None else "1" if not gap else f"1 - {gap:.1e}"  # 0.99999999 would hide what differs
+        drift = "" if r.get("drift_lsb") is None else f"{r['drift_lsb']} LSB" if r["drift_lsb"] else "none"
+        verdict = {"pass": "PASS", "pass-no-source": "PASS (no source check)"}.get(r["status"], "FAIL")
+        lines.append(f"| {r['model']} | {_format_title(r)} | {r['layers']} | {share_text} | {worst} | {cosine} "
+                     f"| {drift} | {_times(r)} | {verdict} |")
     return "\n".join(lines)
 
 
-README_BEGIN = "<!-- zoo table: generated by `python tests/zoo.py --table --update-readme` -->"
-README_END = "<!-- end of zoo table -->"
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "docs" / "models.json"
+MODELS_PAGE = ROOT / "docs" / "models.md"
+TABLE_BEGIN = "<!-- zoo table: generated from docs/models.json by `python tests/zoo.py --render` -->"
+TABLE_END = "<!-- end of zoo table -->"
+
+
+def load_results(path: Path = RESULTS) -> list[dict]:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def dump_results(rows: list[dict]) -> str:
+    """docs/models.json's text: one row a line, its fields in :data:`RESULT_FIELDS` order."""
+    lines = [json.dumps({k: r[k] for k in RESULT_FIELDS if k in r}, ensure_ascii=False) for r in rows]
+    return "[\n" + ",\n".join(lines) + "\n]\n"
+
+
+def merge_results(rows: list[dict], new: list[dict]) -> list[dict]:
+    """``rows`` with each of ``new`` in place of the row of its case and opt level (or added),
+    in the zoo's order (a case the zoo no longer has keeps its place at the end)."""
+    merged = {(r["case"], r.get("opt_level")): r for r in rows}
+    merged.update({(r["case"], r.get("opt_level")): r for r in new})
+    order = {c.id: k for k, c in enumerate(cases())}
+    return sorted(merged.values(), key=lambda r: (order.get(r["case"], len(order)), r.get("opt_level") is not None,
+                                                  r.get("opt_level") or 0))
+
+
+def render_page(page: str, rows: list[dict]) -> str:
+    """``page`` (docs/models.md's text) with the table between its markers made from ``rows``."""
+    a, b = page.index(TABLE_BEGIN) + len(TABLE_BEGIN), page.index(TABLE_END)
+    return page[:a] + "\n" + table(rows) + "\n" + page[b:]
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("cases", nargs="*", help="case ids (model-format) or model names; default: all")
     ap.add_argument("--folder", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "irgen-zoo")
-    ap.add_argument("--table", action="store_true", help="print the markdown table")
-    ap.add_argument("--update-readme", action="store_true", help="write the table into README.md")
+    ap.add_argument("--table", action="store_true", help="print the markdown table of the cases run")
+    ap.add_argument("--update", action="store_true",
+                    help="merge the rows of the cases run into docs/models.json and write docs/models.md's table")
+    ap.add_argument("--render", action="store_true",
+                    help="write docs/models.md's table from docs/models.json (runs nothing unless cases are given)")
     ap.add_argument("--json", type=Path, default=None, help="write the summaries (without verify JSON) here")
     ap.add_argument("--opt-level", type=int, default=None, help="irgen run --opt-level (default: irgen's)")
     ap.add_argument("--from-json", type=Path, nargs="+", default=None, metavar="FILE",
-                    help="make the table from summaries that --json wrote (the last of a case wins), run nothing")
+                    help="take the summaries that --json wrote (the last of a case wins) instead of running")
     args = ap.parse_args(argv)
     todo = [c for c in cases() if not args.cases or c.id in args.cases or c.model in args.cases or c.fmt in args.cases]
+    if args.render and not args.cases and not args.update:
+        todo = []
     summaries = []
     if args.from_json:
         found = {}
@@ -726,21 +799,22 @@ def main(argv=None) -> int:
         try:
             s = run_case(c, args.folder, runner=_subprocess, opt_level=args.opt_level)
         except Exception as err:  # a build failure is a row too
-            s = {"case": c.id, "model": c.model, "format": c.fmt, "passed": False, "error": [f"build: {err}"[:200]]}
+            s = {"case": c.id, "model": c.model, "format": c.fmt, "opt_level": args.opt_level, "passed": False,
+                 "error": [f"build: {err}"[:200]]}
         s.pop("verify", None)
         summaries.append(s)
         print(f"{c.id}: {'PASS' if s['passed'] else 'FAIL'} ({time.perf_counter() - t0:.0f} s) "
               f"{'' if s['passed'] else (s.get('error') or s.get('problems'))}", file=sys.stderr, flush=True)
         if args.json:
             args.json.write_text(json.dumps(summaries, indent=1))
-    text = table(summaries)
     if args.table:
-        print(text)
-    if args.update_readme:
-        readme = Path(__file__).resolve().parent.parent / "README.md"
-        s = readme.read_text()
-        a, b = s.index(README_BEGIN) + len(README_BEGIN), s.index(README_END)
-        readme.write_text(s[:a] + "\n" + text + "\n" + s[b:])
+        print(table(summaries))
+    if args.update or args.render:
+        rows = load_results()
+        if args.update:
+            rows = merge_results(rows, [result_row(s) for s in summaries])
+            RESULTS.write_text(dump_results(rows), encoding="utf-8")
+        MODELS_PAGE.write_text(render_page(MODELS_PAGE.read_text(encoding="utf-8"), rows), encoding="utf-8")
     return 0 if all(s["passed"] for s in summaries) else 1
 
 

@@ -25,7 +25,7 @@ from irgen import parallel_build, schedule, share, spill, target
 from irgen.api import IrgenError
 from irgen.graph import Constant, fold_constants, main_bindings, rewrite_blocks, tensor_type
 
-#: what each opt level adds, cumulatively (README documents the same table)
+#: what each opt level adds, cumulatively (docs/cli.md documents the same table)
 OPT_LEVELS = {
     0: "no graph optimization: every op is its own kernel, parameter arithmetic runs at run time",
     1: "constant folding (FoldConstant)",

@@ -10,7 +10,7 @@ writes DequantizeLinear -> float op -> QuantizeLinear spans; ONNX Runtime's CPU
 provider fuses them into integer kernels (QLinearConv, QGemm, QLinearAdd,
 QLinearAveragePool, QLinearGlobalAveragePool, QLinearConcat, QLinearMul,
 QLinearSoftmax, lookup tables). For int8 activations compare with ORT created
-with ``session.qdqisint8allowed=1`` (see the README).
+with ``session.qdqisint8allowed=1`` (see docs/quantization.md).
 The engine rewrites each span into the same integer arithmetic:
 
 * Conv, Gemm, MatMul: int32 accumulation of ``(x - zp_x) * w`` plus the int32

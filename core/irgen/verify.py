@@ -725,7 +725,7 @@ def verify_output(out_dir: str | Path, *, modes=MODES, thresholds: Thresholds | 
                   frontend_options: dict[str, Any] | None = None, given_options: dict[str, Any] | None = None,
                   max_tensor_bytes: int | None = DEFAULT_MAX_TENSOR_BYTES, host=None,
                   plugins: list[str] | tuple = (), strict: bool = False) -> dict[str, Any]:
-    """Verify the output folder ``out_dir``; returns the result dict (see README, ``irgen verify``).
+    """Verify the output folder ``out_dir``; returns the result dict (see docs/verify.md).
 
     ``source_runner(inputs, tensors)`` runs the source model (default: built from
     the frontend recorded in ``ir.json``, the model at ``model`` or the recorded

@@ -109,7 +109,7 @@ def source_runner(path: Path, options: dict[str, Any]):
         import onnx  # noqa: F401  the runner's steps import it
         import onnxruntime as ort
     except ImportError as err:
-        raise IrgenError(f"onnx source check needs onnxruntime ({err})") from None
+        raise IrgenError(f"onnx source check needs onnxruntime: pip install onnxruntime==1.32.0 ({err})") from None
     model = _typed(checked_model(path, options, for_tvm=False))
     quantized = _is_quantized(model)
 

@@ -67,7 +67,7 @@ def _tf():
         import tensorflow as tf
     except ImportError:
         raise IrgenError(
-            "the keras frontend needs TensorFlow: pip install 'irgen-tensorflow[keras]' (tensorflow-cpu)"
+            "Keras files and the TFLite interpreter need TensorFlow: pip install tensorflow-cpu==2.21.0"
         ) from None
     tf.get_logger().setLevel("ERROR")
     try:

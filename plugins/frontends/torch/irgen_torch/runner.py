@@ -71,7 +71,7 @@ def source_runner(path: Path, options: dict[str, Any]):
     try:
         import torch
     except ImportError as err:
-        raise IrgenError(f"torch source check needs torch ({err})") from None
+        raise IrgenError(f"torch source check needs torch: pip install torch==2.13.0 ({err})") from None
     regular_file(path, "model")
     ep = load_pt2(path, options) if path.suffix.lower() == ".pt2" else load_pth(path, options)[0]
     names = [s.name for s in user_inputs(ep)]

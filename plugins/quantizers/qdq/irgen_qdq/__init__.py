@@ -4,7 +4,7 @@
 writes DequantizeLinear -> float op -> QuantizeLinear spans; ONNX Runtime's CPU
 provider fuses them into integer kernels (QLinearConv, QGemm, QLinearAdd,
 QLinearMul, QLinearSoftmax, lookup tables...). For int8 activations compare
-with ORT created with ``session.qdqisint8allowed=1`` (see the README).
+with ORT created with ``session.qdqisint8allowed=1`` (see docs/quantization.md).
 
 This scheme claims quantized ONNX graphs (and torch's reference-quantized
 ones) and realizes each span in ORT's integer arithmetic with irgen's QDQ
