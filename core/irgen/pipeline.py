@@ -144,7 +144,8 @@ def pick_frontend(host, model: Path, name: str | None):
         if fe.claims_file(model):
             return fe
     known = ", ".join(f"{n} ({', '.join(f.suffixes)})" for n, f in host.frontends.items()) or "none installed"
-    raise IrgenError(f"{model}: no frontend reads this file (frontends: {known})")
+    raise IrgenError(f"{model}: no installed frontend reads this file (installed: {known}); the other model "
+                     "formats are extras, see the README's Install section, or --frontend NAME")
 
 
 def pick_quantizer(host, qg, name: str | None):

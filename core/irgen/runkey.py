@@ -219,7 +219,9 @@ def differences(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[
         if isinstance(x, dict) and isinstance(y, dict):
             out += differences(x, y, f"{prefix}{k}.")
         elif isinstance(x, list) and isinstance(y, list) and k == "distributions":
-            out += [f"{prefix}{k}: {d}" for d in sorted(set(x) ^ set(y))]
+            changed = sorted(set(x) ^ set(y))
+            out += [f"{prefix}{k}: {d}" for d in changed] if len(changed) <= 4 else \
+                [f"{prefix}{k}: {len(changed)} differ ({', '.join(changed[:2])}, ...)"]
         else:
             out.append(f"{prefix}{k}")
     return out
