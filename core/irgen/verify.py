@@ -60,29 +60,18 @@ from typing import Any, Callable
 import numpy as np
 
 from irgen.api import OPTION_KINDS, IrgenError
-from irgen.irfile import read_ir, read_manifest, tensor_records
-from irgen.safeio import (DEFAULT_MAX_TENSOR_BYTES, check_tensor_size, file_or_folder, human_bytes, inside, load_npy,
-                          load_npz_member, open_regular, regular_file, regular_tree)
+from irgen.comparators import Thresholds, compare
+from irgen.comparators import json_num as _json_num, status_metric as _status_metric
+from irgen.irfile import read_ir, read_manifest
+from irgen.runners import LayerRunner as _Layers, TensorFiles as _Files, quant_consistency  # noqa: F401
+from irgen.safeio import (DEFAULT_MAX_TENSOR_BYTES, check_tensor_size, file_or_folder, inside, open_regular,
+                          regular_file, regular_tree)
 
 __all__ = ["Thresholds", "verify_output", "compare", "format_table", "MODES"]
 
 MODES = ("single", "entire", "source")
 HIST_LAYERS = 6
 HIST_BINS = 32
-
-
-@dataclass
-class Thresholds:
-    """Pass limits. ``max_lsb`` applies to integer tensors against the source
-    runtime (the self-check of integer layers is always exact); ``atol``/``rtol``
-    to float tensors (see the module docstring); ``min_cosine``, when set, to
-    every float comparison."""
-
-    max_lsb: int = 1
-    atol: float = 1e-5
-    rtol: float = 1e-4
-    min_cosine: float | None = None
-    allow_unsupported: bool = False
 
 
 # ------------------------------------------------------------------ metrics
@@ -108,68 +97,6 @@ def _unwritten(*records: dict) -> bool:
 
 def _is_int(dtype: np.dtype) -> bool:
     return np.dtype(dtype).kind in "iub"
-
-
-def compare(got: np.ndarray, golden: np.ndarray, *, integer: bool, th: Thresholds, scaled: bool = False,
-            lsb_limit: int = 0, tensor: str = "") -> dict[str, Any]:
-    """Metrics ``M`` of ``got`` (reference or source runtime) against ``golden``.
-
-    ``integer``: exact compare in units (LSB), passing when the largest
-    difference is ``<= lsb_limit``; otherwise the float criterion of the module
-    docstring (``scaled`` selects the magnitude-scaled absolute tolerance).
-    """
-    got, golden = np.asarray(got), np.asarray(golden)
-    m: dict[str, Any] = {"status": "pass", "tensor": tensor, "elements": int(golden.size), "exact_share": 0.0,
-                         "max_abs": 0.0, "max_rel": 0.0, "max_lsb": None, "cosine": None, "sqnr_db": None,
-                         "exact": False, "message": None}
-    if got.shape != golden.shape:
-        m.update(status="fail", message=f"shape {list(got.shape)} != golden {list(golden.shape)}")
-        return m
-    if golden.size == 0:
-        m.update(exact_share=1.0, exact=True)
-        return m
-    a = got.astype(np.float64)
-    b = golden.astype(np.float64)
-    nan_a, nan_b = np.isnan(a), np.isnan(b)
-    same = (a == b) | (nan_a & nan_b)
-    m["exact_share"] = float(np.mean(same))
-    m["exact"] = bool(same.all())
-    diff = np.where(same, 0.0, np.abs(a - b))
-    diff = np.where(np.isnan(diff), np.inf, diff)
-    peak = float(np.max(np.abs(np.where(nan_b, 0.0, b))))
-    m["max_abs"] = float(diff.max())
-    m["max_rel"] = float(m["max_abs"] / peak) if peak > 0 else (0.0 if m["max_abs"] == 0 else math.inf)
-    fa, fb = np.where(nan_a | nan_b, 0.0, a), np.where(nan_a | nan_b, 0.0, b)
-    na, nb = float(np.linalg.norm(fa)), float(np.linalg.norm(fb))
-    m["cosine"] = 1.0 if na == 0 and nb == 0 else (float(np.dot(fa.ravel(), fb.ravel()) / (na * nb)) if na and nb else 0.0)
-    err = float(np.sum(diff[np.isfinite(diff)] ** 2)) if not m["exact"] else 0.0
-    m["sqnr_db"] = None if m["exact"] or err == 0 else (10 * math.log10(float(np.sum(fb ** 2)) / err) if np.sum(fb ** 2) > 0 else -math.inf)
-    if integer:
-        m["max_lsb"] = int(m["max_abs"]) if math.isfinite(m["max_abs"]) else None
-        if not m["exact"] and (m["max_lsb"] is None or m["max_lsb"] > lsb_limit):
-            m.update(status="fail", message=f"{(1 - m['exact_share']) * golden.size:.0f} of {golden.size} values differ, "
-                                            f"up to {m['max_lsb']} LSB (allowed {lsb_limit})")
-        return m
-    scale = max(1.0, peak) if scaled else 1.0
-    bad = diff > th.atol * scale + th.rtol * np.abs(np.where(nan_b, 0.0, b))
-    if bad.any():
-        m.update(status="fail", message=f"{int(bad.sum())} of {golden.size} values outside "
-                                        f"atol={th.atol:g}{'*' + format(scale, '.3g') if scaled else ''} rtol={th.rtol:g}; "
-                                        f"max |err| {m['max_abs']:.3g}")
-    elif th.min_cosine is not None and m["cosine"] is not None and m["cosine"] < th.min_cosine:
-        m.update(status="fail", message=f"cosine {m['cosine']:.6f} < {th.min_cosine}")
-    return m
-
-
-def _json_num(v: Any) -> Any:
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    return v
-
-
-def _status_metric(status: str, tensor: str, message: str) -> dict[str, Any]:
-    return {"status": status, "tensor": tensor, "elements": 0, "exact_share": 0.0, "max_abs": 0.0, "max_rel": 0.0,
-            "max_lsb": None, "cosine": None, "sqnr_db": None, "exact": False, "message": message}
 
 
 def _worse(a: dict | None, b: dict) -> dict:
@@ -207,175 +134,6 @@ def _to_float_source(value: np.ndarray, golden: np.ndarray, layer: dict, k: int)
             return np.clip(q, info.min, info.max).astype(golden.dtype), True
         return value, False
     return value, _is_int(golden.dtype) and _is_int(value.dtype)
-
-
-def quant_consistency(layer: dict) -> str | None:
-    """Why a conv/dense ``quant`` record's derived requantization disagrees with its
-    own scales (None when it agrees, or the record has nothing to cross-check).
-
-    ``recompute`` uses the derived values (multipliers, requant scales); the
-    scales beside them must still be the ones they came from, so a scale edited
-    in ``ir.json`` is caught even where the arithmetic does not read it. A layer merged
-    from several scheme layers (``quant.steps``) is checked step by step."""
-    qr = layer.get("quant") or {}
-    if isinstance(qr.get("steps"), list):
-        notes = [f"step {i}: {why}" for i, step in enumerate(qr["steps"])
-                 if isinstance(step, dict) and (why := quant_consistency({**layer, "quant": step}))]
-        return "; ".join(notes) or None
-    rq = qr.get("requant") or {}
-    if qr.get("kind") not in ("conv2d", "depthwise_conv2d", "dense") or not qr.get("inputs") or not qr.get("weight"):
-        return None
-    try:
-        s_x = float(np.asarray(qr["inputs"][0]["scale"]).reshape(-1)[0])
-        s_w = np.asarray(qr["weight"]["scale"], np.float64).reshape(-1)
-        s_y = float(np.asarray(qr["output"]["scale"]).reshape(-1)[0])
-    except (KeyError, TypeError, ValueError):
-        return None
-    from irgen.quant import scheme_consistency
-
-    own = scheme_consistency(str(qr.get("scheme")))
-    if own is not None:  # the scheme checks its own derived values
-        return own(layer)
-    if "scale" in rq and np.size(rq["scale"]) == s_w.size:
-        got = np.asarray(rq["scale"], np.float64).reshape(-1)
-        if qr.get("reference") == "torch":
-            want = s_x * s_w
-            inv = rq.get("inverse_output_scale")
-            if inv is not None and not np.isclose(inv, 1.0 / s_y, rtol=1e-6, atol=0):
-                return "requant inverse_output_scale does not follow from the output scale (1/s_y)"
-        else:
-            want = s_x * s_w / s_y
-        bad = np.flatnonzero(~np.isclose(got, want, rtol=1e-6, atol=0))
-        if bad.size:
-            return f"requant scale of channel(s) {bad[:4].tolist()} does not follow from the input, weight and output scales"
-    return None
-
-
-class _Files:
-    """The tensor files ``ir.json`` names: each confined to OUT (:func:`irgen.safeio.inside`)
-    and read with :func:`irgen.safeio.load_npy` (no pickle, a regular file, the size
-    under ``limit``). A record whose ``file`` points outside OUT is *refused*: it is
-    never opened, and its layer fails verification with the reason."""
-
-    def __init__(self, out: Path, ir: dict, limit: int | None, backend: Callable[[], Any] = lambda: None):
-        self.out, self.limit = out, limit
-        self._backend = backend  # -> the Backend that wrote the files (its read_tensor), if installed
-        self._resolved = False
-        self.backend_name = (ir.get("producer") or {}).get("backend")
-        self.where: dict[int, str] = {}
-        self.refused: dict[int, tuple[str | None, str]] = {}  # id(record) -> (owning layer, why)
-        for path, owner, rec in tensor_records(ir):
-            self.where[id(rec)] = path
-            if rec.get("file") is not None:
-                try:
-                    inside(out, rec["file"], f"ir.json: {path}.file")
-                except IrgenError as err:
-                    self.refused[id(rec)] = (owner, _one_line(err))
-
-    def why_refused(self, *records: dict) -> str | None:
-        for rec in records:
-            if id(rec) in self.refused:
-                return self.refused[id(rec)][1]
-        return None
-
-    def layer_refused(self, layer: dict) -> str | None:
-        """Why a layer cannot be checked (one of its files points outside OUT), or None."""
-        return self.why_refused(*(layer.get("inputs") or []), *layer["outputs"],
-                                *(layer.get("params") or {}).values())
-
-    def load(self, rec: dict) -> np.ndarray:
-        at = f"ir.json: {self.where.get(id(rec), '?')}"
-        if rec.get("file") is None:
-            raise IrgenError(f"{self.out / 'ir.json'}: {self.where.get(id(rec), '?')}: tensor {rec['name']!r:.100} "
-                             f"has no file")
-        path = inside(self.out, rec["file"], f"{at}.file")
-        what = f"tensor {rec['name']!r:.100} ({at})"
-        if path.suffix == ".npy":
-            arr = load_npy(path, what, self.limit)
-        elif path.suffix == ".npz":  # irgen run --compress: the layer's tensors, each under its name
-            arr = load_npz_member(path, rec["name"], what, self.limit)
-        else:
-            arr = self._backend_read(path, rec, what)
-        if arr.dtype.kind not in "biuf":
-            raise IrgenError(f"tensor {rec['name']!r:.100} ({at}) {path}: dtype {arr.dtype} is not a numeric tensor")
-        return arr
-
-
-    def _backend_read(self, path: Path, rec: dict, what: str) -> np.ndarray:
-        """A data file in the format of the backend that wrote it, read by that backend."""
-        if not self._resolved:  # only a folder with such files needs the plugins
-            self.backend, self._resolved = self._backend(), True
-        reader = getattr(self.backend, "read_tensor", None)
-        if reader is None:
-            why = (f"backend {self.backend_name!r} reads no files back (it has no read_tensor)" if self.backend
-                   else f"backend {self.backend_name!r}, which wrote it, is not installed (or give it with --plugin)")
-            raise IrgenError(f"{what} {path}: not a .npy file, and {why}")
-        with open_regular(path, what) as f:
-            size = os.fstat(f.fileno()).st_size
-        if self.limit is not None and size > self.limit:
-            raise IrgenError(f"{what} {path}: {human_bytes(size)}, over the limit of {human_bytes(self.limit)} "
-                             "(--max-tensor-bytes)")
-        try:
-            arr = reader(path, dict(rec))
-        except IrgenError:
-            raise
-        except Exception as err:  # noqa: BLE001  a plugin's reader: reported as this file's problem
-            raise IrgenError(f"{what} {path}: backend {self.backend_name!r} could not read it "
-                             f"({type(err).__name__}: {_one_line(err)})") from None
-        if not isinstance(arr, np.ndarray):
-            raise IrgenError(f"{what} {path}: backend {self.backend_name!r} read back a {type(arr).__name__}, "
-                             "not a numpy array")
-        if list(arr.shape) != list(rec.get("shape") or []) or str(arr.dtype) != str(rec.get("dtype")):
-            raise IrgenError(f"{what} {path}: backend {self.backend_name!r} read back {arr.dtype}{list(arr.shape)}, "
-                             f"the record says {rec.get('dtype')}{rec.get('shape')}")
-        return arr
-
-
-class _Layers:
-    """Runs one layer in numpy: ``recompute`` for quantized layers, ``fused_ops`` otherwise."""
-
-    def __init__(self, files: _Files):
-        self.files = files
-        self._params: dict[str, dict[str, np.ndarray]] = {}
-        #: integer layers checked with their fused_ops alone (their scheme recomputes nothing): why
-        self.fused_only: dict[str, str] = {}
-
-    def params(self, layer: dict) -> dict[str, np.ndarray]:
-        name = layer["name"]
-        if name not in self._params:
-            self._params[name] = {role: self.files.load(rec) for role, rec in (layer.get("params") or {}).items()}
-        return self._params[name]
-
-    def run(self, layer: dict, inputs: list[np.ndarray]) -> tuple[list[np.ndarray], str | None]:
-        """Outputs of ``layer``, and a note when ``fused_ops`` disagrees with ``recompute``.
-
-        Raises :class:`irgen.reference.UnsupportedLayer` when neither can run it."""
-        from irgen import quant, reference
-
-        params = self.params(layer)
-        if layer.get("quant") is None:
-            return [np.asarray(r) for r in reference.run_layer(layer, inputs, params)], None
-        try:
-            first = np.asarray(quant.recompute(layer, inputs, params))
-        except (NotImplementedError, KeyError, TypeError) as err:  # a scheme recompute does not know
-            try:
-                outs = [np.asarray(r) for r in reference.run_layer(layer, inputs, params)]
-                self.fused_only.setdefault(layer["name"], _one_line(err))
-                return outs, None
-            except reference.UnsupportedLayer as unsup:
-                raise reference.UnsupportedLayer(layer["name"], f"quant {layer['quant'].get('kind')!r}",
-                                                 f"recompute: {err}; fused_ops: {unsup}") from None
-        outs = [first]
-        note = quant_consistency(layer)
-        try:
-            via_ops = [np.asarray(r) for r in reference.run_layer(layer, inputs, params)]
-        except reference.UnsupportedLayer:
-            via_ops = None
-        if via_ops is not None:
-            outs += via_ops[1:]
-            if via_ops[0].shape != first.shape or via_ops[0].dtype != first.dtype or not np.array_equal(via_ops[0], first):
-                note = "; ".join(filter(None, [note, "fused_ops and the quant record compute different values"]))
-        return outs, note
 
 
 def _one_line(message: Any) -> str:

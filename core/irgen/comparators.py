@@ -1,0 +1,249 @@
+"""Comparators: metrics of one tensor against another, knowing nothing of where either came from.
+
+A comparator takes arrays (a device's dump, a numpy recompute, a source runtime's tensor,
+the golden file) and returns plain dicts; the runners (:mod:`irgen.runners`) produce the
+arrays. ``irgen verify`` and ``irgen compare`` share them:
+
+* :func:`compare`: verify's metric of a recomputed or source tensor against its golden
+  file (exact share, max |err|, LSB, cosine, SQNR; pass or fail by :class:`Thresholds`);
+* :func:`diff`: compare's verdict on a device tensor (``equal``, ``within``, ``differs``),
+  with the count and share of differing elements, the LSB histogram of an integer
+  tensor and the ulp distance of a float one;
+* :func:`localize`: where a difference lies: which channels, rows, columns and tiles,
+  and per-channel and spatial heat maps.
+
+This module imports only numpy.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Thresholds", "compare", "json_num", "status_metric", "diff", "float_close", "ulp_distance", "localize",
+           "axis_letters"]
+
+
+@dataclass
+class Thresholds:
+    """Pass limits. ``max_lsb`` applies to integer tensors against the source
+    runtime (the self-check of integer layers is always exact); ``atol``/``rtol``
+    to float tensors (see the module docstring); ``min_cosine``, when set, to
+    every float comparison."""
+
+    max_lsb: int = 1
+    atol: float = 1e-5
+    rtol: float = 1e-4
+    min_cosine: float | None = None
+    allow_unsupported: bool = False
+
+
+def compare(got: np.ndarray, golden: np.ndarray, *, integer: bool, th: Thresholds, scaled: bool = False,
+            lsb_limit: int = 0, tensor: str = "") -> dict[str, Any]:
+    """Metrics ``M`` of ``got`` (reference or source runtime) against ``golden``.
+
+    ``integer``: exact compare in units (LSB), passing when the largest
+    difference is ``<= lsb_limit``; otherwise the float criterion of the module
+    docstring (``scaled`` selects the magnitude-scaled absolute tolerance).
+    """
+    got, golden = np.asarray(got), np.asarray(golden)
+    m: dict[str, Any] = {"status": "pass", "tensor": tensor, "elements": int(golden.size), "exact_share": 0.0,
+                         "max_abs": 0.0, "max_rel": 0.0, "max_lsb": None, "cosine": None, "sqnr_db": None,
+                         "exact": False, "message": None}
+    if got.shape != golden.shape:
+        m.update(status="fail", message=f"shape {list(got.shape)} != golden {list(golden.shape)}")
+        return m
+    if golden.size == 0:
+        m.update(exact_share=1.0, exact=True)
+        return m
+    a = got.astype(np.float64)
+    b = golden.astype(np.float64)
+    nan_a, nan_b = np.isnan(a), np.isnan(b)
+    same = (a == b) | (nan_a & nan_b)
+    m["exact_share"] = float(np.mean(same))
+    m["exact"] = bool(same.all())
+    diff = np.where(same, 0.0, np.abs(a - b))
+    diff = np.where(np.isnan(diff), np.inf, diff)
+    peak = float(np.max(np.abs(np.where(nan_b, 0.0, b))))
+    m["max_abs"] = float(diff.max())
+    m["max_rel"] = float(m["max_abs"] / peak) if peak > 0 else (0.0 if m["max_abs"] == 0 else math.inf)
+    fa, fb = np.where(nan_a | nan_b, 0.0, a), np.where(nan_a | nan_b, 0.0, b)
+    na, nb = float(np.linalg.norm(fa)), float(np.linalg.norm(fb))
+    m["cosine"] = 1.0 if na == 0 and nb == 0 else (float(np.dot(fa.ravel(), fb.ravel()) / (na * nb)) if na and nb else 0.0)
+    err = float(np.sum(diff[np.isfinite(diff)] ** 2)) if not m["exact"] else 0.0
+    m["sqnr_db"] = None if m["exact"] or err == 0 else (10 * math.log10(float(np.sum(fb ** 2)) / err) if np.sum(fb ** 2) > 0 else -math.inf)
+    if integer:
+        m["max_lsb"] = int(m["max_abs"]) if math.isfinite(m["max_abs"]) else None
+        if not m["exact"] and (m["max_lsb"] is None or m["max_lsb"] > lsb_limit):
+            m.update(status="fail", message=f"{(1 - m['exact_share']) * golden.size:.0f} of {golden.size} values differ, "
+                                            f"up to {m['max_lsb']} LSB (allowed {lsb_limit})")
+        return m
+    scale = max(1.0, peak) if scaled else 1.0
+    bad = diff > th.atol * scale + th.rtol * np.abs(np.where(nan_b, 0.0, b))
+    if bad.any():
+        m.update(status="fail", message=f"{int(bad.sum())} of {golden.size} values outside "
+                                        f"atol={th.atol:g}{'*' + format(scale, '.3g') if scaled else ''} rtol={th.rtol:g}; "
+                                        f"max |err| {m['max_abs']:.3g}")
+    elif th.min_cosine is not None and m["cosine"] is not None and m["cosine"] < th.min_cosine:
+        m.update(status="fail", message=f"cosine {m['cosine']:.6f} < {th.min_cosine}")
+    return m
+
+
+def json_num(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+def status_metric(status: str, tensor: str, message: str) -> dict[str, Any]:
+    return {"status": status, "tensor": tensor, "elements": 0, "exact_share": 0.0, "max_abs": 0.0, "max_rel": 0.0,
+            "max_lsb": None, "cosine": None, "sqnr_db": None, "exact": False, "message": message}
+
+
+# ------------------------------------------------------------------ a device tensor against its golden value
+
+
+#: the most LSB-histogram entries :func:`diff` keeps (the most frequent differences)
+HIST_ENTRIES = 16
+
+
+def ulp_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
+    """Elementwise distance in units in the last place of two float arrays of one dtype
+    (float16, float32 or float64; None for any other dtype): how many representable
+    values lie between them."""
+    a, b = np.asarray(a), np.asarray(b)
+    if a.dtype != b.dtype or a.dtype.kind != "f" or a.dtype.itemsize not in (2, 4, 8):
+        return None
+    ints = np.dtype(f"i{a.dtype.itemsize}")
+    lowest = np.iinfo(ints).min
+
+    def ordered(x: np.ndarray) -> np.ndarray:
+        i = x.view(ints).astype(np.int64)
+        return np.where(i < 0, lowest - i, i)  # monotonic in the float value
+
+    return np.abs(ordered(a) - ordered(b))
+
+
+def float_close(got: np.ndarray, ref: np.ndarray, th: Thresholds, max_ulp: int | None = None) -> np.ndarray:
+    """Elementwise: ``got`` is within the float contract of ``ref``: ``|got - ref| <= atol * s +
+    rtol * |ref|`` with ``s = max(1, max|ref|)`` (verify's scaled tolerance), or at most
+    ``max_ulp`` units in the last place apart; NaN matches NaN."""
+    a, b = np.asarray(got, np.float64), np.asarray(ref, np.float64)
+    nan_a, nan_b = np.isnan(a), np.isnan(b)
+    finite_b = np.where(nan_b, 0.0, b)
+    scale = max(1.0, float(np.max(np.abs(finite_b)))) if b.size else 1.0
+    with np.errstate(invalid="ignore"):
+        ok = (a == b) | (nan_a & nan_b) | (np.abs(a - b) <= th.atol * scale + th.rtol * np.abs(finite_b))
+    if max_ulp is not None:
+        ulp = ulp_distance(np.asarray(got), np.asarray(ref))
+        if ulp is not None:
+            ok |= ulp <= max_ulp
+    return ok
+
+
+def diff(device: np.ndarray, golden: np.ndarray, th: Thresholds, max_ulp: int | None = None) -> dict[str, Any]:
+    """A device tensor against its golden value: ``status`` ``equal`` (bit-exact), ``within``
+    (a float tensor within the float contract, :func:`float_close`) or ``differs``;
+    ``mismatches`` (elements not equal for an integer tensor, outside the contract for a
+    float one) and their ``share``; ``max_lsb`` and ``lsb_histogram`` (signed difference ->
+    count, the :data:`HIST_ENTRIES` most frequent) of an integer tensor; ``max_abs``,
+    ``max_ulp``, ``cosine`` and ``sqnr_db`` (verify's :func:`compare` metrics)."""
+    device, golden = np.asarray(device), np.asarray(golden)
+    integer = golden.dtype.kind in "iub"
+    out: dict[str, Any] = {"status": "differs", "elements": int(golden.size), "mismatches": int(golden.size),
+                           "share": 1.0, "max_lsb": None, "lsb_histogram": None, "max_abs": None, "max_ulp": None,
+                           "cosine": None, "sqnr_db": None, "message": None}
+    if device.shape != golden.shape:
+        out["message"] = f"shape {list(device.shape)}, golden {list(golden.shape)}"
+        return out
+    m = compare(device, golden, integer=integer, th=th, scaled=True)
+    out.update(max_abs=json_num(m["max_abs"]), cosine=json_num(m["cosine"]), sqnr_db=json_num(m["sqnr_db"]))
+    if integer:
+        d = device.astype(np.int64) - golden.astype(np.int64)
+        wrong = d != 0
+        if wrong.any():
+            values, counts = np.unique(d[wrong], return_counts=True)
+            top = np.argsort(-counts, kind="stable")[:HIST_ENTRIES]
+            out["lsb_histogram"] = {str(int(values[i])): int(counts[i]) for i in sorted(top, key=lambda i: values[i])}
+        out["max_lsb"] = int(np.abs(d).max()) if d.size else 0
+    else:
+        wrong = ~float_close(device, golden, th, max_ulp)
+        ulp = ulp_distance(device, golden)
+        out["max_ulp"] = int(ulp.max()) if ulp is not None and ulp.size else None
+    n = int(np.count_nonzero(wrong))
+    out.update(mismatches=n, share=n / golden.size if golden.size else 0.0)
+    if n:
+        out["message"] = f"{n} of {golden.size} values differ" + (f", up to {out['max_lsb']} LSB" if integer else
+                                                                  f" beyond the float tolerance, max |err| {m['max_abs']:.3g}")
+    else:
+        out["status"] = "equal" if m["exact"] else "within"
+    return out
+
+
+# ------------------------------------------------------------------ where a difference lies
+
+
+#: the most indices :func:`localize` lists per axis, and the largest heat map side
+MAX_LISTED = 64
+MAX_HEAT = 48
+
+
+def axis_letters(layout: str | None, ndim: int) -> str | None:
+    """The axis letters of a tensor: its layout when it names each axis once, ``NC`` for
+    2-D and ``NTC`` (tokens) for 3-D tensors without one; None otherwise."""
+    if layout and len(layout) == ndim and len(set(layout)) == ndim:
+        return layout
+    return {2: "NC", 3: "NTC"}.get(ndim)
+
+
+def _indices(mask: np.ndarray, axis: int) -> dict[str, Any]:
+    hit = np.flatnonzero(mask.any(axis=tuple(a for a in range(mask.ndim) if a != axis)))
+    return {"count": int(hit.size), "of": int(mask.shape[axis]), "list": [int(i) for i in hit[:MAX_LISTED]]}
+
+
+def _heat(plane: np.ndarray) -> list[list[int]]:
+    """A 2-D count map, summed into at most :data:`MAX_HEAT` cells a side."""
+    h, w = plane.shape
+    fy, fx = -(-h // MAX_HEAT), -(-w // MAX_HEAT)
+    padded = np.zeros((-(-h // fy) * fy, -(-w // fx) * fx), np.int64)
+    padded[:h, :w] = plane
+    cells = padded.reshape(padded.shape[0] // fy, fy, padded.shape[1] // fx, fx).sum(axis=(1, 3))
+    return cells.tolist()
+
+
+def localize(wrong: np.ndarray, layout: str | None, tile: tuple[int, int] | None = None) -> dict[str, Any]:
+    """Where the ``True`` elements of ``wrong`` lie, by the axes of ``layout``: which
+    ``channels`` (``C``), ``rows`` (``H``, or tokens ``T``) and ``cols`` (``W``) hold any
+    (count, axis size, the first :data:`MAX_LISTED` indices), ``per_channel`` counts,
+    the spatial ``heat`` map (counts over H x W, at most :data:`MAX_HEAT` cells a side)
+    and, with ``tile`` (rows, cols), the ``tiles`` of the H x W plane that hold any."""
+    wrong = np.asarray(wrong, bool)
+    letters = axis_letters(layout, wrong.ndim)
+    found: dict[str, Any] = {"axes": letters, "count": int(np.count_nonzero(wrong)), "of": int(wrong.size)}
+    if letters is None:
+        return found
+    names = {"C": "channels", "H": "rows", "T": "rows", "W": "cols"}
+    for letter, key in names.items():
+        if letter in letters:
+            found[key] = _indices(wrong, letters.index(letter))
+    if "C" in letters:
+        c = letters.index("C")
+        per = wrong.sum(axis=tuple(a for a in range(wrong.ndim) if a != c))
+        found["per_channel"] = [int(v) for v in per[:1024]]
+    if "H" in letters and "W" in letters:
+        h, w = letters.index("H"), letters.index("W")
+        plane = wrong.sum(axis=tuple(a for a in range(wrong.ndim) if a not in (h, w)))
+        plane = plane if h < w else plane.T
+        found["heat"] = _heat(plane)
+        if tile:
+            th, tw = tile
+            grid = np.zeros((-(-plane.shape[0] // th), -(-plane.shape[1] // tw)), np.int64)
+            ys, xs = np.nonzero(plane)
+            np.add.at(grid, (ys // th, xs // tw), plane[ys, xs])
+            ty, tx = np.nonzero(grid)
+            found["tiles"] = {"size": [th, tw], "count": int(ty.size), "of": int(grid.size),
+                              "list": [[int(a), int(b)] for a, b in zip(ty[:MAX_LISTED], tx[:MAX_LISTED])]}
+    return found
