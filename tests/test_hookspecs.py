@@ -28,6 +28,8 @@ TESTED_BY = {
     "irgen_register_serializers": "tests/test_plugin_kit.py::test_conformance_fails_on_a_broken_plugin_of_each_kind",
     "irgen_register_options": "tests/test_plugin_options.py::test_values_reach_configure_and_the_manifest",
     "irgen_configure": "tests/test_plugin_options.py::test_values_reach_configure_and_the_manifest",
+    "irgen_register_signatures": "tests/test_compare.py::test_plugin_signature_and_reader",
+    "irgen_register_dump_readers": "tests/test_compare.py::test_plugin_signature_and_reader",
 }
 
 

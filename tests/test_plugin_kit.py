@@ -158,7 +158,8 @@ def test_registered_plugins_join_every_host_and_leave_with_their_recomputes(caps
     assert ["frontend", "onnx", "onnx", "ONNX models through TVM's Relax ONNX importer"] in listed
     assert ["backend", "generic"] == listed[[r[1] for r in listed].index("generic")][:2]
     kinds = [r[0] for r in listed]
-    assert kinds == sorted(kinds, key=["frontend", "quantizer", "backend", "serializer", "option"].index)
+    assert kinds == sorted(kinds, key=["frontend", "quantizer", "backend", "serializer", "option", "signature",
+                                      "dump-reader"].index)
 
 
 def test_the_pytest_plugin_is_loaded_and_its_fixture_removes_the_plugin(request, irgen_plugin):

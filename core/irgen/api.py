@@ -331,6 +331,9 @@ class Backend:
     #: the hardware's supported ops and constraints, for ``irgen backends show NAME``:
     #: rows of (layer op or topic, constraint sentence)
     constraints: list[tuple[str, str]] | None = None
+    #: (API 1.7) the tile (rows, columns of an output's H x W plane) the hardware computes at a
+    #: time, or None; ``irgen compare`` says which tiles of a wrong output differ
+    tile: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         for field_name in ("write_tensor", "store_tensor"):
@@ -348,6 +351,151 @@ class Serializer:
 
     name: str
     write: Callable[[dict[str, Any], Path], list[Path]]
+    description: str = ""
+
+
+#: The fixed vocabulary of ``irgen compare``'s diagnosis: the kinds of hardware bug whose
+#: signature in a device's dump it recognizes (a :class:`Signature`'s ``code``).
+SIGNATURE_CODES = {
+    "layout": "the tensor (or a weight) is stored in another layout: NCHW/NHWC, OIHW/OHWI, a transposed matrix",
+    "byte_order": "bytes swapped within a value, or values swapped within a memory word",
+    "rounding": "another rounding mode in requantization: half to even, half away from zero, floor, truncation",
+    "saturation": "wrap-around where the golden data saturates, or saturation where it wraps",
+    "zero_point": "a zero point missing or applied twice (input or output)",
+    "bias": "the bias missing, doubled, or another layer's",
+    "shift": "the requantization off by a power of two",
+    "per_channel": "a per-tensor scale where it is per channel, or the channels' scales out of order",
+    "channel_padding": "padded channels not zero, or data in the padding",
+    "border": "only the spatial border differs: the padding of a convolution or pool",
+    "stale": "zeros, a constant fill, another layer's golden output, or another sample's",
+    "accumulator": "an accumulator too narrow: it overflows where the golden accumulator exceeds its width",
+    "clamp": "an activation's bounds missing or wrong",
+    "offset": "the data shifted by one element, row or channel",
+}
+
+
+@dataclass
+class Mismatch:
+    """One layer output that is wrong *locally* (recomputed from the device's own inputs,
+    it is not what the device wrote): what a :class:`Signature`'s ``check`` examines.
+
+    Arrays are numpy arrays in the record's logical shape and dtype. ``device``: the
+    dump's value; ``expected``: what the layer computes from the device's own
+    ``inputs`` (the golden files where the dump lacks one); ``golden``: OUT's file.
+    ``layer`` is the layer's ``ir.json`` record and ``output`` the index of the output;
+    ``params`` its parameters (``{role: array}``); ``layout`` the output's logical layout
+    (``NCHW``, ``NHWC``, ``NC``, or None). ``padding``: the values the dump holds in the
+    channel padding of its storage (None when it has none; they should be zeros).
+    ``to_physical(array)`` puts a logical array in the dump's storage order (layout and
+    channel padding, as the device writes memory) and ``to_logical(array)`` takes it back,
+    so a signature that reasons about memory (bytes, words, offsets) works there.
+    ``physical_layout`` names the storage's axes (None: as ``layout``).
+    ``recompute(layer=None, inputs=None, params=None)`` runs the numpy reference of the
+    layer with any of the three replaced (a variant: another bias, a permuted weight)
+    and returns its outputs, or None when it cannot run. ``others(what)`` yields
+    ``(label, array)``: with ``"output"``, golden values elsewhere with this output's
+    shape and dtype (other layers' outputs, this tensor in other samples), for stale
+    data; with a parameter role (``"bias"``), other layers' parameters of that role with
+    this layer's one's shape and dtype. ``close(a, b)`` is the elementwise test of
+    "equal" (exact for integers, the float tolerance otherwise).
+
+    :meth:`explains` is the rule every signature uses: a candidate explains the
+    difference when it matches the device where the device is wrong and breaks
+    (almost) nothing where it is right.
+    """
+
+    layer: dict[str, Any]
+    output: int
+    device: Any
+    expected: Any
+    golden: Any
+    inputs: list[Any]
+    params: dict[str, Any]
+    layout: str | None = None
+    padding: Any = None
+    physical_layout: str | None = None
+    to_physical: Callable[[Any], Any] = lambda a: a
+    to_logical: Callable[[Any], Any] = lambda a: a
+    recompute: Callable[..., Any] = lambda layer=None, inputs=None, params=None: None
+    others: Callable[[str], Any] = lambda what="output": iter(())
+    close: Callable[[Any, Any], Any] | None = None
+
+    @property
+    def integer(self) -> bool:
+        """Whether the output is an integer tensor (compared exactly)."""
+        return getattr(self.device, "dtype", None) is not None and self.device.dtype.kind in "iub"
+
+    def same(self, a: Any, b: Any) -> Any:
+        """Elementwise: ``a`` equals ``b`` (integers exactly, floats by ``close``)."""
+        import numpy as np
+
+        if self.close is None or self.integer:
+            return np.asarray(a) == np.asarray(b)
+        return self.close(a, b)
+
+    def explains(self, candidate: Any, where: Any = None, slack: float = 0.001) -> bool:
+        """Whether ``candidate`` (an array shaped as ``device``) explains the difference: it
+        equals the device on at least 90% of the elements where the device differs from
+        ``expected``, and differs from the device on at most ``slack`` of all elements
+        (rounding noise of a model of the arithmetic). ``where`` limits the judgement to a
+        boolean mask (e.g. the part an offset leaves defined)."""
+        import numpy as np
+
+        cand = np.asarray(candidate)
+        if cand.shape != self.device.shape:
+            return False
+        wrong = ~self.same(self.device, self.expected)
+        hit = self.same(cand, self.device)
+        if where is not None:
+            wrong, hit = wrong[where], hit[where]
+        n_wrong = int(np.count_nonzero(wrong))
+        if n_wrong == 0:
+            return False
+        fixed = int(np.count_nonzero(wrong & hit))
+        missed = int(hit.size - np.count_nonzero(hit))
+        return fixed >= 0.9 * n_wrong and missed <= slack * hit.size
+
+
+@dataclass
+class Signature:
+    """A known hardware bug's signature, for ``irgen compare``'s diagnosis.
+
+    ``check(mismatch)`` gets a :class:`Mismatch` (a locally wrong layer output) and
+    returns the evidence, a sentence, when the difference has this signature (None when
+    not). ``code`` is one of :data:`SIGNATURE_CODES`, the fixed vocabulary the JSON
+    reports; ``name`` tells signatures apart (one code may have several); the core's
+    signatures are named after their code. A check must not raise for a layer it does
+    not apply to: it returns None. ``description`` says what it looks for.
+    """
+
+    name: str
+    code: str
+    check: Callable[[Mismatch], str | None]
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if self.code not in SIGNATURE_CODES:
+            raise IrgenError(f"signature {self.name!r}: code {self.code!r} is not one of "
+                             f"{', '.join(SIGNATURE_CODES)}")
+
+
+@dataclass
+class DumpReader:
+    """Reads a device's dump file for ``irgen compare``.
+
+    ``read(path, record)`` returns the *physical* array the file holds: the record's
+    ``storage`` ``shape`` and ``dtype`` (its ``layout`` the physical layout, ``padding``
+    the channel padding), as the device wrote it. irgen checked the path first (inside
+    the dump folder, a regular file, under ``--max-tensor-bytes``); it strips the padding
+    (keeping its values for the ``channel_padding`` signature) and transposes to the
+    record's logical layout itself. ``record`` is the tensor's ``ir.json`` record, its
+    ``storage`` replaced by what a ``--map`` entry says. ``name`` is a backend's name (the
+    reader of dumps laid out like an OUT that backend wrote) or a format a ``--map``
+    entry names (``format: NAME``).
+    """
+
+    name: str
+    read: Callable[[Path, dict[str, Any]], Any]
     description: str = ""
 
 

@@ -1,6 +1,6 @@
 """The ``irgen`` command line.
 
-``irgen [--plugin X]... [--strict-plugins] {plugins,run,verify,inspect,schema} ...``;
+``irgen [--plugin X]... [--strict-plugins] {plugins,run,verify,compare,extract,inspect,schema,...} ...``;
 the global options are also accepted after the subcommand. Only ``irgen run``
 imports the pipeline (and with it TVM); ``irgen verify`` imports a source
 runtime only for its ``source`` check: ``irgen --help`` and ``irgen plugins``
@@ -166,6 +166,7 @@ def build_parser(host: PluginHost | None = None) -> argparse.ArgumentParser:
     sweep.add_argument("--json", action="store_true", help="print the summary as JSON instead of the table")
     sweep.set_defaults(func=cmd_sweep)
     _add_cache_parser(commands, after)
+    _add_compare_parsers(commands, after)
     if host is not None:
         _add_registered_options(host, {"run": run, "verify": verify})
     return parser
@@ -482,6 +483,107 @@ def _add_cache_parser(commands, after: argparse.ArgumentParser) -> None:
     cache.add_argument("--json", action="store_true", help="print JSON")
     cache.add_argument("--no-progress", action="store_true", help="no progress output")
     cache.set_defaults(func=cmd_cache)
+
+
+def _tile(text: str) -> tuple[int, int]:
+    rows, sep, cols = text.lower().partition("x")
+    if not sep or not rows.isdigit() or not cols.isdigit() or int(rows) < 1 or int(cols) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected ROWSxCOLS, e.g. 8x8")
+    return int(rows), int(cols)
+
+
+def _add_compare_parsers(commands, after: argparse.ArgumentParser) -> None:
+    """``irgen compare`` and ``irgen extract`` (:mod:`irgen.compare`, :mod:`irgen.extract`)."""
+    compare = commands.add_parser(
+        "compare", parents=[after],
+        help="compare a device's per-layer dump with OUT's golden data: the first locally wrong layer, and why")
+    compare.add_argument("out", type=Path, metavar="OUT", help="output folder of 'irgen run'")
+    compare.add_argument("dump", type=Path, metavar="DUMP",
+                         help="the device's dump: laid out like OUT (the same file paths and formats) unless --map says")
+    compare.add_argument("--map", type=Path, default=None, metavar="FILE",
+                         help="YAML or JSON: the dump's file names, dtype, shape, layout, byte order, channel padding "
+                              "per tensor (see docs/compare.md)")
+    compare.add_argument("--json", action="store_true", help="print the result as JSON instead of the table")
+    compare.add_argument("--report", type=Path, default=None, metavar="PATH",
+                         help="write the HTML report to PATH (default: DUMP.compare.html next to DUMP)")
+    compare.add_argument("--no-report", action="store_true", help="write no HTML report")
+    compare.add_argument("--limit", type=int, default=None, metavar="N", help="list only the first N layers that differ")
+    compare.add_argument("--atol", type=float, default=1e-5, metavar="X",
+                         help="float tensors: absolute tolerance, scaled by max(1, max|golden|) (default: 1e-5)")
+    compare.add_argument("--rtol", type=float, default=1e-4, metavar="X", help="float tensors: relative tolerance (default: 1e-4)")
+    compare.add_argument("--max-ulp", type=int, default=None, metavar="N",
+                         help="float tensors: values at most N units in the last place apart also match (default: none)")
+    compare.add_argument("--tile", type=_tile, default=None, metavar="HxW",
+                         help="say which HxW tiles of a wrong output differ (default: the backend's own tile, if any)")
+    compare.add_argument("--extract-failing", type=Path, default=None, metavar="DIR",
+                         help="write the first locally wrong layer's test vector, with the device's inputs, to DIR")
+    compare.add_argument("--force", action="store_true", help="with --extract-failing: replace an existing DIR")
+    compare.add_argument("--no-progress", action="store_true", help="no progress output")
+    _add_limit_option(compare)
+    compare.set_defaults(func=cmd_compare)
+    extract = commands.add_parser("extract", parents=[after],
+                                  help="write one layer of OUT as a self-contained test vector (an output folder of one layer)")
+    extract.add_argument("out", type=Path, metavar="OUT", help="output folder of 'irgen run'")
+    extract.add_argument("--layer", required=True, metavar="NAME", help="the layer's name in ir.json")
+    extract.add_argument("-o", "--output", type=Path, required=True, metavar="DIR", help="the folder to write")
+    extract.add_argument("--force", action="store_true", help="replace an existing DIR")
+    _add_limit_option(extract)
+    extract.set_defaults(func=cmd_extract)
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    """``irgen compare OUT DUMP``: exit 0 when every tensor the dump holds matches, 1 when one differs."""
+    from irgen.compare import compare_dump, format_compare
+    from irgen.comparators import Thresholds
+    from irgen.output import Progress
+
+    extract = args.extract_failing
+    if extract is not None and extract.exists() and any(extract.iterdir()) and not args.force:
+        raise IrgenError(f"--extract-failing {extract}: folder exists and is not empty (use --force to replace it)")
+    progress = Progress(enabled=not args.no_progress)
+    result = compare_dump(args.out, args.dump, mapping=args.map, thresholds=Thresholds(atol=args.atol, rtol=args.rtol),
+                          max_ulp=args.max_ulp, tile=args.tile, host=load_host(args),
+                          max_tensor_bytes=args.max_tensor_bytes, progress=progress, extract=extract)
+    samples = result.get("samples")
+    if args.json:
+        print(json.dumps(result, indent=1))
+    elif samples is None:
+        print(format_compare(result, args.limit))
+    else:
+        for name, r in samples.items():
+            print(f"== sample {name} ==\n" + (format_compare(r, args.limit) if "summary" in r else "; ".join(r["notes"])))
+    if not args.no_report:
+        _compare_reports(args, result, progress)
+    return 0 if result["passed"] else 1
+
+
+def _compare_reports(args: argparse.Namespace, result: dict, progress) -> None:
+    """The HTML report(s): DUMP.compare.html (or --report), one beside each sample's dump folder."""
+    from irgen.compare_report import write_compare_report
+
+    samples = result.get("samples")
+    if samples is not None and args.report:
+        raise IrgenError(f"--report: {args.out} holds {len(samples)} samples; each gets its own report beside its "
+                         "dump folder (leave --report out)")
+    todo = [(result, args.report or _default_report(args.dump).with_name(f"{Path(args.dump).name}.compare.html"))] \
+        if samples is None else [(r, _default_report(Path(r["dump"])).with_name(f"{Path(r['dump']).name}.compare.html"))
+                                 for r in samples.values() if "summary" in r]
+    for r, path in todo:
+        try:
+            written = write_compare_report(r, path)
+        except OSError as err:
+            raise IrgenError(f"cannot write the report {path}: {err.strerror or _one_line(err)}") from None
+        progress.done(f"wrote {written}")
+
+
+def cmd_extract(args: argparse.Namespace) -> int:
+    """``irgen extract OUT --layer NAME -o DIR``."""
+    from irgen.extract import extract_layer
+
+    path = extract_layer(args.out, args.layer, args.output, host=load_host(args), force=args.force,
+                         limit=args.max_tensor_bytes)
+    print(f"wrote {path}: layer {args.layer!r:.100} of {args.out} (irgen verify {path} --mode single checks it)")
+    return 0
 
 
 def cmd_cache(args: argparse.Namespace) -> int:

@@ -26,7 +26,7 @@ from typing import Any, Callable, Mapping
 
 import pluggy
 
-from irgen.api import Backend, Frontend, Option, Quantizer, Serializer
+from irgen.api import Backend, DumpReader, Frontend, Option, Quantizer, Serializer, Signature
 
 PROJECT = "irgen"
 
@@ -95,4 +95,29 @@ def irgen_configure(options: Mapping[str, Any]) -> None:
     ``max_tensor_bytes``, ``opt_level``, ``backend``, ...). A backend or serializer
     reads its own options here (e.g. a channel multiple) and keeps them for the run;
     the mapping is read-only.
+    """
+
+
+@hookspec
+def irgen_register_signatures(register: Callable[[Signature], None]) -> None:
+    """Register hardware-bug signatures for ``irgen compare``'s diagnosis.
+
+    Call ``register(Signature(name=..., code=..., check=...))`` for each. ``irgen compare``
+    calls every signature's ``check`` with a :class:`~irgen.api.Mismatch` (a layer output
+    the device computed wrong from its own inputs) after the core's own signatures; each
+    that returns evidence is reported under its ``code``, one of the fixed vocabulary
+    :data:`irgen.api.SIGNATURE_CODES`. A backend adds here what it knows of its hardware
+    (its memory words, its padding); a name another plugin registered is an error.
+    """
+
+
+@hookspec
+def irgen_register_dump_readers(register: Callable[[DumpReader], None]) -> None:
+    """Register readers of device dump files for ``irgen compare``.
+
+    Call ``register(DumpReader(name=..., read=...))`` for each. A reader named after a
+    backend reads the dump of an OUT that backend wrote (files laid out as in OUT, in
+    its formats); any reader is chosen by a ``--map`` entry's ``format: NAME``. Its
+    ``read(path, record)`` returns the physical array (the record's ``storage`` shape and
+    dtype); irgen strips the channel padding and transposes to the logical layout.
     """

@@ -49,6 +49,13 @@ Registration (what the hooks register)
 * ``QUANT_DIALECTS``: the quantization dialects frontends declare
   (``Frontend.quant_dialect``) and schemes detect (``qg.dialect``), each with what
   its quantize/dequantize ops mean.
+* ``Signature``, ``Mismatch``, ``SIGNATURE_CODES`` (1.7): a hardware-bug signature for
+  ``irgen compare``'s diagnosis (``irgen_register_signatures``): its ``check`` gets a
+  ``Mismatch`` (a layer output the device computed wrong from its own inputs, with
+  ``explains(candidate)``) and returns its evidence; ``code`` is one of the fixed
+  vocabulary ``SIGNATURE_CODES``. ``DumpReader`` (1.7): reads a device dump file as the
+  physical array (``irgen_register_dump_readers``). ``Backend.tile`` (1.7): the tile an
+  output is computed in, for compare's localization.
 
 The graph a scheme reads and rewrites
 -------------------------------------
@@ -159,15 +166,19 @@ import importlib
 from irgen.api import (
     ATTENTION_FUSION,
     Backend,
+    DumpReader,
     Frontend,
     FusionRule,
     ImportedModel,
     InputSpec,
     IrgenError,
+    Mismatch,
     Provenance,
     QUANT_DIALECTS,
     Quantizer,
     Serializer,
+    SIGNATURE_CODES,
+    Signature,
     StoredTensor,
     TENSOR_KINDS,
     TensorInfo,
@@ -228,7 +239,7 @@ from irgen.safeio import (
     regular_tree,
 )
 
-API_VERSION = "1.6"
+API_VERSION = "1.7"
 
 #: names whose module imports TVM: (module, name there), loaded by :func:`__getattr__`
 _LAZY = {
@@ -265,7 +276,7 @@ __all__ = [
     # registration
     "hookimpl", "Frontend", "Quantizer", "Backend", "Serializer", "FusionRule", "ATTENTION_FUSION",
     "ImportedModel", "InputSpec", "Provenance", "IrgenError", "UnsupportedOpsError", "QUANT_DIALECTS",
-    "TensorInfo", "StoredTensor", "TENSOR_KINDS",
+    "TensorInfo", "StoredTensor", "TENSOR_KINDS", "Signature", "Mismatch", "SIGNATURE_CODES", "DumpReader",
     # the graph a scheme reads and rewrites
     "QGraph", "QTensor", "Binding", "Constant", "attrs_to_dict", "substitute", "main_bindings",
     "module_bindings", "check_tensor_sizes", "tuple_output_outside_dataflow", "arg_ref", "weight_tensor",

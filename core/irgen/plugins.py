@@ -28,7 +28,7 @@ from typing import Any, Callable, Generic, Iterable, TypeVar
 import pluggy
 
 from irgen import envflags, hookspecs
-from irgen.api import Backend, Frontend, IrgenError, Option, Quantizer, Serializer
+from irgen.api import Backend, DumpReader, Frontend, IrgenError, Option, Quantizer, Serializer, Signature
 
 ENTRY_POINT_GROUP = "irgen"
 BLOCK_ENV = "IRGEN_BLOCK_PLUGINS"
@@ -115,6 +115,8 @@ _HOOK_KINDS = {
     "irgen_register_backends": "backend",
     "irgen_register_serializers": "serializer",
     "irgen_register_options": "option",
+    "irgen_register_signatures": "signature",
+    "irgen_register_dump_readers": "dump-reader",
 }
 
 
@@ -180,18 +182,23 @@ class PluginHost:
         self.backends: Registry[Backend] = Registry("backend", Backend)
         self.serializers: Registry[Serializer] = Registry("serializer", Serializer)
         self.options: Registry[Option] = Registry("option", Option)
+        self.signatures: Registry[Signature] = Registry("signature", Signature)
+        self.dump_readers: Registry[DumpReader] = Registry("dump-reader", DumpReader)
         self.strict = False
         self._infos: dict[str, PluginInfo] = {}
 
     @property
     def registries(self) -> dict[str, Registry[Any]]:
-        """Registries by kind: "frontend", "quantizer", "backend", "serializer", "option"."""
+        """Registries by kind: "frontend", "quantizer", "backend", "serializer", "option", "signature",
+        "dump-reader"."""
         return {
             "frontend": self.frontends,
             "quantizer": self.quantizers,
             "backend": self.backends,
             "serializer": self.serializers,
             "option": self.options,
+            "signature": self.signatures,
+            "dump-reader": self.dump_readers,
         }
 
     @property

@@ -39,7 +39,7 @@ from typing import Any, Iterable
 
 from irgen.output import file_mode
 
-__all__ = ["write_report", "render_report", "COLORS", "DRIFT_RULE"]
+__all__ = ["write_report", "render_report", "write_html", "COLORS", "DRIFT_RULE"]
 
 CHECKS = ("single", "entire", "source")
 
@@ -874,8 +874,12 @@ colour = status. Click a box for its table row.</p>
 
 def write_report(result: dict, path: str | os.PathLike) -> Path:
     """Write ``render_report(result)`` to ``path`` atomically (temp file in the same folder, then rename)."""
+    return write_html(render_report(result), path)
+
+
+def write_html(text: str, path: str | os.PathLike) -> Path:
+    """Write the page ``text`` to ``path`` atomically (temp file in the same folder, then rename)."""
     path = Path(path)
-    text = render_report(result)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:

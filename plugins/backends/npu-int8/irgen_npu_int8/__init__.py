@@ -9,7 +9,9 @@ It registers, through ``irgen.plugin`` alone (API 1.1: ``Backend.store_tensor``)
   as raw little-endian ``.bin``, ``$readmemh`` ``.hex`` and ``.npy``
   (:mod:`.formats`, :mod:`.store`);
 * the serializer ``npu-int8-header``: ``npu_int8_layers.h``, a C header of layer
-  descriptors (:mod:`.serializer`).
+  descriptors (:mod:`.serializer`);
+* for ``irgen compare`` (API 1.7): the dump reader ``npu-int8`` and the signature
+  ``npu-int8-dense-channels`` (:mod:`.dump`).
 
 Settings (:class:`.settings.Settings`): the channel multiple (default 16) and the
 hex word width (default 8 bits); ``irgen run`` takes them as ``--npu-channel-multiple N``
@@ -21,13 +23,13 @@ from __future__ import annotations
 import irgen.plugin
 from irgen.plugin import Backend, FusionRule, Option, Serializer, hookimpl
 
-from . import constraints, serializer, settings, store
+from . import constraints, dump, serializer, settings, store
 
 __version__ = "0.1.0"
 
 _major, _minor = map(int, irgen.plugin.API_VERSION.split("."))
-if _major != 1 or _minor < 1:
-    raise ImportError(f"irgen_npu_int8 needs irgen.plugin API 1.1 or later 1.x, this irgen has "
+if _major != 1 or _minor < 7:
+    raise ImportError(f"irgen_npu_int8 needs irgen.plugin API 1.7 or later 1.x, this irgen has "
                       f"{irgen.plugin.API_VERSION}")
 
 ACTIVATIONS = frozenset({"relax.nn.relu", "relax.clip"})
@@ -52,6 +54,16 @@ def irgen_register_backends(register):
         description="int8 NPU: conv/dense + bias + activation layers, NHWC activations, OHWI weights, channels "
                     "padded to a multiple, .bin/.hex/.npy golden data",
     ))
+
+
+@hookimpl
+def irgen_register_dump_readers(register):
+    register(dump.READER)
+
+
+@hookimpl
+def irgen_register_signatures(register):
+    register(dump.SIGNATURE)
 
 
 @hookimpl

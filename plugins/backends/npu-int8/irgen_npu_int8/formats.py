@@ -41,9 +41,9 @@ def write_bin(path: Path, arr: np.ndarray) -> None:
     np.ascontiguousarray(arr).astype(arr.dtype.newbyteorder("<"), copy=False).tofile(path)
 
 
-def read_bin(path: Path, dtype, shape) -> np.ndarray:
+def read_bin(path: Path, dtype, shape, byte_order: str = "little") -> np.ndarray:
     dtype = np.dtype(dtype)
-    data = np.fromfile(path, dtype=dtype.newbyteorder("<"))
+    data = np.fromfile(path, dtype=dtype.newbyteorder("<" if byte_order == "little" else ">"))
     count = int(np.prod(shape, dtype=np.int64))
     if data.size != count:
         raise IrgenError(f"{path}: {data.size} {dtype} values, the storage shape {list(shape)} needs {count}")

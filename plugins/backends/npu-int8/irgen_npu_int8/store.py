@@ -54,21 +54,31 @@ def store_tensor(path: Path, array, info: TensorInfo, config: settings.Settings 
     )
 
 
-def read_tensor(path: Path, record: dict) -> np.ndarray:
-    """The logical array of the tensor ``record`` describes, from its ``.bin``, ``.hex`` or ``.npy``."""
+def read_physical(path: Path, record: dict) -> np.ndarray:
+    """The physical array (the record's ``storage`` shape and dtype) of a ``.bin``, ``.hex`` or
+    ``.npy`` file: what the NPU holds in memory, padding included. A ``.bin`` is read in the
+    storage's ``byte_order`` (little-endian unless it says ``big``); a ``.hex`` in its
+    ``word_bits`` (default: as ``irgen run`` would write the dtype)."""
     storage = record.get("storage")
     if not isinstance(storage, dict):
         raise IrgenError(f"{path}: the record has no storage (not written by npu-int8)")
     dtype, shape = np.dtype(storage["dtype"]), [int(d) for d in storage["shape"]]
     suffix = Path(path).suffix
     if suffix == ".bin":
-        phys = formats.read_bin(path, dtype, shape)
+        phys = formats.read_bin(path, dtype, shape, storage.get("byte_order") or "little")
     elif suffix == ".hex":
-        phys = formats.read_hex(path, dtype, shape, int(storage["word_bits"]))
+        bits = storage.get("word_bits") or formats.word_bits(dtype, settings.current.hex_word_bits)
+        phys = formats.read_hex(path, dtype, shape, int(bits))
     elif suffix == ".npy":
         phys = np.load(path, allow_pickle=False)
         if phys.dtype != dtype or list(phys.shape) != shape:
             raise IrgenError(f"{path}: {phys.dtype}{list(phys.shape)}, the storage says {dtype}{shape}")
     else:
         raise IrgenError(f"{path}: not a .bin, .hex or .npy file of npu-int8")
-    return layout.to_logical(phys, storage, record["shape"], record["dtype"])
+    return phys
+
+
+def read_tensor(path: Path, record: dict) -> np.ndarray:
+    """The logical array of the tensor ``record`` describes, from its ``.bin``, ``.hex`` or ``.npy``."""
+    phys = read_physical(path, record)
+    return layout.to_logical(phys, record["storage"], record["shape"], record["dtype"])
