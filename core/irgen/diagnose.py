@@ -100,6 +100,12 @@ class Requant:
             return (np.mod(v - self.dmin, span) + self.dmin).astype(np.int64)
         return np.clip(v, self.lo if lo is None else lo, self.hi if hi is None else hi).astype(np.int64)
 
+    @property
+    def slack(self) -> float:
+        """The share of values a variant's candidate may miss: the model's own noise (near a
+        rounding tie the model and the layer's arithmetic can differ), four times over."""
+        return max(0.001, 4 * (1.0 - self.fit))
+
     def candidate(self, expected: np.ndarray, **variant: Any) -> np.ndarray:
         """``expected`` changed where, and as, the variant changes the model's output."""
         return expected.astype(np.int64) + self.out(**variant) - self.out()
@@ -221,11 +227,12 @@ def requant_model(m: Mismatch) -> Requant | None:
     return m.__dict__["_requant"]
 
 
-def _first(m: Mismatch, candidates, where: np.ndarray | None = None) -> str | None:
-    """The evidence of the first (evidence, candidate) whose candidate explains the difference
-    (judged where ``where`` is true: a model's reliable values)."""
+def _first(m: Mismatch, candidates, model: Requant | None = None) -> str | None:
+    """The evidence of the first (evidence, candidate) whose candidate explains the difference;
+    a ``model``'s candidates are judged where it is reliable, with its noise as slack."""
+    where, slack = (None, 0.001) if model is None else (model.reliable, model.slack)
     for detail, cand in candidates:
-        if cand is not None and m.explains(cand, where=where):
+        if cand is not None and m.explains(cand, where=where, slack=slack):
             return detail
     return None
 
@@ -344,17 +351,22 @@ def check_stale(m: Mismatch) -> str | None:
             break
         if m.explains(other):
             return f"the output equals {label}: a stale buffer"
-    wrong = ~m.same(dev, exp)
-    real = m.to_physical(np.ones(dev.shape, bool)).reshape(-1)
-    order = m.to_physical(wrong).reshape(-1)[real]
-    values = m.to_physical(dev).reshape(-1)[real]
-    count = int(np.count_nonzero(order))
-    if count < 2:
+    return _partial(m)
+
+
+def _partial(m: Mismatch) -> str | None:
+    """A buffer written in part: in memory order, every wrong value lies in a tail (or a head)
+    that holds one value throughout."""
+    real = m.to_physical(np.ones(m.device.shape, bool)).reshape(-1)
+    wrong = m.to_physical(~m.same(m.device, m.expected)).reshape(-1)[real]
+    values = m.to_physical(m.device).reshape(-1)[real]
+    if np.count_nonzero(wrong) < 2:
         return None
-    first, last = int(np.argmax(order)), int(order.size - 1 - np.argmax(order[::-1]))
-    if last - first + 1 == count and (first == 0) != (last == order.size - 1) and np.all(values[first:last + 1] == values[first]):
-        part = f"the first {first} of {order.size}" if first else f"all but the first {last + 1} of {order.size}"
-        return f"only {part} values were written; the rest hold {values[first].item()}"
+    first, last = int(np.argmax(wrong)), int(wrong.size - 1 - np.argmax(wrong[::-1]))
+    if first > 0 and np.all(values[first:] == values[first]):
+        return f"only the first {first} of {wrong.size} values were written; the rest hold {values[first].item()}"
+    if last < wrong.size - 1 and np.all(values[:last + 1] == values[0]):
+        return f"the first {last + 1} of {wrong.size} values were not written; they hold {values[0].item()}"
     return None
 
 
@@ -451,7 +463,7 @@ def check_clamp(m: Mismatch) -> str | None:
             (f"the activation's bounds [{model.lo}, {model.hi}] are missing: saturated at the dtype's only",
              _changed(model, exp, lo=model.dmin, hi=model.dmax)),
             (f"the activation clamps to [{lo}, {hi}] where the layer's bounds are [{model.lo}, {model.hi}]",
-             _changed(model, exp, lo=int(lo), hi=int(hi)))], model.reliable)
+             _changed(model, exp, lo=int(lo), hi=int(hi)))], model)
     pre = _pre_activation(m)
     if pre is None:
         return None
@@ -467,12 +479,16 @@ def check_rounding(m: Mismatch) -> str | None:
     model = requant_model(m)
     if model is None:
         return None
+    found = []
     for mode in ROUNDINGS:
         cand = None if mode == model.rounding else _changed(model, m.expected, rounding=mode)
-        if cand is not None and m.explains(cand, where=model.reliable):
-            n = int(np.count_nonzero(cand != m.expected))
-            return f"the requantization rounds {mode} where the layer rounds {model.rounding} ({n} values one LSB off)"
-    return None
+        if cand is not None and m.explains(cand, where=model.reliable, slack=model.slack):
+            found.append((mode, int(np.count_nonzero(cand != m.expected))))
+    if not found:
+        return None
+    same = f" (or {', '.join(mode for mode, _ in found[1:])}: the same on these values)" if len(found) > 1 else ""
+    return (f"the requantization rounds {found[0][0]}{same} where the layer rounds {model.rounding} "
+            f"({found[0][1]} values one LSB off)")
 
 
 def check_shift(m: Mismatch) -> str | None:
@@ -481,7 +497,7 @@ def check_shift(m: Mismatch) -> str | None:
     if model is not None:
         return _first(m, ((f"the requantization is off by 2^{k} (a shift of {abs(k)} bit(s) too far "
                            f"{'left' if k > 0 else 'right'})", _changed(model, m.expected, pre=model.pre * 2.0 ** k))
-                          for k in _SHIFTS), model.reliable)
+                          for k in _SHIFTS), model)
     if m.integer:
         return None
     return _first(m, ((f"the output is off by 2^{k}", m.expected * m.expected.dtype.type(2.0 ** k)) for k in _SHIFTS))
@@ -498,7 +514,7 @@ def check_zero_point(m: Mismatch) -> str | None:
         if model.pre_with is not None:
             cands += [("the input zero point is missing", _changed(model, exp, pre=model.pre_with(0))),
                       ("the input zero point is applied twice", _changed(model, exp, pre=model.pre_with(2)))]
-        return _first(m, cands, model.reliable)
+        return _first(m, cands, model)
     q = m.layer.get("quant") or {}
     zp = int(_scalar((q.get("output") or {}).get("zero_point") or 0)) if m.integer else 0
     if not zp:
@@ -518,7 +534,12 @@ def check_bias(m: Mismatch) -> str | None:
     if bias is None:
         return None
     bias = np.asarray(bias)
+    flat = bias.reshape(-1)
     variants = [("the bias is missing", np.zeros_like(bias)), ("the bias is added twice", bias * bias.dtype.type(2))]
+    if np.unique(flat).size > 1:
+        variants += [(f"the bias is applied to the channels {how}", v.reshape(bias.shape)) for how, v in (
+            ("shifted by one", np.roll(flat, 1)), ("shifted back by one", np.roll(flat, -1)),
+            ("in reverse order", flat[::-1].copy()))]
     variants += [(f"the bias is {label}", other) for n, (label, other) in enumerate(m.others("bias")) if n < 32]
     model = requant_model(m)
     for how, b in variants:
@@ -527,7 +548,7 @@ def check_bias(m: Mismatch) -> str | None:
             return how
         if model is not None and model.acc is not None and np.size(b) == np.size(model.bias):
             acc = model.acc - model.bias + _along(np.asarray(b).astype(np.int64).reshape(-1), model.axis, model.acc.ndim)
-            if _first(m, [(how, _changed(model, m.expected, pre=model.channel_pre(model.scales, acc)))], model.reliable):
+            if _first(m, [(how, _changed(model, m.expected, pre=model.channel_pre(model.scales, acc)))], model):
                 return how
     return None
 
@@ -544,7 +565,7 @@ def check_per_channel(m: Mismatch) -> str | None:
     cands += [(f"the per-channel scales are applied {how}", _changed(model, m.expected, pre=model.channel_pre(v)))
               for how, v in (("in reverse channel order", s[::-1]), ("shifted by one channel", np.roll(s, 1)),
                              ("shifted back by one channel", np.roll(s, -1)))]
-    return _first(m, cands, model.reliable)
+    return _first(m, cands, model)
 
 
 def check_accumulator(m: Mismatch) -> str | None:
@@ -562,7 +583,7 @@ def check_accumulator(m: Mismatch) -> str | None:
         found = _first(m, [
             (f"the accumulator wraps at {bits} bits", _changed(model, m.expected, pre=(np.mod(acc + lim, 2 * lim) - lim) * scale)),
             (f"the accumulator saturates at {bits} bits", _changed(model, m.expected, pre=np.clip(acc, -lim, lim - 1) * scale))],
-            model.reliable)
+            model)
         if found:
             return f"{found}: {over} accumulator(s) exceed ±2^{bits - 1}"
     return None
@@ -580,9 +601,9 @@ def check_saturation(m: Mismatch) -> str | None:
     if model.wraps:
         return _first(m, [(f"{beyond} values beyond [{model.dmin}, {model.dmax}] saturate where the golden data "
                            "wraps around", _changed(model, m.expected, wrap=False, lo=model.dmin, hi=model.dmax))],
-                      model.reliable)
+                      model)
     return _first(m, [(f"{beyond} values beyond [{model.dmin}, {model.dmax}] wrap around where the golden data "
-                       "saturates", _changed(model, m.expected, wrap=True))], model.reliable)
+                       "saturates", _changed(model, m.expected, wrap=True))], model)
 
 
 #: The signatures ``irgen compare`` checks, in this order (plugins' ones before them).
