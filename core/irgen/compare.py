@@ -356,6 +356,9 @@ def compare_dump(out: str | Path, dump: str | Path, **kwargs: Any) -> dict[str, 
     if len(folders) == 1 and folders[0] == Path(out):
         return compare_output(out, dump, **kwargs)
     dump = output_folder(dump)
+    if not any((dump / f.name).is_dir() for f in folders):
+        raise IrgenError(f"{dump}: holds none of the sample folders of {out} ({', '.join(f.name for f in folders[:3])}"
+                         f"{', ...' if len(folders) > 3 else ''}); compare one sample's folder with its dump instead")
     extract = kwargs.pop("extract", None)
     results, first = {}, None
     for folder in folders:

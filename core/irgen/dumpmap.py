@@ -21,7 +21,7 @@ physical shape, padding included; default: the record's shape in ``layout``, pad
 ``layout`` (physical axis letters; default: the record's own), ``byte_order``
 (``little`` or ``big``), ``channel_multiple`` (pad the ``C`` axis to a multiple of it),
 ``offset`` (bytes of a header to skip, ``raw`` only). The pattern's fields are
-``{layer}`` (the layer name), ``{index}`` (the layer's place in IR order, from 0),
+``{layer}`` (the layer name, ``/`` written ``_``), ``{index}`` (the layer's place in IR order, from 0),
 ``{output}`` (the output's index in its layer) and ``{tensor}`` (the file stem OUT uses),
 each with an optional format spec (``{index:03d}``). A format ``raw`` file holds the
 values and nothing else (after ``offset``); ``npy`` a numpy file. Unlisted tensors without
@@ -231,7 +231,7 @@ class DumpMap:
     def _file(self, record: dict[str, Any], layer: str, index: int, output: int) -> str | None:
         if self.pattern is None:
             return None
-        values = {"layer": layer, "index": index, "output": output,
+        values = {"layer": re.sub(r"[/\\]", "_", layer), "index": index, "output": output,
                   "tensor": Path(str(record.get("file") or record["name"])).stem}
 
         def fill(m: re.Match) -> str:

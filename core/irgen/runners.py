@@ -28,7 +28,7 @@ from irgen.irfile import tensor_records
 from irgen.safeio import human_bytes, inside, load_npy, load_npz_member, open_regular, read_bytes
 
 __all__ = ["TensorFiles", "LayerRunner", "Golden", "DumpRunner", "DumpValue", "Refused", "quant_consistency", "check_size",
-           "one_line"]
+           "plugin_read", "one_line"]
 
 
 def check_size(path: Path, what: str, limit: int | None) -> int:
