@@ -1,7 +1,10 @@
 """The public plugin API (``irgen.plugin``): in-repo plugins use it alone.
 
 (a) every ``.py`` file under ``plugins/`` is parsed (not imported) and may
-import from irgen only ``irgen.plugin``, and no other plugin's package;
+import from irgen only ``irgen.plugin``, and from another plugin's package only
+what that package documents as its public API (its ``__all__``), and only when
+the plugin's ``pyproject.toml`` declares that plugin's distribution as a dependency
+(``pow2`` builds on ``qdq`` this way);
 (b) every name ``irgen.plugin`` exports exists and is documented;
 (c) ``API_VERSION`` is a "MAJOR.MINOR" string.
 """
@@ -10,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -34,12 +38,46 @@ def _own_package(path: Path) -> str | None:
     return None
 
 
+def public_api(package: str) -> set[str]:
+    """The names an in-repo plugin package documents for other plugins: its ``__all__``."""
+    for folder, name in PACKAGES.items():
+        if name == package:
+            for node in ast.parse((folder / "__init__.py").read_text(encoding="utf-8")).body:
+                if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
+                    return set(ast.literal_eval(node.value))
+    return set()
+
+
+def declared_plugins(path: Path) -> set[str]:
+    """The import names (``irgen-qdq`` -> ``irgen_qdq``) of the distributions the project of
+    ``path`` declares as dependencies: its nearest ``pyproject.toml``'s ``project.dependencies``."""
+    for folder in Path(path).resolve().parents:
+        project = folder / "pyproject.toml"
+        if project.is_file():
+            deps = tomllib.loads(project.read_text(encoding="utf-8")).get("project", {}).get("dependencies", [])
+            return {re.match(r"[A-Za-z0-9_.-]+", d).group(0).lower().replace("-", "_") for d in deps}
+    return set()
+
+
 def import_violations(path: Path, source: str, packages: set[str]) -> list[str]:
-    """``file:line: why`` for each import of irgen other than ``irgen.plugin`` and each import of
-    another plugin's package in ``source`` (imports inside functions included)."""
+    """``file:line: why`` for each import of irgen other than ``irgen.plugin``, and each use of
+    another plugin's package beyond its public API or without the dependency declared, in
+    ``source`` (imports inside functions included)."""
     own = _own_package(ROOT / path)  # ROOT / an absolute path is that path
     others = packages - ({own} if own else set())
+    declared = declared_plugins(ROOT / path) & others
+    tree = ast.parse(source, str(path))
     bad = []
+
+    def other_plugin(module: str, line: int, names: list[str] | None) -> None:
+        top = module.split(".")[0]
+        if top not in declared:
+            bad.append(f"{path}:{line}: imports {module}, another plugin's package (not a declared dependency)")
+        elif module != top:
+            bad.append(f"{path}:{line}: imports {module}, a private module of another plugin's package")
+        else:
+            bad.extend(f"{path}:{line}: imports {n!r} from {top}, not in its public API (__all__)"
+                       for n in names or [] if n not in public_api(top))
 
     def check(module: str, line: int, names: list[str] | None = None) -> None:
         top = module.split(".")[0]
@@ -51,14 +89,22 @@ def import_violations(path: Path, source: str, packages: set[str]) -> list[str]:
             elif module != "irgen.plugin":
                 bad.append(f"{path}:{line}: imports {module}, not irgen.plugin")
         elif top in others:
-            bad.append(f"{path}:{line}: imports {module}, another plugin's package")
+            other_plugin(module, line, names)
 
-    for node in ast.walk(ast.parse(source, str(path))):
+    aliases: dict[str, str] = {}  # local name of an imported plugin package -> the package
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for a in node.names:
                 check(a.name, node.lineno, [] if a.name != "irgen" else None)
+                if a.name in declared:
+                    aliases[a.asname or a.name] = a.name
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             check(node.module, node.lineno, [a.name for a in node.names])
+    for node in ast.walk(tree):  # irgen_qdq.NAME where the package is imported whole
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases:
+            package = aliases[node.value.id]
+            if node.attr not in public_api(package):
+                bad.append(f"{path}:{node.lineno}: uses {package}.{node.attr}, not in its public API (__all__)")
     return bad
 
 
@@ -86,15 +132,28 @@ def test_plugins_import_only_irgen_plugin():
     ("from irgen import hookimpl", "imports 'hookimpl' from irgen"),
     ("import irgen", "imports '<module>' from irgen"),
     ("def f():\n    from irgen.ir import _arg_ref", "imports irgen.ir"),
-    ("import irgen_qdq", "imports irgen_qdq, another plugin's package"),
-    ("from irgen_qdq.spans import operand", "imports irgen_qdq.spans, another plugin's package"),
+    ("import irgen_tflite_int8", "imports irgen_tflite_int8, another plugin's package (not a declared dependency)"),
+    ("from irgen_qdq.operands import operand", "imports irgen_qdq.operands, a private module"),
+    ("from irgen_qdq import _ops", "imports '_ops' from irgen_qdq, not in its public API"),
+    ("import irgen_qdq\nirgen_qdq.common._ops()", "uses irgen_qdq.common, not in its public API"),
 ])
 def test_the_check_names_file_and_line(source, expected):
     path = Path("plugins/quantizers/pow2/irgen_pow2/__init__.py")
-    bad = import_violations(path, "x = 1\n" + source, {"irgen_pow2", "irgen_qdq"})
-    assert len(bad) == 1
+    bad = import_violations(path, "x = 1\n" + source, {"irgen_pow2", "irgen_qdq", "irgen_tflite_int8"})
+    assert len(bad) == 1, bad
     assert bad[0].startswith(f"{path}:{source.count(chr(10)) + 2}: ")
     assert expected in bad[0]
+
+
+def test_a_plugin_built_on_another_uses_its_public_api_once_declared():
+    """pow2 declares irgen-qdq: it may use irgen_qdq's ``__all__``; qdq declares nothing of pow2."""
+    packages = {"irgen_pow2", "irgen_qdq"}
+    pow2 = Path("plugins/quantizers/pow2/irgen_pow2/__init__.py")
+    assert "irgen_qdq" in declared_plugins(ROOT / pow2) and {"realize", "RECOMPUTE"} <= public_api("irgen_qdq")
+    assert import_violations(pow2, "import irgen_qdq\nirgen_qdq.realize(qg)\nfrom irgen_qdq import RECOMPUTE\n",
+                             packages) == []
+    qdq = Path("plugins/quantizers/qdq/irgen_qdq/__init__.py")
+    assert import_violations(qdq, "from irgen_pow2 import SCHEME\n", packages)
 
 
 def test_the_check_allows_the_api_and_own_package():
@@ -132,7 +191,7 @@ def test_the_api_covers_what_the_plugins_used():
                  "multiply_by_quantized_multiplier", "quantize_multiplier", "requantize_float", "per_axis",
                  "register_recompute", "run_op", "run_layer", "SafeNames", "identifier", "check_tensor_size",
                  "regular_file", "open_regular", "DEFAULT_MAX_TENSOR_BYTES", "MAX_JSON_BYTES", "human_bytes",
-                 "arg_ref", "realize_qdq"):
+                 "arg_ref"):
         assert name in api.__all__, name
     from irgen import api as registration, hookspecs, quant
 

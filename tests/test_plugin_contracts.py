@@ -271,36 +271,34 @@ def test_schemes_detect_the_dialect_a_frontend_declares(dialect, tmp_path, plugi
 
 
 BARE_SCHEME = """
-    from irgen.plugin import Quantizer, hookimpl, realize_qdq, recompute_qdq, recompute_requantized, register_recompute
+    import irgen_qdq
+    from irgen.plugin import Quantizer, hookimpl
 
     SCHEME = "bare-qdq"
-    if RECOMPUTE:
-        register_recompute(SCHEME, "*", recompute_qdq)
-        register_recompute(SCHEME, "integer", recompute_requantized)
 
 
     @hookimpl
     def irgen_register_quantizers(register):
-        register(Quantizer(name=SCHEME, detect=lambda qg: False, realize=lambda qg: realize_qdq(qg, scheme=SCHEME)))
+        register(Quantizer(name=SCHEME, detect=lambda qg: False,
+                           realize=lambda qg: irgen_qdq.realize(qg, scheme=SCHEME),
+                           recompute={k: irgen_qdq.RECOMPUTE[k] for k in ("*", "integer")} if WITH_RECOMPUTE else {}))
 """
 
 
 @pytest.mark.parametrize("with_recompute", [True, False])
 def test_a_scheme_owns_its_recompute(with_recompute, tmp_path, plugin_file, capsys, monkeypatch):
-    """verify finds a scheme's numpy recompute by the scheme's name alone (irgen knows no scheme
-    by name): a scheme that registers one has its layers recomputed from their quant records;
-    one that registers none is checked with fused_ops alone, and verify says which layers."""
+    """verify asks the quantizer a layer's record names for its numpy recompute (irgen knows no
+    scheme by name): a scheme that gives one (``Quantizer.recompute``) has its layers recomputed
+    from their quant records; one that gives none is checked with fused_ops alone, and verify
+    says which layers."""
     import sys
 
     sys.path.insert(0, str(Path(__file__).parent))
     from test_qdq import quantized
 
-    import irgen.quant
-
-    monkeypatch.setattr(irgen.quant, "RECOMPUTE", dict(irgen.quant.RECOMPUTE))  # this test's registrations go
     scheme = f"bare-qdq-{with_recompute}".lower()
     model = quantized("small_cnn", False, "s8", tmp_path)
-    plugin = str(plugin_file(f"bare_{with_recompute}".lower(), BARE_SCHEME.replace("RECOMPUTE", str(with_recompute))
+    plugin = str(plugin_file(f"bare_{with_recompute}".lower(), BARE_SCHEME.replace("WITH_RECOMPUTE", str(with_recompute))
                              .replace('"bare-qdq"', repr(scheme))))
     out = tmp_path / "out"
     assert irgen_main(["--plugin", plugin, "run", str(model), "-o", str(out), "--quantizer", scheme,

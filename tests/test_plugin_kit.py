@@ -62,7 +62,7 @@ def test_the_templates_ship_in_the_wheel_and_irgen_testing_is_a_pytest_plugin():
     assert {"irgen", "irgen.testing", "irgen.scaffold"} <= set(setuptools["packages"])
     globs = setuptools["package-data"]["irgen"]
     templates = [p.relative_to(ROOT / "core" / "irgen") for p in TEMPLATES.rglob("*") if p.is_file()]
-    assert len(templates) == 2 + 2 * len(KINDS)
+    assert len(templates) == 2 + 3 * len(KINDS)  # common: pyproject, README; each kind: package, tests, about.json
     for rel in templates:
         assert any(rel.match(g) and len(rel.parts) == len(Path(g).parts) for g in globs), rel
     assert project["project"]["entry-points"]["pytest11"] == {"irgen": "irgen.testing.pytest_plugin"}
@@ -141,7 +141,8 @@ def test_registered_plugins_join_every_host_and_leave_with_their_recomputes(caps
     with it.registered(Yaml()) as host:
         assert host.serializers.owner("kit-yaml") == "kit-yaml-plugin"
         assert "kit-yaml" in PluginHost().load().serializers  # any host loaded meanwhile: irgen run, verify...
-        register_recompute("kit-scheme", "*", lambda layer, inputs, params: inputs[0])
+        with pytest.deprecated_call():  # API 2.0: Quantizer(recompute=...); the 1.x way still works
+            register_recompute("kit-scheme", "*", lambda layer, inputs, params: inputs[0])
         assert main(["plugins", "--json"]) == 0
         rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
         assert rows["kit-yaml-plugin"]["registered"] == {"serializer": ["kit-yaml"]}
@@ -256,15 +257,21 @@ class DriftingScheme:
 
     @hookimpl
     def irgen_register_quantizers(self, register):
-        from irgen.plugin import realize_qdq
+        import irgen_qdq
 
-        register(Quantizer(name="qdq-drift", detect=lambda qg: False, realize=lambda qg: realize_qdq(qg, "qdq-drift")))
+        def flipped(layer, inputs, params):
+            out = irgen_qdq.RECOMPUTE["*"](layer, inputs, params)
+            out.flat[0] ^= 1
+            return out
+
+        register(Quantizer(name="qdq-drift", detect=lambda qg: False,
+                           realize=lambda qg: irgen_qdq.realize(qg, "qdq-drift"),
+                           recompute={**irgen_qdq.RECOMPUTE, "conv2d": flipped}))
 
 
 def test_conformance_fails_on_a_broken_plugin_of_each_kind(onnx_models, tmp_path, irgen_plugin, monkeypatch):
     import irgen.pipeline
     from conftest import _run  # without the session's self-check: the conformance suite is what must fail here
-    from irgen.plugin import QDQ_RECOMPUTE, recompute_qdq, register_recompute
 
     monkeypatch.setattr(irgen.pipeline, "run", _run)
 
@@ -281,16 +288,6 @@ def test_conformance_fails_on_a_broken_plugin_of_each_kind(onnx_models, tmp_path
         conformance.check_serializer("forgetful", ForgetfulSerializer.parse, onnx_models["float"], tmp=tmp_path)
 
     irgen_plugin(DriftingScheme(), name="drift")
-    for kind, fn in QDQ_RECOMPUTE.items():
-        register_recompute("qdq-drift", kind, fn)
-    register_recompute("qdq-drift", "*", recompute_qdq)
-
-    def flipped(layer, inputs, params):
-        out = recompute_qdq(layer, inputs, params)
-        out.flat[0] ^= 1
-        return out
-
-    register_recompute("qdq-drift", "conv2d", flipped)
     with pytest.raises(AssertionError, match=r"layer '\w+' \(conv2d\): 1 of \d+ values differ"):
         conformance.check_scheme("qdq-drift", onnx_models["qdq"], tmp=tmp_path)
     with pytest.raises(AssertionError, match="no quantizer named 'qdq-absent'"):

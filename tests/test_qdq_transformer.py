@@ -187,7 +187,7 @@ def test_softmax_with_a_calibrated_output_scale_equals_onnxruntime(dtype, n, tmp
     the next MatMul's input (2.4e-4 on ViT, not 1/256). ONNX Runtime still fuses QLinearSoftmax;
     irgen's float32 product ``e * floor(1 / s_y)`` overflowed to inf and its int8 results wrapped
     (127 LSB off), where ORT's quotient is finite and saturates."""
-    from irgen.quant import ort_softmax_table
+    from irgen_qdq.ort import ort_softmax_table
 
     signed = dtype == "int8"
     sx, sy = 3.36356e-4, 2.4029499e-4

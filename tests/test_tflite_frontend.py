@@ -358,15 +358,15 @@ def test_quantized_moves_and_extremes_take_the_integers(tmp_path):
         assert_layer_recomputes(out, layer, 0)
 
 
-def test_tflite_quantize_value_rounds_as_tflite_does():
+def test_quantize_half_away_rounds_as_tflite_does():
     """A fused activation's bound: ``zero_point + TfLiteRound(v / scale)``, the quotient a
     float32, rounded half away from zero exactly (the float32 just below one half stays 0,
     where ``floor(q + 0.5f)`` in float32 gives 1), None beyond int32."""
-    from irgen.plugin import tflite_quantize_value
+    from irgen.plugin import quantize_half_away
 
     below_half = np.nextafter(np.float32(0.5), np.float32(0))
-    assert tflite_quantize_value(float(below_half), 1.0, 0) == 0
+    assert quantize_half_away(float(below_half), 1.0, 0) == 0
     assert np.floor(below_half + np.float32(0.5)) == 1  # the float32 shortcut's answer
-    assert tflite_quantize_value(6.0, 0.096, -128) == -128 + 63  # 6.0f / 0.096f is 62.5
-    assert tflite_quantize_value(-2.5, 1.0, 3) == 0 and tflite_quantize_value(2.5, 1.0, 0) == 3
-    assert tflite_quantize_value(6.0, 1e-10, 0) is None
+    assert quantize_half_away(6.0, 0.096, -128) == -128 + 63  # 6.0f / 0.096f is 62.5
+    assert quantize_half_away(-2.5, 1.0, 3) == 0 and quantize_half_away(2.5, 1.0, 0) == 3
+    assert quantize_half_away(6.0, 1e-10, 0) is None

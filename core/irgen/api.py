@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 
 class IrgenError(Exception):
@@ -31,7 +31,7 @@ class InputSpec:
     """One model input: its name in the source model, shape and dtype.
 
     ``quantization`` is ``(scale, zero_point)`` of an integer input that stands for real
-    values (a TFLite full-integer model's int8 input): a float ``--input`` file is then
+    values (a full-integer model's int8 input): a float ``--input`` file is then
     quantized with it (``round(x / scale) + zero_point``, ties to even, clipped to the
     dtype), as the user would before calling the source runtime."""
 
@@ -153,6 +153,22 @@ class Quantizer:
     ``quant`` record in ``qgraph.quant``. Something the scheme cannot realize
     exactly is an :class:`IrgenError` naming the tensor and the reason.
     ``priority`` orders automatic detection (higher first).
+
+    What ``irgen verify`` asks the scheme of a layer whose ``quant.scheme`` is ``name``:
+
+    * ``recompute``: quant kind -> ``fn(layer, inputs, params) -> np.ndarray``, the integer
+      output the layer must produce from its integer inputs and parameters alone (the
+      arithmetic a hardware engineer reproduces, read from the ``quant`` record, not from
+      ``fused_ops``); the kind ``"*"`` covers every kind without an entry of its own. A layer
+      whose kind has none is checked with its ``fused_ops`` alone, and verify says so.
+    * ``consistency``: ``fn(layer) -> str | None``, why a conv/dense layer's derived
+      requantization values (multipliers, shifts, requant scales) do not follow from the
+      scales beside them in its record (a scale edited in ``ir.json`` is caught even where the
+      arithmetic does not read it), None when they agree. Without one, verify checks a
+      ``requant.scale`` against ``s_x * s_w / s_y``.
+
+    A scheme built on another (its plugin declared as a dependency) starts from that
+    scheme's tables, e.g. ``recompute={**base.RECOMPUTE, "conv2d": mine}``.
     """
 
     name: str
@@ -160,6 +176,8 @@ class Quantizer:
     realize: Callable[[Any], None]
     priority: int = 0
     description: str = ""
+    recompute: Mapping[str, Callable[..., Any]] = field(default_factory=dict)
+    consistency: Callable[[dict[str, Any]], str | None] | None = None
 
 
 @dataclass

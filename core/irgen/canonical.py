@@ -202,7 +202,7 @@ def _scalar(c: relax.Expr) -> float | None:
 def _scaled_operands(bindings: list[Binding], users: dict[str, list[int]], provenance: Provenance) -> Changes:
     """``matmul(x * a, y * b)`` with scalar constants ``a``, ``b`` -> ``matmul(x, y) * (a*b)``:
     torch's ONNX exporter writes attention's scale as ``sqrt(scale)`` on both q and kᵀ, where
-    ``.pt2``'s attention scales the product (as TFLite and most hardware do). The matmul
+    ``.pt2``'s attention scales the product (as most runtimes and hardware do). The matmul
     result stays under its source name (the same value, up to float rounding); the
     multiplies are folded into it."""
     by_name = {b.name: i for i, b in enumerate(bindings)}
@@ -374,8 +374,8 @@ def _identities(bindings: list[Binding], users: dict[str, list[int]], provenance
     ``x[:, :H, :W]``) -> an alias of the input: it names the same tensor and forms no layer
     (torch's ONNX exporter folds the reshape ``.pt2`` keeps; ``.pt2`` folds the slice ONNX keeps).
 
-    An input the importer made up (no source tensor of its own: TFLite's matmul before the
-    reshape back to FULLY_CONNECTED's output) takes over the identity's source node and
+    An input the importer made up (no source tensor of its own: a fully connected op's matmul
+    before the reshape back to its output) takes over the identity's source node and
     tensor, so the layer computing it is still named after, and compared with, that tensor."""
     replace = {i: b.value.args[0] for i, b in enumerate(bindings) if _is_identity(b)}
     for i in replace:

@@ -70,7 +70,7 @@ class _Compare:
         readers = dict(host.dump_readers.items())
         self.device = DumpRunner(self.dump, self.ir, limit=limit, backend=lambda: backend, readers=readers,
                                  mapping=mapping)
-        self.runner = LayerRunner(self.files)
+        self.runner = LayerRunner(self.files, lambda: host)  # the host's schemes recompute their layers
         self.siblings = siblings
         self.signatures = [s for _, s in host.signatures.items()]
         self.values: dict[str, np.ndarray] = {}  # the device's values (or golden ones) the next layers read

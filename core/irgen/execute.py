@@ -153,7 +153,7 @@ def legalize_casts_once() -> dict[str, Callable]:
     dtype, target dtype) and calls that one for every later cast of the kind: TVM's own
     legalization builds it anew each time in Python (TE compute, PrimFunc, then the module
     finds it equal to one it has), about 1.5 ms a cast, and a quantized model casts at every
-    step of every requantization (158 casts on a QDQ ResNet-18). The call is the one TVM
+    step of every requantization (158 casts on a quantized ResNet-18). The call is the one TVM
     makes: ``call_tir`` of the same kernel on the same argument."""
     default = tvm.ir.Op.get("relax.astype").get_attr("FLegalize")
     call_tir = tvm.ir.Op.get("relax.call_tir")

@@ -813,7 +813,7 @@ class Layer:
 
 
 def tuple_output_outside_dataflow(mod: tvm.IRModule) -> tvm.IRModule:
-    """A model with several outputs: importers (TFLite, ONNX) bind the output tuple inside
+    """A model with several outputs: importers bind the output tuple inside
     the dataflow block (``gv = (a, b)``), where layer forming would take it for a layer of
     its own with no kernel (FuseTIR then fails at opt level 3). ``main`` returns the tuple
     literal instead, its fields the block's outputs, as a multi-output function is written
@@ -1111,7 +1111,7 @@ def cut_layers(bindings: list[Binding], provenance: Provenance, main_output: rel
 
 
 def merge_quantized_rolls(layers: list[Layer], bindings: list[Binding], main_output: relax.Expr) -> list[Layer]:
-    """A roll that a quantized graph keeps as one layer per op (ONNX QDQ quantizes each Slice
+    """A roll that a quantized graph keeps as one layer per op (a quantizer quantizes each Slice
     and Concat of an exported ``torch.roll``) becomes one layer of op ``roll``, as in a float
     graph: per axis two slices of one tensor and their concat (:func:`irgen.canonical.rotation`),
     each layer exact data movement (its one member the slice or the concat: the scheme put

@@ -36,7 +36,7 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 
 @hookspec
 def irgen_register_frontends(register: Callable[[Frontend], None]) -> None:
-    """Register model-file frontends (ONNX, TFLite, torch.export, ...).
+    """Register model-file frontends (one per model format).
 
     Call ``register(Frontend(...))`` for each; its ``name`` is what
     ``irgen run --frontend NAME`` selects.
@@ -45,9 +45,11 @@ def irgen_register_frontends(register: Callable[[Frontend], None]) -> None:
 
 @hookspec
 def irgen_register_quantizers(register: Callable[[Quantizer], None]) -> None:
-    """Register quantization-fusion schemes (``tflite-int8``, ``qdq``, ...).
+    """Register quantization-fusion schemes (one per way a model is quantized and computed).
 
-    Call ``register(Quantizer(...))`` for each.
+    Call ``register(Quantizer(...))`` for each. The quantizer carries all of its scheme:
+    ``detect`` and ``realize``, and what ``irgen verify`` asks of a layer whose
+    ``quant.scheme`` is its name (``recompute``: kind -> numpy recompute; ``consistency``).
     """
 
 

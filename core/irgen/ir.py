@@ -138,8 +138,8 @@ def _quant_op(quant: dict[str, Any], members: list[Binding]) -> str:
     arithmetic rather than the op: a table (``lut``) is the function it tabulates
     (``sigmoid``, ``hardswish``, ``gelu``; ``lut`` only for a chain of several), a
     ``mean`` is named as a float one is (a spatial mean is ``global_avg_pool2d``), and a
-    record that names its op (``quant.op``: a kind that names an algorithm, such as
-    TFLite's int16 ``softmax16``) is that op."""
+    record that names its op (``quant.op``: a kind that names an algorithm, such as an
+    int16 ``softmax16``) is that op."""
     kind = quant["kind"]
     if kind == "lut":
         fn = str(quant.get("function") or quant.get("op") or "")
@@ -199,7 +199,7 @@ def short_op(b: Binding) -> str:
     if name == "relax.mean":
         axes = [int(a) for a in v.attrs.axis] if v.attrs.axis is not None else []
         t = tensor_type(v.args[0])
-        # the two spatial axes of NCHW (2, 3) or NHWC (1, 2: TFLite, Keras)
+        # the two spatial axes of NCHW (2, 3) or NHWC (1, 2)
         if t and len(t[0]) == 4 and sorted(a % 4 for a in axes) in ([2, 3], [1, 2]):
             return "global_avg_pool2d"
     if name == "relax.reshape":
@@ -542,7 +542,7 @@ def _layer_op(layer: Layer, members: list[Binding], anchor: Binding, attrs: dict
         attrs = _roll_attrs(members)
     weighted = [m for m in members if m.op in _WEIGHTED]
     if quant is None and anchor.op not in _WEIGHTED and len(weighted) == 1 and len(set(nodes)) == 1:
-        # one source op the frontend wrote as many steps around one conv or matmul (a TFLite
+        # one source op the frontend wrote as many steps around one conv or matmul (a
         # dynamic-range kernel: the input quantized at run time, the result scaled back): that op
         w = weighted[0]
         op = CANONICAL_OPS.get(short_op(w), short_op(w))
@@ -570,7 +570,7 @@ def _shift_refs(ref: Any, by: int) -> Any:
 
 def _uniform_bias(record: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
     """A bias parameter is stored as ``[C]`` whatever shape the graph broadcasts it in
-    (``[1,C,1,1]`` after an NCHW conv, ``[1,1,1,C]`` after TFLite's, ``[1,N]`` after a
+    (``[1,C,1,1]`` after an NCHW conv, ``[1,1,1,C]`` after an NHWC one, ``[1,N]`` after a
     dense): ``fused_ops`` gains a first step reshaping ``param:bias`` to that shape, and
     the ops that read it read that step; so does a float span's ``quant.program``."""
     bias = arrays.get("bias")

@@ -12,7 +12,7 @@ is compiled alone in any case (no kernel calls another): which part it lands in 
 instruction of it (``tests/test_schedule.py`` compares the bytes with one part).
 
 TVM compiles into every kernel a check of each argument (type, rank, shape, dtype, strides,
-alignment, device), with an error message per check: on a convolution of a QDQ ResNet-18,
+alignment, device), with an error message per check: on a convolution of a quantized ResNet-18,
 900 instructions beside the 1,400 that compute, and 44% of LLVM's time. When the caller
 checks every argument itself before each call (``checked_by_caller``: irgen's executor,
 :func:`irgen.vm.run_program`, against the kernels' signatures, :func:`signature`), the

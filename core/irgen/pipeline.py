@@ -151,10 +151,10 @@ def pick_frontend(host, model: Path, name: str | None):
 def pick_quantizer(host, qg, name: str | None):
     """The scheme to realize: ``--quantizer NAME`` (which overrides detection, but never makes a
     float model quantized), else the first that detects the model."""
-    qdq = [b.name for b in qg.bindings if b.op in ("relax.quantize", "relax.dequantize")]
+    quantizing = [b.name for b in qg.bindings if b.op in ("relax.quantize", "relax.dequantize")]
     if name:
         scheme = host.quantizers.get(name)
-        if not qdq:
+        if not quantizing:
             raise IrgenError(f"--quantizer {name}: the model is not quantized (no quantize or dequantize op), so "
                              "no scheme can read it; run a float model without --quantizer")
         return scheme
@@ -162,10 +162,10 @@ def pick_quantizer(host, qg, name: str | None):
              if call_plugin(host.quantizers, q.name, "detect the model's quantization", q.detect, qg)]
     if found:
         return found[0]
-    if qdq:
+    if quantizing:
         known = ", ".join(host.quantizers.names()) or "none installed"
         raise IrgenError(
-            f"the model is quantized (e.g. tensor {qdq[0]!r}) but no quantization scheme recognizes it "
+            f"the model is quantized (e.g. tensor {quantizing[0]!r}) but no quantization scheme recognizes it "
             f"(schemes: {known}); force one with --quantizer NAME"
         )
     return None

@@ -22,7 +22,12 @@ with every ``1.y`` where ``y >= x``; it may check::
 
     import irgen.plugin
     major, minor = map(int, irgen.plugin.API_VERSION.split("."))
-    assert major == 1 and minor >= 0
+    assert major == 2 and minor >= 0
+
+API 2.0 took every scheme's own arithmetic out of this module into the scheme's plugin
+(docs/writing-a-plugin.md, "Schemes built on another scheme", lists where each name went),
+renamed a shared primitive to a name that says what it computes, and made a scheme's
+recompute and consistency check fields of its ``Quantizer``.
 
 Registration (what the hooks register)
 --------------------------------------
@@ -31,6 +36,16 @@ Registration (what the hooks register)
   (``@hookimpl def irgen_register_serializers(register): ...``).
 * ``Frontend``, ``Quantizer``, ``Backend``, ``Serializer``: the objects a plugin
   registers; their docstrings give every field.
+* ``Quantizer.recompute`` and ``Quantizer.consistency`` (2.0): what ``irgen verify`` asks a
+  layer's scheme (the quantizer registered under the name its ``quant.scheme`` holds):
+  ``recompute`` maps a quant kind to ``fn(layer, inputs, params) -> np.ndarray``, the integer
+  output recomputed from the ``quant`` record, the inputs and the parameters alone (``"*"``:
+  every kind without its own entry); ``consistency(layer) -> str | None`` says why a conv/dense
+  layer's derived requantization values (multipliers, shifts) do not follow from its scales.
+  irgen knows no scheme by name: a scheme without a recompute of a kind has those layers
+  checked by their ``fused_ops`` alone, and verify says so. A scheme built on another scheme
+  declares that plugin as a dependency and starts from its documented tables
+  (``Quantizer(recompute={**base.RECOMPUTE, "conv2d": mine})``).
 * ``FusionRule`` and ``ATTENTION_FUSION``: a backend's layer-forming rules
   (``Backend.fusion_rules``); ``ATTENTION_FUSION`` folds softmax attention into one layer.
   ``FusionRule.requantized_followers`` (1.2): in quantized models the rule also merges
@@ -87,49 +102,53 @@ The graph a scheme reads and rewrites
   are not all in memory at once (peak memory flat in the number of layers).
 * ``arg_ref``: how ``ir.json`` refers to an op argument (a variable's name,
   ``"param:<role>"``, ``{"value": ...}``, ``{"shape": [...]}``).
+* ``op_args(call)`` and ``program_arg(arg, refs)`` (2.0): a ``quant`` record's own program of
+  ops in ``fused_ops`` form (a float span's): the arguments of a call as ``fused_ops`` lists
+  them, and one argument (a variable by ``refs``, a tensor constant as the layer parameter it
+  becomes when the layer is formed).
 
 Integer arithmetic
 ------------------
 
-numpy (what verify recomputes) and the same as Relax ops (what a scheme puts
-into the graph, so TVM computes it), side by side so they cannot drift:
+The primitives schemes share (a scheme's own kernels live in its plugin), in numpy (what
+verify recomputes) and the same as Relax ops (what a scheme puts into the graph, so TVM
+computes it), side by side so they cannot drift:
 
-* TFLite fixed point: ``quantize_multiplier`` (real -> multiplier, shift),
+* fixed point: ``quantize_multiplier`` (real -> multiplier, shift),
   ``multiply_by_quantized_multiplier`` and ``rx_multiply_by_quantized_multiplier``
   in the rounding ``DOUBLE``, ``SINGLE`` or ``WIDE`` (an int64 accumulator; ``ROUNDING_RULES``
   describes each), and ``rescale_float64`` / ``rx_rescale_float64`` (rounding ``FLOAT64``: an
   int64 sum times a double scale, rounded half away from zero),
-  ``round_half_away`` / ``rx_round_half_away`` (C's ``round``, TFLite's ``TfLiteRound``, exact),
-  ``tflite_quantize_value`` (TFLite's quantization of a fused activation's bound),
-  ``divide_round_half_away`` / ``rx_divide_round_half_away``.
-* ONNX Runtime: ``quantize_linear``, ``requantize_float`` / ``rx_requantize_float``,
-  ``rx_round_to_int``; softmax tables ``ort_softmax_table`` and
-  ``tflite_softmax_table``.
+  ``round_half_away`` / ``rx_round_half_away`` (C's ``round``, exact),
+  ``quantize_half_away`` (2.0: one float quantized with float32 division, rounded half away
+  from zero, as a fused activation's bound is), ``divide_round_half_away`` /
+  ``rx_divide_round_half_away``.
+* float requantization: ``quantize_linear`` (ONNX QuantizeLinear), ``requantize_float`` /
+  ``rx_requantize_float`` (MLAS's: a float32 product rounded half to even),
+  ``rx_round_to_int``.
+* ``accumulate(layer, inputs, params)`` (2.0): a quantized conv/dense layer's int64
+  accumulator ``sum((x - zp_x) * w) + bias`` from its ``quant`` record.
 * ``per_axis`` (broadcast a per-channel vector), ``rx_const``, ``rx_clamp_cast``, ``float_record``
   (a float tensor's entry in a ``quant`` record),
   ``check_qparams`` (validated ``QTensor`` of a tensor), ``follow_constant``
   (a dequantized integer constant through reshapes and transposes).
-* ``register_consistency(scheme, fn)``: verify's check that a layer's derived
-  requantization values (multipliers, shifts) follow from its scales.
-* ``register_recompute(scheme, kind, fn)``: verify's numpy recompute of a layer
-  kind of your scheme (``kind="*"``: of every kind without its own); irgen knows no
-  scheme by name, so a scheme that registers none is checked by its ``fused_ops``
-  alone, and verify says so. The built-in schemes' arithmetic to reuse:
-  ``recompute_requantized`` (TFLite's kernels), ``recompute_qdq`` (ONNX Runtime's),
-  ``recompute_pow2`` (a rounding shift per channel).
-* ``realize_qdq(qg, scheme, conv_requant)``: realize an ONNX QDQ (or torch
-  reference-quantized) graph exactly as ONNX Runtime's CPU kernels compute it;
-  ``conv_requant(qg, acc, scale, out, lo, hi, axis, ndim, tensor)`` replaces the
-  requantization of convolution and dense accumulators (``pow2`` does so) and
-  ``scheme`` names the records. ``QDQ_RECOMPUTE`` maps the kinds it records
-  beyond the built-in ones (``float``, ``matmul``, ``concatenate``) to their
-  recompute, for ``register_recompute``.
+* ``requant_scales(quant)`` and ``requant_scale_mismatch(layer, expected=None)`` (2.0): a conv/dense
+  record's ``(s_x, s_w, s_y)``, and why its ``requant.scale`` is not ``expected(s_x, s_w, s_y)``
+  (default ``s_x * s_w / s_y``, verify's check of a scheme without ``Quantizer.consistency``):
+  for a scheme's own consistency check.
+* ``register_recompute(scheme, kind, fn)`` and ``register_consistency(scheme, fn)``:
+  deprecated since 2.0 (give ``Quantizer.recompute`` and ``Quantizer.consistency``); verify
+  still finds what they register, after the scheme's ``Quantizer`` fields.
 
 numpy reference
 ---------------
 
 * ``run_op(relax_op, args, attrs)``: one Relax op in numpy, as verify runs it.
 * ``run_layer(layer, inputs, params)``: an IR layer's ``fused_ops`` in numpy.
+* ``sum_in_order(x, axis, keepdims)`` (2.0): a float sum over one axis added in index order
+  (TVM's reduction loop; numpy's pairwise sum rounds otherwise).
+* ``UnsupportedLayer`` (2.0): what ``run_op``/``run_layer`` raise for an op (or an argument
+  form) the numpy reference lacks; a recompute may raise it too.
 
 Command-line options
 --------------------
@@ -154,9 +173,9 @@ Names and files
   those they use, for ``ImportedModel.code_modules``: a frontend that runs the user's
   code (``--model-class``) names it there, so the cache keys on that code.
 
-Names whose module imports TVM (the graph helpers, ``arg_ref``,
-``realize_qdq``) are loaded on first use, so importing this module to register
-a plugin stays light.
+Names whose module imports TVM (the graph helpers, ``arg_ref``, ``op_args``,
+``program_arg``) are loaded on first use, so importing this module to register a plugin
+stays light.
 """
 
 from __future__ import annotations
@@ -194,6 +213,7 @@ from irgen.quant import (
     FLOAT64,
     QGraph,
     QTensor,
+    accumulate,
     check_qparams,
     divide_round_half_away,
     float_record,
@@ -201,14 +221,13 @@ from irgen.quant import (
     multiply_by_quantized_multiplier,
     rescale_float64,
     round_half_away,
-    ort_softmax_table,
     per_axis,
+    quantize_half_away,
     quantize_linear,
     quantize_multiplier,
-    recompute_pow2,
-    recompute_qdq,
-    recompute_requantized,
     register_consistency,
+    requant_scale_mismatch,
+    requant_scales,
     register_recompute,
     requantize_float,
     rx_clamp_cast,
@@ -219,11 +238,9 @@ from irgen.quant import (
     rx_rescale_float64,
     rx_round_half_away,
     rx_round_to_int,
-    tflite_quantize_value,
-    tflite_softmax_table,
 )
 from irgen.api import OPTION_KINDS, Option
-from irgen.reference import run_layer, run_op
+from irgen.reference import UnsupportedLayer, run_layer, run_op, sum_in_order
 from irgen.runkey import local_modules
 from irgen.safeio import (
     DEFAULT_MAX_TENSOR_BYTES,
@@ -239,7 +256,7 @@ from irgen.safeio import (
     regular_tree,
 )
 
-API_VERSION = "1.7"
+API_VERSION = "2.0"
 
 #: names whose module imports TVM: (module, name there), loaded by :func:`__getattr__`
 _LAZY = {
@@ -252,8 +269,8 @@ _LAZY = {
     "check_tensor_sizes": ("irgen.graph", "check_tensor_sizes"),
     "tuple_output_outside_dataflow": ("irgen.graph", "tuple_output_outside_dataflow"),
     "arg_ref": ("irgen.ir", "arg_ref"),
-    "realize_qdq": ("irgen.qdq", "realize"),
-    "QDQ_RECOMPUTE": ("irgen.qdq_spans", "RECOMPUTE"),
+    "op_args": ("irgen.ir", "op_args"),
+    "program_arg": ("irgen.ir", "program_arg"),
     "weight_tensor": ("irgen.spill", "weight_tensor"),
 }
 
@@ -279,16 +296,18 @@ __all__ = [
     "TensorInfo", "StoredTensor", "TENSOR_KINDS", "Signature", "Mismatch", "SIGNATURE_CODES", "DumpReader",
     # the graph a scheme reads and rewrites
     "QGraph", "QTensor", "Binding", "Constant", "attrs_to_dict", "substitute", "main_bindings",
-    "module_bindings", "check_tensor_sizes", "tuple_output_outside_dataflow", "arg_ref", "weight_tensor",
+    "module_bindings", "check_tensor_sizes", "tuple_output_outside_dataflow", "arg_ref", "op_args", "program_arg",
+    "weight_tensor",
     # integer arithmetic
-    "DOUBLE", "SINGLE", "WIDE", "FLOAT64", "ROUNDING_RULES", "rescale_float64", "rx_rescale_float64", "round_half_away", "rx_round_half_away", "float_record", "tflite_quantize_value", "quantize_multiplier", "multiply_by_quantized_multiplier",
+    "DOUBLE", "SINGLE", "WIDE", "FLOAT64", "ROUNDING_RULES", "rescale_float64", "rx_rescale_float64", "round_half_away",
+    "rx_round_half_away", "float_record", "quantize_half_away", "quantize_multiplier",
+    "multiply_by_quantized_multiplier",
     "rx_multiply_by_quantized_multiplier", "divide_round_half_away", "rx_divide_round_half_away",
-    "quantize_linear", "requantize_float", "rx_requantize_float", "rx_round_to_int", "ort_softmax_table",
-    "tflite_softmax_table", "per_axis", "rx_const", "rx_clamp_cast", "check_qparams", "follow_constant",
-    "register_recompute", "register_consistency", "recompute_requantized", "recompute_qdq", "recompute_pow2", "realize_qdq",
-    "QDQ_RECOMPUTE",
+    "quantize_linear", "requantize_float", "rx_requantize_float", "rx_round_to_int", "accumulate",
+    "per_axis", "rx_const", "rx_clamp_cast", "check_qparams", "follow_constant",
+    "requant_scales", "requant_scale_mismatch", "register_recompute", "register_consistency",
     # numpy reference
-    "run_op", "run_layer",
+    "run_op", "run_layer", "sum_in_order", "UnsupportedLayer",
     # names and files
     "SafeNames", "identifier", "regular_file", "file_or_folder", "regular_tree", "open_regular", "read_bytes",
     "load_npy", "inside", "check_tensor_size", "DEFAULT_MAX_TENSOR_BYTES", "MAX_JSON_BYTES", "human_bytes",

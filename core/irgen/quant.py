@@ -1,13 +1,17 @@
-"""Integer arithmetic shared by quantization-fusion schemes.
+"""Integer arithmetic shared by quantization-fusion schemes, and verify's way to a scheme's own.
 
-Three things live here, side by side so they cannot drift apart:
+What every scheme shares lives here, side by side so it cannot drift apart:
 
-* the fixed-point helpers of TFLite's reference kernels in numpy
-  (:func:`quantize_multiplier`, :func:`multiply_by_quantized_multiplier`...),
-  which the numpy reference of the IR uses;
+* fixed-point and rounding helpers in numpy (:func:`quantize_multiplier`,
+  :func:`multiply_by_quantized_multiplier`, :func:`round_half_away`, :func:`quantize_linear`,
+  :func:`requantize_float`...), which the numpy reference of the IR uses;
 * the same arithmetic as Relax expressions (:func:`rx_multiply_by_quantized_multiplier`...),
   which schemes put into the graph so TVM computes it;
 * :class:`QGraph`, the editable view of ``main`` that schemes rewrite.
+
+A scheme's own arithmetic (its kernels, its recompute) lives in its plugin; :func:`recompute`
+asks the plugin host for the scheme a layer's ``quant`` record names (``Quantizer.recompute``,
+``Quantizer.consistency``) and knows no scheme by name.
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ import numpy as np
 
 
 def quantize_multiplier(real: float) -> tuple[int, int]:
-    """TFLite's QuantizeMultiplier: ``real ~= M * 2**(shift - 31)``, M in [2**30, 2**31)."""
+    """``QuantizeMultiplier`` of integer kernels (gemmlowp's fixed point): ``real ~= M * 2**(shift - 31)``,
+    M in [2**30, 2**31)."""
     if real == 0.0:
         return 0, 0
     if not math.isfinite(real) or real < 0:
@@ -44,13 +49,13 @@ def _as64(x) -> np.ndarray:
     return np.asarray(x, dtype=np.int64)
 
 
-#: how a kernel rounds in MultiplyByQuantizedMultiplier (TF 2.21's reference kernels use both)
+#: how a kernel rounds in MultiplyByQuantizedMultiplier (reference kernels use both builds)
 DOUBLE = "double"  # SaturatingRoundingDoublingHighMul, then RoundingDivideByPOT: ties away from zero
 SINGLE = "single"  # (x * M + 2**(30 - shift)) >> (31 - shift): one rounding, ties up
-#: the int64 accumulator's variant (TFLite's 16x8 kernels): M rounded to 16 bits, one rounding, ties up
+#: the int64 accumulator's variant (16-bit activation kernels): M rounded to 16 bits, one rounding, ties up
 WIDE = "wide"
-#: no fixed point: the int64 sum times the double real scale, rounded half away from zero (TFLite's
-#: FULLY_CONNECTED on int16 activations); the record holds the real scale per channel, ``scale``
+#: no fixed point: the int64 sum times the double real scale, rounded half away from zero (a fully
+#: connected kernel on int16 activations); the record holds the real scale per channel, ``scale``
 FLOAT64 = "float64"
 ROUNDING_RULES = {
     DOUBLE: "SaturatingRoundingDoublingHighMul(x * 2**max(shift,0), M) then RoundingDivideByPOT(-min(shift,0)); "
@@ -64,13 +69,13 @@ ROUNDING_RULES = {
 
 
 def _reduced_multiplier(m) -> np.ndarray:
-    """TFLite's 16-bit multiplier of an int64 accumulator: ``(M + 2**15) >> 16``, at most 0x7FFF."""
+    """The 16-bit multiplier of an int64 accumulator: ``(M + 2**15) >> 16``, at most 0x7FFF."""
     m = _as64(m)
     return np.where(m < 0x7FFF0000, (m + (1 << 15)) >> 16, 0x7FFF)
 
 
 def multiply_by_quantized_multiplier(x, multiplier, shift, rounding: str = DOUBLE) -> np.ndarray:
-    """TFLite's MultiplyByQuantizedMultiplier, in either of its rounding builds."""
+    """``MultiplyByQuantizedMultiplier`` of integer kernels, in each of its rounding builds (``rounding``)."""
     x, m, shift = _as64(x), _as64(multiplier), _as64(shift)
     if rounding == WIDE:
         total = 15 - shift
@@ -89,7 +94,7 @@ def multiply_by_quantized_multiplier(x, multiplier, shift, rounding: str = DOUBL
 
 
 def round_half_away(v) -> np.ndarray:
-    """C's ``round``/``roundf`` (TFLite's ``TfLiteRound``): half away from zero, in ``v``'s float
+    """C's ``round``/``roundf``: half away from zero, in ``v``'s float
     type and exact (``|v| - floor(|v|)`` is exact; ``floor(|v| + 0.5)`` is not for the largest
     value below one half)."""
     v = np.asarray(v)
@@ -98,10 +103,11 @@ def round_half_away(v) -> np.ndarray:
     return np.copysign(r + (a - r >= 0.5).astype(r.dtype), v)
 
 
-def tflite_quantize_value(v: float, scale: float, zero_point: int) -> int | None:
-    """TFLite's ``Quantize`` of one float (kernel_util.cc, for a fused activation's bounds):
-    ``zero_point + TfLiteRound(float(v) / float(scale))``, a float32 division rounded half away
-    from zero; None when the rounded quotient is beyond int32 (TFLite then refuses the model)."""
+def quantize_half_away(v: float, scale: float, zero_point: int) -> int | None:
+    """One float quantized with float32 division and rounding half away from zero (C's ``roundf``,
+    as the fused activation bounds of integer kernels are computed: ``zero_point +
+    round_half_away(float32(v) / float32(scale))``); None when the rounded quotient is beyond
+    int32 (such a model is refused)."""
     t = float(round_half_away(np.float32(v) / np.float32(scale)))
     return None if not -(2.0 ** 31) <= t <= 2.0 ** 31 else int(zero_point) + int(t)
 
@@ -146,8 +152,7 @@ def check_qparams(scheme: str, tensor: str, scale, zero_point, dtype: str, axis:
         raise IrgenError(
             f"{scheme}: tensor {tensor!r} has an infinite scale ({s.tolist()[:4]}): the quantizer calibrated a "
             f"tensor holding an infinite or float32-extreme value (an attention mask's -inf or finfo.min), and "
-            f"every value of it dequantizes to NaN or an infinity; quantize the model without that node "
-            f"(onnxruntime's quantize_static: nodes_to_exclude, or op_types_to_quantize without it)")
+            f"every value of it dequantizes to NaN or an infinity; quantize the model without that node")
     if s.size == 0 or not np.all(np.isfinite(s)) or np.any(s <= 0):
         raise IrgenError(f"{scheme}: tensor {tensor!r} has a zero, negative or NaN scale ({s.tolist()[:4]})")
     if dtype in ("int8", "uint8", "int16", "uint16", "int32"):
@@ -162,15 +167,15 @@ def check_qparams(scheme: str, tensor: str, scale, zero_point, dtype: str, axis:
 
 
 def requantize_float(acc, scale, zero_point: int, lo: int, hi: int, dtype: str) -> np.ndarray:
-    """ONNX Runtime's (MLAS) requantization: ``float32(acc) * float32 scale``,
-    clamped to ``[lo - zp, hi - zp]``, rounded half to even, plus ``zp``."""
+    """Float requantization (MLAS's): ``float32(acc) * float32 scale``, clamped to
+    ``[lo - zp, hi - zp]``, rounded half to even, plus ``zp``."""
     f = np.asarray(acc).astype(np.float32) * np.asarray(scale, np.float32)
     f = np.clip(f, np.float32(lo - zero_point), np.float32(hi - zero_point))
     return (np.rint(f).astype(np.int64) + zero_point).astype(dtype)
 
 
 def quantize_linear(x, scale, zero_point, dtype: str, bounds: tuple[int, int] | None = None) -> np.ndarray:
-    """ONNX QuantizeLinear as ONNX Runtime computes it: ``x / scale`` in float32,
+    """ONNX QuantizeLinear (MLAS's): ``x / scale`` in float32,
     rounded half to even, plus the zero point, saturated; NaN becomes the type's minimum
     (MLAS clamps with max-then-min, which takes the bound). ``scale`` and ``zero_point``
     (an int, or integers) may be per axis, shaped to broadcast with ``x``. ``bounds``: the
@@ -185,12 +190,34 @@ def quantize_linear(x, scale, zero_point, dtype: str, bounds: tuple[int, int] | 
     return (np.rint(f).astype(np.int64) + zero_point).astype(dtype)
 
 
-def quantize_value_ort(y, scale, zero_point: int, dtype: str) -> np.ndarray:
-    """ONNX Runtime's ``quantize_value`` of its QLinear pooling kernels: ``y / scale + zp`` in
-    float32 (the zero point added before rounding), rounded half to even, saturated."""
-    info = np.iinfo(dtype)
-    f = np.asarray(y, np.float32) / np.asarray(scale, np.float32) + np.float32(zero_point)
-    return np.clip(np.rint(f), info.min, info.max).astype(dtype)
+def requant_scales(qr: dict[str, Any]):
+    """``(s_x, s_w per channel, s_y)`` of a conv/dense ``quant`` record (float64), or None when the
+    record is of another kind or lacks them."""
+    if qr.get("kind") not in ("conv2d", "depthwise_conv2d", "dense") or not qr.get("inputs") or not qr.get("weight"):
+        return None
+    try:
+        s_x = float(np.asarray(qr["inputs"][0]["scale"]).reshape(-1)[0])
+        s_w = np.asarray(qr["weight"]["scale"], np.float64).reshape(-1)
+        s_y = float(np.asarray(qr["output"]["scale"]).reshape(-1)[0])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return s_x, s_w, s_y
+
+
+def requant_scale_mismatch(layer: dict[str, Any], expected=None) -> str | None:
+    """Why a conv/dense layer's per-channel ``requant.scale`` is not ``expected(s_x, s_w, s_y)``
+    (default ``s_x * s_w / s_y``) of the scales beside it in its ``quant`` record, to a relative
+    1e-6, or None: also when the record holds no such scale (:func:`requant_scales`)."""
+    qr = layer.get("quant") or {}
+    rq = qr.get("requant") or {}
+    scales = requant_scales(qr)
+    if scales is None or "scale" not in rq or np.size(rq["scale"]) != scales[1].size:
+        return None
+    want = (expected or (lambda s_x, s_w, s_y: s_x * s_w / s_y))(*scales)
+    bad = np.flatnonzero(~np.isclose(np.asarray(rq["scale"], np.float64).reshape(-1), want, rtol=1e-6, atol=0))
+    if bad.size:
+        return f"requant scale of channel(s) {bad[:4].tolist()} does not follow from the input, weight and output scales"
+    return None
 
 
 def accumulate(layer: dict[str, Any], inputs: list[np.ndarray], params: dict[str, np.ndarray]) -> np.ndarray:
@@ -206,80 +233,93 @@ def accumulate(layer: dict[str, Any], inputs: list[np.ndarray], params: dict[str
     return acc
 
 
-#: (scheme, quant kind) -> ``fn(layer, inputs, params)``: layer kinds a scheme plugin
-#: recomputes itself (its realization and recompute side by side); see :func:`register_recompute`
+#: the plugin host :func:`recompute` asks when its caller gives none: the installed plugins,
+#: loaded on first use (:func:`default_host`)
+_DEFAULT_HOST: Any = None
+
+
+def default_host():
+    """A :class:`irgen.plugins.PluginHost` with the installed plugins, loaded once per process:
+    where :func:`recompute` finds a layer's scheme when its caller has no host of its own."""
+    global _DEFAULT_HOST
+    if _DEFAULT_HOST is None:
+        from irgen.plugins import PluginHost
+
+        _DEFAULT_HOST = PluginHost().load()
+    return _DEFAULT_HOST
+
+
+def forget_default_host() -> None:
+    """Load the plugins again on the next :func:`default_host` (the plugins changed: a test
+    registered or removed one)."""
+    global _DEFAULT_HOST
+    _DEFAULT_HOST = None
+
+
+def scheme_quantizer(scheme: str, host=None):
+    """The registered :class:`irgen.api.Quantizer` named ``scheme`` (in ``host``, by default
+    :func:`default_host`), or None when no plugin registers it."""
+    host = host if host is not None else default_host()
+    return host.quantizers.get(scheme) if scheme in host.quantizers else None
+
+
+def scheme_recompute(scheme: str, kind: str, host=None):
+    """The recompute of ``kind`` that scheme ``scheme`` registers (``Quantizer.recompute``: the
+    kind's own, else its ``"*"``), or None."""
+    table = getattr(scheme_quantizer(scheme, host), "recompute", None) or {}
+    fn = table.get(kind) or table.get("*")
+    if fn is None:  # a plugin written for API 1.x (register_recompute)
+        fn = RECOMPUTE.get((scheme, kind)) or RECOMPUTE.get((scheme, "*"))
+    return fn
+
+
+def scheme_consistency(scheme: str, host=None):
+    """The consistency check scheme ``scheme`` registers (``Quantizer.consistency``), or None."""
+    fn = getattr(scheme_quantizer(scheme, host), "consistency", None)
+    return fn if fn is not None else CONSISTENCY.get(scheme)
+
+
+#: deprecated (API 1.x): (scheme, quant kind) -> recompute, from :func:`register_recompute`
 RECOMPUTE: dict[tuple[str, str], Any] = {}
-_SCHEMES_LOADED: set[str] = set()
-
-
-def register_recompute(scheme: str, kind: str, fn) -> None:
-    """Make ``fn(layer, inputs, params) -> np.ndarray`` verify's numpy recompute of the layers whose
-    ``quant`` record says ``{"scheme": scheme, "kind": kind}``: the integer output the layer must
-    produce from its integer inputs and parameters alone. ``kind="*"`` is the scheme's recompute of
-    every kind it registers nothing more specific for. Call it when the plugin module is imported
-    (``irgen verify`` imports the plugin named after the scheme on first use). A layer whose scheme
-    registers no recompute for its kind is checked with its ``fused_ops`` alone, and verify says so.
-
-    The integer arithmetic of the built-in schemes is there to reuse: :func:`recompute_requantized`
-    (TFLite's kernels: MultiplyByQuantizedMultiplier requantization), :func:`recompute_qdq`
-    (ONNX Runtime's CPU kernels), :func:`recompute_pow2` (power-of-two shifts)."""
-    RECOMPUTE[(scheme, kind)] = fn
-
-
-#: scheme -> ``fn(layer) -> str | None``: why a layer's derived requantization values disagree
-#: with its scales (see :func:`register_consistency`)
+#: deprecated (API 1.x): scheme -> consistency check, from :func:`register_consistency`
 CONSISTENCY: dict[str, Any] = {}
 
 
+def register_recompute(scheme: str, kind: str, fn) -> None:
+    """Deprecated since API 2.0: give ``Quantizer(recompute={kind: fn})`` instead. Makes ``fn``
+    verify's recompute of scheme ``scheme``'s layers of ``kind`` (``"*"``: of every kind); a
+    scheme's ``Quantizer.recompute`` comes first. Call it when the plugin module is imported."""
+    import warnings
+
+    warnings.warn("irgen.plugin.register_recompute is deprecated: give Quantizer(recompute={kind: fn})",
+                  DeprecationWarning, stacklevel=2)
+    RECOMPUTE[(scheme, kind)] = fn
+
+
 def register_consistency(scheme: str, fn) -> None:
-    """Make ``fn(layer) -> str | None`` verify's check that a conv/dense layer's derived
-    requantization values (multipliers, shifts, requant scales) still follow from the scales
-    beside them in its ``quant`` record (a scale edited in ``ir.json`` is caught even where the
-    arithmetic does not read it); None when they agree. Without one, verify checks a
-    ``requant.scale`` against ``s_x * s_w / s_y``."""
+    """Deprecated since API 2.0: give ``Quantizer(consistency=fn)`` instead. Makes ``fn(layer)``
+    verify's consistency check of scheme ``scheme``'s conv/dense layers."""
+    import warnings
+
+    warnings.warn("irgen.plugin.register_consistency is deprecated: give Quantizer(consistency=fn)",
+                  DeprecationWarning, stacklevel=2)
     CONSISTENCY[scheme] = fn
 
 
-def scheme_consistency(scheme: str):
-    """The consistency check ``scheme`` registered (its plugin imported on first use), or None."""
-    _load_scheme_plugin(scheme)
-    return CONSISTENCY.get(scheme)
-
-
-def _load_scheme_plugin(scheme: str) -> None:
-    """Import the scheme's plugin (the ``irgen`` entry point named after the scheme) once, so
-    that its registrations exist and ``irgen verify`` needs no plugin host."""
-    if scheme in _SCHEMES_LOADED:
-        return
-    _SCHEMES_LOADED.add(scheme)
-    import importlib.metadata
-
-    for ep in importlib.metadata.entry_points(group="irgen", name=scheme):
-        try:
-            ep.load()
-        except Exception:  # noqa: BLE001  a broken plugin: the layer falls back to fused_ops
-            pass
-
-
-def scheme_recompute(scheme: str, kind: str):
-    """The plugin recompute of ``kind`` (or the scheme's ``"*"`` one), its plugin imported on first use."""
-    if (scheme, kind) not in RECOMPUTE:
-        _load_scheme_plugin(scheme)
-    return RECOMPUTE.get((scheme, kind)) or RECOMPUTE.get((scheme, "*"))
-
-
-def recompute(layer: dict[str, Any], inputs: list[np.ndarray], params: dict[str, np.ndarray]) -> np.ndarray:
+def recompute(layer: dict[str, Any], inputs: list[np.ndarray], params: dict[str, np.ndarray],
+              host=None) -> np.ndarray:
     """A realized integer layer from its ``quant`` record and parameters alone.
 
     This is the arithmetic a hardware engineer reproduces; it does not read
-    ``fused_ops``. The layer's scheme provides it (:func:`register_recompute`); irgen
+    ``fused_ops``. The scheme the record names provides it (``Quantizer.recompute`` of the
+    quantizer registered under that name in ``host``, by default :func:`default_host`); irgen
     knows no scheme by name. Raises NotImplementedError when the scheme registers none.
     """
     qr = layer["quant"]
     if qr.get("steps") is not None:  # a backend's fusion rule merged layers that requantize
-        return _as_output(_recompute_steps(layer, inputs, params), layer)
+        return _as_output(_recompute_steps(layer, inputs, params, host), layer)
     kind = qr["kind"]
-    fn = scheme_recompute(qr["scheme"], kind)
+    fn = scheme_recompute(qr["scheme"], kind, host)
     if fn is None:
         raise NotImplementedError(f"scheme {qr['scheme']!r} registers no recompute of kind {kind!r}")
     after = int(qr.get("fused_after") or 0)
@@ -298,7 +338,8 @@ def recompute(layer: dict[str, Any], inputs: list[np.ndarray], params: dict[str,
     return run_layer({**layer, "fused_ops": tail, "results": [f"op:{after - 1}"]}, [y], {})[0]
 
 
-def _recompute_steps(layer: dict[str, Any], inputs: list[np.ndarray], params: dict[str, np.ndarray]) -> np.ndarray:
+def _recompute_steps(layer: dict[str, Any], inputs: list[np.ndarray], params: dict[str, np.ndarray],
+                     host=None) -> np.ndarray:
     """A layer whose ``quant.steps`` are scheme layers merged by a fusion rule: each step is
     recomputed by its scheme's recompute (:func:`recompute` of the step alone: its record as
     ``quant``, its ``ops`` consecutive ``fused_ops``, its ``args`` as inputs) and feeds the
@@ -331,7 +372,7 @@ def _recompute_steps(layer: dict[str, Any], inputs: list[np.ndarray], params: di
                               for op in ops[start:start + n]],
                 "results": [f"op:{n - 1}"], "inputs": recs, "outputs": layer.get("outputs") if last else [],
                 "attrs": layer.get("attrs") or {} if i == 0 else {}}
-        results.append(np.asarray(recompute(part, values, params)))
+        results.append(np.asarray(recompute(part, values, params, host)))
         ends[start + n - 1] = i
         start += n
     return results[-1]
@@ -358,8 +399,8 @@ def _step_arg(arg: Any, start: int, n: int, args: list[str], ends: dict[int, int
 
 
 def _as_output(y: np.ndarray, layer: dict[str, Any]) -> np.ndarray:
-    """``y`` in the shape of the layer's output record when only the shape differs: TFLite's
-    FULLY_CONNECTED flattens a [1, 1, 1, K] input and writes [1, N]."""
+    """``y`` in the shape of the layer's output record when only the shape differs (a fully
+    connected kernel that flattens a [1, 1, 1, K] input and writes [1, N])."""
     outs = layer.get("outputs") or []
     shape = outs[0].get("shape") if outs and isinstance(outs[0], dict) else None
     if isinstance(y, np.ndarray) and isinstance(shape, list) and list(y.shape) != shape \
@@ -378,325 +419,6 @@ def _rebase(arg: Any, head: int) -> Any:
     if isinstance(arg, str) and arg.startswith(("input:", "param:")):
         raise ValueError(f"a follower op reads {arg}: followers read only the anchor's result")
     return arg
-
-
-def recompute_requantized(layer: dict[str, Any], inputs: list[np.ndarray], params: dict[str, np.ndarray]) -> np.ndarray:
-    """TFLite's integer kernels from a ``quant`` record: conv2d, depthwise_conv2d, dense, add,
-    mean, avg_pool2d, concatenate, softmax (its table is parameter ``table``), integer (plain
-    int8 ops: max pool, reshape...)."""
-    from irgen.reference import conv2d
-
-    qr = layer["quant"]
-    kind = qr["kind"]
-    out = qr["output"]
-    lo, hi = qr.get("clamp") or (np.iinfo(out["dtype"]).min, np.iinfo(out["dtype"]).max)
-    zp_in = [int(np.asarray(i["zero_point"]).reshape(-1)[0]) for i in qr["inputs"]]
-    rq = qr.get("requant") or {}
-    if kind in ("conv2d", "depthwise_conv2d", "dense"):
-        acc = accumulate(layer, inputs, params)
-        axis = rq["axis"]
-        if rq["rounding"] == FLOAT64:
-            y = rescale_float64(acc, per_axis(rq["scale"], axis, acc.ndim))
-        else:
-            y = multiply_by_quantized_multiplier(
-                acc, per_axis(rq["multiplier"], axis, acc.ndim), per_axis(rq["shift"], axis, acc.ndim), rq["rounding"]
-            )
-    elif kind == "add":
-        ls = rq["left_shift"]
-        scaled = [
-            multiply_by_quantized_multiplier((inp.astype(np.int64) - z) << ls, m, s, rq["rounding"])
-            for inp, z, m, s in zip(inputs, zp_in, rq["input_multiplier"], rq["input_shift"])
-        ]
-        y = multiply_by_quantized_multiplier(scaled[0] + scaled[1], rq["multiplier"], rq["shift"], rq["rounding"])
-    elif kind == "mean":
-        acc = np.sum(inputs[0].astype(np.int64) - zp_in[0], axis=tuple(qr["axes"]), keepdims=qr["keepdims"])
-        y = multiply_by_quantized_multiplier(acc, rq["multiplier"], rq["shift"], rq["rounding"])
-    elif kind == "avg_pool2d":
-        p = qr["pool"]
-        x = inputs[0].astype(np.int64)
-        c = x.shape[p["layout"].index("C")]
-        kh, kw = p["size"]
-        attrs = {"strides": p["strides"], "padding": p["padding"], "groups": c, "data_layout": p["layout"],
-                 "kernel_layout": "OIHW", "out_dtype": "int64"}
-        ones = np.ones((c, 1, kh, kw), np.int64)
-        total = conv2d(x, ones, attrs)
-        count = conv2d(np.ones_like(x), ones, attrs)
-        return np.clip(divide_round_half_away(total, count), lo, hi).astype(out["dtype"])
-    elif kind == "concatenate":
-        return np.concatenate(inputs, axis=qr["axis"])
-    elif kind == "softmax":
-        return tflite_softmax(inputs[0], params["table"], out["scale"], int(out["zero_point"]), lo, hi, out["dtype"])
-    elif kind == "integer":  # max pool, reshape...: plain int8 ops, their attrs say all
-        from irgen.reference import run_layer
-
-        return run_layer(layer, inputs, params)[0]
-    else:
-        raise NotImplementedError(f"quant kind {kind!r}")
-    return np.clip(y + int(out["zero_point"]), lo, hi).astype(out["dtype"])
-
-
-def ort_softmax_table(x_scale: float, reduce_len: int, signed: bool) -> np.ndarray:
-    """ONNX Runtime's QLinearSoftmax table (``QlinearBuildLookupTableUint32``, float
-    entries): ``exp((i - 255 + b) * s_x)`` in double, with the headroom shift
-    ``b = max(0, log(FLT_MAX / n) - 5) / s_x``, at index ``i`` (``uint8(i - 128)`` for int8)."""
-    xs = float(np.float32(x_scale))
-    shift = max(0.0, float(np.log(np.float64(np.float32(np.finfo(np.float32).max) / np.float32(reduce_len)))) - 5.0) / xs
-    i = np.arange(256, dtype=np.float64)
-    vals = np.exp((i - 255.0 + shift) * xs).astype(np.float32)
-    table = np.empty(256, np.float32)
-    table[((np.arange(256) - 128) & 255) if signed else np.arange(256)] = vals
-    return table
-
-
-def ort_softmax(x, table, y_scale: float, y_zero_point: int, dtype: str) -> np.ndarray:
-    """ONNX Runtime's QLinearSoftmax over the last axis: ``e = table[x - max + 127 (int8)
-    or + 255 (uint8)]``, a float32 sum in row order, ``rint(e * floor(1 / s_y) / sum) + zp``
-    saturated to the type. ONNX Runtime 1.32 gives the quotient of float64 arithmetic: finite
-    where the float32 product ``e * floor(1 / s_y)`` overflows (one element, whose table entry is
-    ``FLT_MAX / e^5``; an output scale calibrated below 1/256, as ``quantize_static`` leaves a
-    softmax that only a quantized MatMul reads), and results above the type's maximum saturate."""
-    from irgen.reference import sum_in_order
-
-    xi = np.asarray(x).astype(np.int64)
-    signed = dtype == "int8"
-    idx = ((127 if signed else 255) - xi.max(axis=-1, keepdims=True) + xi) & 255
-    e = np.asarray(table, np.float32)[idx]
-    total = sum_in_order(e, axis=-1, keepdims=True)
-    ys = np.float64(np.floor(np.float32(1.0) / np.float32(y_scale)))
-    v = np.rint(e.astype(np.float64) * ys / total.astype(np.float64)) + int(y_zero_point)
-    lo, hi = (-128, 127) if signed else (0, 255)
-    return np.clip(v, lo, hi).astype(np.int8 if signed else np.uint8)
-
-
-def tflite_softmax_table(input_scale: float, beta: float = 1.0) -> np.ndarray:
-    """TFLite's int8 softmax table (``PopulateSoftmaxLookupTable``), float32:
-    ``table[255 - v] = expf(float32(-input_scale * beta) * v)`` for v in 0..255."""
-    s = np.float32(-np.float32(input_scale) * np.float32(beta))
-    arg = s * np.arange(256, dtype=np.float32)
-    return np.exp(arg.astype(np.float64)).astype(np.float32)[::-1].copy()
-
-
-def tflite_softmax(x, table, out_scale: float, out_zero_point: int, lo: int, hi: int, dtype: str) -> np.ndarray:
-    """TFLite's int8 softmax over the last axis (``optimized_ops::Softmax`` with
-    the table, which the reference resolver runs too): ``e = table[x - max + 255]``,
-    a float32 sum in row order, ``p = e * (1 / (sum * out_scale))`` in float32,
-    rounded half away from zero, plus the zero point, clamped."""
-    from irgen.reference import sum_in_order
-
-    xi = np.asarray(x).astype(np.int64)
-    e = np.asarray(table, np.float32)[xi - xi.max(axis=-1, keepdims=True) + 255]
-    total = sum_in_order(e, axis=-1, keepdims=True)  # in row order, as the C loop
-    inv = np.float32(1.0) / (total * np.float32(out_scale))
-    p = e * inv
-    r = np.floor(p)
-    r = r + (p - r >= np.float32(0.5))
-    return np.clip(r.astype(np.int64) + int(out_zero_point), lo, hi).astype(dtype)
-
-
-def round_shift_half_even(acc, shift) -> np.ndarray:
-    """``round_half_even(acc / 2**shift)`` in integers (``shift`` may be negative)."""
-    acc, shift = _as64(acc), _as64(shift)
-    s = shift + 1
-    a = acc << (1 + np.maximum(-shift, 0))
-    s = np.maximum(s, 1)
-    quo, rem, half = a >> s, a & ((np.int64(1) << s) - 1), np.int64(1) << (s - 1)
-    return quo + (rem > half) + (rem == half) * (quo & 1)
-
-
-def recompute_pow2(layer: dict[str, Any], inputs: list[np.ndarray], params: dict[str, np.ndarray]) -> np.ndarray:
-    """A ``pow2`` convolution or dense layer: int32 accumulation, then a rounding shift per channel."""
-    qr = layer["quant"]
-    rq, out = qr["requant"], qr["output"]
-    acc = accumulate(layer, inputs, params)
-    y = round_shift_half_even(acc, per_axis(rq["shift"], rq["axis"], acc.ndim)) + int(out["zero_point"])
-    lo, hi = qr["clamp"]
-    return np.clip(y, lo, hi).astype(out["dtype"])
-
-
-def recompute_qdq(layer: dict[str, Any], inputs: list[np.ndarray], params: dict[str, np.ndarray]) -> np.ndarray:
-    """The ``qdq`` scheme's layers (ONNX Runtime's CPU kernels) from ``quant`` and parameters."""
-    from irgen.reference import conv2d
-
-    qr = layer["quant"]
-    kind = qr["kind"]
-    out = qr["output"]
-    zp_in = [int(np.asarray(i["zero_point"]).reshape(-1)[0]) for i in qr["inputs"]]
-    rq = qr.get("requant") or {}
-    if qr.get("constants"):  # integer constants as operands (QLinearAdd/QLinearMul with an initializer;
-        # torch: an add of a quantized constant buffer)
-        inputs, it = [], iter(inputs)
-        for k in range(len(qr["inputs"])):
-            c = qr["constants"].get(str(k))
-            inputs.append(next(it) if c is None else np.asarray(c["values"], qr["inputs"][k]["dtype"]).reshape(c["shape"]))
-    if qr.get("reference") == "torch":  # torch reference-quantized graphs (the torch frontend)
-        return _recompute_torch(layer, inputs, params)
-    if kind in ("conv2d", "depthwise_conv2d", "dense"):
-        acc = accumulate(layer, inputs, params)
-        axis = rq["axis"]
-        lo, hi = qr["clamp"]
-        return requantize_float(acc.astype(np.int32), per_axis(np.asarray(rq["scale"], np.float32), axis, acc.ndim),
-                                int(out["zero_point"]), lo, hi, out["dtype"])
-    elif kind == "add":
-        ra, rb = (np.float32(v) for v in rq["scale"])
-        const = np.float32(rq["constant"])
-        # fma(x_a, ra, fma(x_b, rb, const)), each rounded once to float32 (float64 holds them exactly)
-        t = (inputs[1].astype(np.float64) * np.float64(rb) + np.float64(const)).astype(np.float32)
-        f = (inputs[0].astype(np.float64) * np.float64(ra) + t.astype(np.float64)).astype(np.float32)
-        lo, hi = qr["clamp"]
-        return np.clip(np.rint(f), lo, hi).astype(out["dtype"])
-    elif kind == "global_avg_pool":
-        acc = np.sum(inputs[0].astype(np.int64), axis=tuple(qr["axes"]), keepdims=True) - zp_in[0] * rq["count"]
-        lo, hi = qr["clamp"]
-        return requantize_float(acc.astype(np.int32), np.float32(rq["scale"]), int(out["zero_point"]), lo, hi, out["dtype"])
-    elif kind == "avg_pool2d":
-        p = qr["pool"]
-        deq = (inputs[0].astype(np.int32) - zp_in[0]).astype(np.float32) * np.float32(qr["inputs"][0]["scale"])
-        # the window's values summed in float32 in row-major order (TVM's avg_pool2d, ORT's
-        # QLinearAveragePool), / count, then ORT's quantize_value (zp added before rounding)
-        return quantize_value_ort(_avg_pool_in_order(deq, p), out["scale"], int(out["zero_point"]), out["dtype"])
-    elif kind == "softmax":  # QLinearSoftmax; another axis than the last is moved there and back, as ORT does
-        axis = int(qr.get("axis", -1))
-        x = np.moveaxis(inputs[0], axis, -1)
-        y = ort_softmax(x, params["table"], out["scale"], int(out["zero_point"]), out["dtype"])
-        return np.moveaxis(y, -1, axis)
-    elif kind == "mul":  # MLAS QLinearMul
-        prod = (inputs[0].astype(np.int32) - zp_in[0]) * (inputs[1].astype(np.int32) - zp_in[1])
-        f = prod.astype(np.float32) * np.float32(rq["scale"]) + np.float32(out["zero_point"])
-        lo, hi = qr["clamp"]
-        return np.clip(np.rint(f), lo, hi).astype(out["dtype"])
-    elif kind == "lut":  # a table (then, for a requantizing Slice, Transpose, MaxPool..., the data movement)
-        table = np.asarray(qr["table"], qr["output"]["dtype"])
-        lo = np.iinfo(qr["inputs"][0]["dtype"]).min
-        t = table[inputs[0].astype(np.int64) - lo]
-        return move_after_table(layer, t, inputs, params) if qr.get("op") in MOVES else t
-    elif kind == "concatenate":  # operands[k]: the layer input that is operand k (default: input k)
-        parts = []
-        for k, at in enumerate(qr.get("operands") or range(len(qr["tables"]))):
-            inp, t = inputs[at], qr["tables"][k]
-            parts.append(inp if t is None else np.asarray(t, out["dtype"])[inp.astype(np.int64) - np.iinfo(inp.dtype).min])
-        return np.concatenate(parts, axis=qr["axis"])
-    elif kind == "quantize":
-        return quantize_linear(inputs[0], np.float32(out["scale"]), int(out["zero_point"]), out["dtype"])
-    elif kind == "dequantize":
-        i = qr["inputs"][0]
-        return (inputs[0].astype(np.int32) - int(i["zero_point"])).astype(np.float32) * np.float32(i["scale"])
-    raise NotImplementedError(f"qdq quant kind {kind!r}")
-
-
-#: the data movements a ``lut`` record may name: the table is applied, then the move (the layer's
-#: last op, with its attributes) moves the integers
-MOVES = frozenset({"nn.max_pool2d", "reshape", "permute_dims", "flatten", "squeeze", "expand_dims", "take",
-                   "strided_slice"})
-
-
-def move_after_table(layer: dict[str, Any], t: np.ndarray, inputs: list[np.ndarray],
-                     params: dict[str, np.ndarray]) -> np.ndarray:
-    """The data movement of a ``lut`` layer applied to its table's output ``t``: the layer's last
-    op (which must be that move) with ``t`` as its data operand."""
-    from irgen.reference import UnsupportedLayer, run_layer
-
-    op = layer["quant"]["op"]
-    ops = layer.get("fused_ops") or []
-    last = dict(ops[-1]) if ops else {}
-    if (last.get("relax_op") or last.get("op")) != f"relax.{op}" or not last.get("args"):
-        raise UnsupportedLayer(layer.get("name", "?"), op, "the table's data movement is not the layer's last op")
-    last["args"] = ["input:0", *last["args"][1:]]
-    return run_layer({"name": layer.get("name", "?"), "fused_ops": [last]}, [t, *inputs[1:]], params)[0]
-
-
-def pool_windows(hw, p: dict):
-    """The windows of a 2-D average pool (``p`` as a layer's ``quant.pool`` records it) over an
-    ``hw`` input: kernel, strides, output size, the padding that makes every window whole (in
-    ceil mode zeros past the declared padding, as ONNX Runtime and torch size the output: the
-    last window starts inside the input or its leading padding) and each output's count, float32
-    [oh, ow], as ONNX Runtime's QLinearAveragePool divides: the input's values in the window, or
-    the whole kernel when padding counts (past the padding too, where its float AveragePool
-    would not count the part past it: measured on ORT 1.32, tests/test_qdq_exporter_patterns.py)."""
-    (kh, kw), (sh, sw), (pt, pl, pb, pr) = p["size"], p["strides"], p["padding"]
-    (h, w), out = hw, []
-    for n, k, s, lead, trail in ((h, kh, sh, pt, pb), (w, kw, sw, pl, pr)):
-        span = n + lead + trail - k
-        o = (-(-span // s) if p.get("ceil_mode") else span // s) + 1
-        if p.get("ceil_mode") and (o - 1) * s >= n + lead:
-            o -= 1
-        out.append(o)
-    (oh, ow) = out
-    eh, ew = max(0, (oh - 1) * sh + kh - (h + pt + pb)), max(0, (ow - 1) * sw + kw - (w + pl + pr))
-    if p["count_include_pad"]:
-        count = np.full((oh, ow), np.float32(kh * kw))
-    else:
-        one = np.pad(np.ones((h, w), np.float32), ((pt, pb + eh), (pl, pr + ew)))
-        count = np.zeros((oh, ow), np.float32)
-        for i in range(kh):
-            for j in range(kw):
-                count = count + one[i:i + sh * (oh - 1) + 1:sh, j:j + sw * (ow - 1) + 1:sw]
-    return (kh, kw), (sh, sw), (oh, ow), (pt, pl, pb + eh, pr + ew), count
-
-
-def _avg_pool_in_order(deq: np.ndarray, p: dict) -> np.ndarray:
-    """NCHW average pool in float32: each window's in-bounds values added in row-major order, / count
-    (:func:`pool_windows`)."""
-    (kh, kw), (sh, sw), (oh, ow), (pt, pl, pb, pr), count = pool_windows(deq.shape[2:], p)
-    x = np.pad(deq.astype(np.float32), ((0, 0), (0, 0), (pt, pb), (pl, pr)))
-    total = np.zeros((*x.shape[:2], oh, ow), np.float32)
-    for i in range(kh):
-        for j in range(kw):
-            total = total + x[:, :, i:i + sh * (oh - 1) + 1:sh, j:j + sw * (ow - 1) + 1:sw]
-    return total / count
-
-
-def torch_quantize(x, scale, zero_point: int, lo: int, hi: int, dtype: str) -> np.ndarray:
-    """torch's quantized_decomposed.quantize_per_tensor: ``round_half_even(x * float32(1/scale)) + zp``, clamped."""
-    inv = np.float32(1.0 / float(np.float32(scale)))
-    f = np.asarray(x, np.float32) * inv
-    return np.clip(np.rint(f).astype(np.int64) + zero_point, lo, hi).astype(dtype)
-
-
-def _recompute_torch(layer: dict[str, Any], inputs: list[np.ndarray], params: dict[str, np.ndarray]) -> np.ndarray:
-    """``qdq`` layers of torch reference graphs: the float op on dequantized values, then torch's quantize."""
-    qr = layer["quant"]
-    kind, out, rq = qr["kind"], qr["output"], qr.get("requant") or {}
-    info = np.iinfo(out["dtype"])
-    lo, hi = qr.get("clamp") or out.get("range") or (int(info.min), int(info.max))
-    if kind in ("conv2d", "depthwise_conv2d", "dense"):
-        acc = accumulate(layer, inputs, params)
-        axis = rq["axis"]
-        f = acc.astype(np.float32) * per_axis(np.asarray(rq["scale"], np.float32), axis, acc.ndim)
-        if rq.get("float_bias") is not None:
-            f = f + per_axis(np.asarray(rq["float_bias"], np.float32), axis, acc.ndim)
-        return torch_quantize(f, out["scale"], int(out["zero_point"]), lo, hi, out["dtype"])
-    deq = [(x.astype(np.int32) - int(i["zero_point"])).astype(np.float32) * np.float32(i["scale"])
-           for x, i in zip(inputs, qr["inputs"])]
-    if kind == "global_avg_pool_float":  # a float32 sum in row-major order (as TVM's reduction), / count
-        from irgen.reference import sum_in_order
-
-        flat = deq[0].reshape(*deq[0].shape[:2], -1)
-        m = (sum_in_order(flat, axis=2) / np.float32(flat.shape[2])).reshape(*flat.shape[:2], 1, 1)
-        return torch_quantize(m, out["scale"], int(out["zero_point"]), lo, hi, out["dtype"])
-    if kind == "add":  # dequantize, float32 add, (relu: the clamp), quantize
-        return torch_quantize(deq[0] + deq[1], out["scale"], int(out["zero_point"]), lo, hi, out["dtype"])
-    if kind == "mul":  # dequantize, float32 multiply, quantize
-        return torch_quantize(deq[0] * deq[1], out["scale"], int(out["zero_point"]), lo, hi, out["dtype"])
-    if kind == "avg_pool2d":  # torch's CPU kernel: the window's in-bounds values summed in row-major order, / count
-        return torch_quantize(_avg_pool_in_order(deq[0], qr["pool"]), out["scale"], int(out["zero_point"]),
-                              lo, hi, out["dtype"])
-    if kind == "concatenate":  # tables, as the qdq record (its constants are in ``inputs`` already)
-        return recompute_qdq({**layer, "quant": {k: v for k, v in qr.items() if k not in ("reference", "constants")}},
-                             inputs, params)
-    if kind == "quantize":
-        return torch_quantize(inputs[0], out["scale"], int(out["zero_point"]), lo, hi, out["dtype"])
-    if kind == "lut":  # a table, then (for reshape/flatten...) the data movement
-        lo_in = np.iinfo(qr["inputs"][0]["dtype"]).min
-        t = np.asarray(qr["table"], out["dtype"])[inputs[0].astype(np.int64) - lo_in]
-        if qr.get("op") in ("reshape", "flatten", "squeeze", "expand_dims"):
-            t = t.reshape(layer["outputs"][-1]["shape"])
-        elif qr.get("op") in MOVES:
-            t = move_after_table(layer, t, inputs, params)
-        elif qr.get("op") not in ("nn.relu", "sigmoid", "tanh", "clip", "requantize", "nn.silu", "nn.gelu",
-                                   "hardswish", "hardsigmoid"):
-            raise NotImplementedError(f"torch-reference table before {qr.get('op')!r}")
-        return t
-    raise NotImplementedError(f"torch-reference quant kind {kind!r}")
 
 
 # ------------------------------------------------------------------ Relax
@@ -790,7 +512,7 @@ def rx_requantize_float(emit, acc, scale, zero_point: int, lo: int, hi: int, dty
 
 def rx_round_to_int(emit, f, zero_point: int, lo: int, hi: int, dtype: str, nan_to_lo: bool = False):
     """float32 ``f`` clamped to ``[lo - zp, hi - zp]``, rounded half to even, ``+ zp``, cast.
-    ``nan_to_lo``: a NaN becomes ``lo`` (ONNX Runtime's QuantizeLinear); else what the clip makes of it."""
+    ``nan_to_lo``: a NaN becomes ``lo`` (as ONNX QuantizeLinear saturates it); else what the clip makes of it."""
     from tvm.relax import op
 
     if nan_to_lo:
@@ -912,7 +634,7 @@ class QGraph:
 
     * ``mod``: the imported ``tvm.IRModule``; ``main`` is one dataflow block.
     * ``dialect``: what the graph's quantization ops mean, as the frontend declared
-      it (``"onnx-qdq"``, ``"torch-qdq"``, ``"tflite"``: :data:`irgen.api.QUANT_DIALECTS`);
+      it (a name of :data:`irgen.api.QUANT_DIALECTS`);
       a scheme detects the dialects it realizes, never a frontend by name.
     * ``frontend``: the name of the frontend that imported the model (informative).
     * ``ranges``: a quantized tensor's binding name -> its integer range, when narrower
@@ -924,8 +646,8 @@ class QGraph:
       ``bindings`` of the bindings that read it (kept current by :meth:`replace`).
     * ``quant``: binding name -> the layer's ``quant`` record, which becomes the
       ``quant`` of the IR layer whose output is that binding. It must hold
-      ``"scheme"`` (the scheme's name: verify finds the recompute registered with
-      :func:`register_recompute` by it), ``"kind"``, ``"inputs"`` and ``"output"``
+      ``"scheme"`` (the scheme's name: verify finds the scheme's ``Quantizer.recompute``
+      by it), ``"kind"``, ``"inputs"`` and ``"output"``
       (each :meth:`QTensor.record`), and whatever the recompute of the kind reads.
 
     ``realize(qg)`` reads ``bindings``/``by_name``/``users``/``dialect``, builds integer

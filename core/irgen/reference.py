@@ -208,7 +208,7 @@ def _pool2d_nchw(x: np.ndarray, attrs: dict, kind: str) -> np.ndarray:
         xp = np.pad(x, pads, constant_values=fill)
         return _windows(xp, kh, kw, sh, sw, dh, dw, oh, ow).max(axis=(4, 5)).astype(x.dtype)
     # a float window is summed in x's own type, row by row, as TVM's kernel does: a quantized
-    # layer's float step (ORT's QDQ AveragePool) must round exactly as the golden data did
+    # layer's float step (a quantized average pool computed in float) must round exactly as the golden data did
     acc = x.dtype if x.dtype.kind == "f" else _acc_dtype(x.dtype)
     xp = np.pad(x.astype(acc), pads)
     win = _windows(xp, kh, kw, sh, sw, dh, dw, oh, ow)

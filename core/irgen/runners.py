@@ -63,46 +63,29 @@ def one_line(message: Any) -> str:
     return " ".join(str(message).split())
 
 
-def quant_consistency(layer: dict) -> str | None:
+def quant_consistency(layer: dict, host=None) -> str | None:
     """Why a conv/dense ``quant`` record's derived requantization disagrees with its
     own scales (None when it agrees, or the record has nothing to cross-check).
 
     ``recompute`` uses the derived values (multipliers, requant scales); the
     scales beside them must still be the ones they came from, so a scale edited
-    in ``ir.json`` is caught even where the arithmetic does not read it. A layer merged
-    from several scheme layers (``quant.steps``) is checked step by step."""
+    in ``ir.json`` is caught even where the arithmetic does not read it. The layer's
+    scheme checks its own (``Quantizer.consistency`` of the quantizer in ``host``, by default
+    the installed plugins); without one, a ``requant.scale`` must be ``s_x * s_w / s_y``. A
+    layer merged from several scheme layers (``quant.steps``) is checked step by step."""
     qr = layer.get("quant") or {}
     if isinstance(qr.get("steps"), list):
         notes = [f"step {i}: {why}" for i, step in enumerate(qr["steps"])
-                 if isinstance(step, dict) and (why := quant_consistency({**layer, "quant": step}))]
+                 if isinstance(step, dict) and (why := quant_consistency({**layer, "quant": step}, host))]
         return "; ".join(notes) or None
-    rq = qr.get("requant") or {}
-    if qr.get("kind") not in ("conv2d", "depthwise_conv2d", "dense") or not qr.get("inputs") or not qr.get("weight"):
-        return None
-    try:
-        s_x = float(np.asarray(qr["inputs"][0]["scale"]).reshape(-1)[0])
-        s_w = np.asarray(qr["weight"]["scale"], np.float64).reshape(-1)
-        s_y = float(np.asarray(qr["output"]["scale"]).reshape(-1)[0])
-    except (KeyError, TypeError, ValueError):
-        return None
-    from irgen.quant import scheme_consistency
+    from irgen.quant import requant_scale_mismatch, requant_scales, scheme_consistency
 
-    own = scheme_consistency(str(qr.get("scheme")))
-    if own is not None:  # the scheme checks its own derived values
+    if requant_scales(qr) is None:  # not a conv/dense record with its scales
+        return None
+    own = scheme_consistency(str(qr.get("scheme")), host)
+    if own is not None:  # the scheme checks its own derived values (Quantizer.consistency)
         return own(layer)
-    if "scale" in rq and np.size(rq["scale"]) == s_w.size:
-        got = np.asarray(rq["scale"], np.float64).reshape(-1)
-        if qr.get("reference") == "torch":
-            want = s_x * s_w
-            inv = rq.get("inverse_output_scale")
-            if inv is not None and not np.isclose(inv, 1.0 / s_y, rtol=1e-6, atol=0):
-                return "requant inverse_output_scale does not follow from the output scale (1/s_y)"
-        else:
-            want = s_x * s_w / s_y
-        bad = np.flatnonzero(~np.isclose(got, want, rtol=1e-6, atol=0))
-        if bad.size:
-            return f"requant scale of channel(s) {bad[:4].tolist()} does not follow from the input, weight and output scales"
-    return None
+    return requant_scale_mismatch(layer)
 
 
 class TensorFiles:
@@ -173,10 +156,13 @@ class TensorFiles:
 
 
 class LayerRunner:
-    """Runs one layer in numpy: ``recompute`` for quantized layers, ``fused_ops`` otherwise."""
+    """Runs one layer in numpy: ``recompute`` for quantized layers, ``fused_ops`` otherwise.
+    ``host()`` gives the plugin host whose quantizers recompute their layers (None: the
+    installed plugins)."""
 
-    def __init__(self, files: TensorFiles):
+    def __init__(self, files: TensorFiles, host: Callable[[], Any] = lambda: None):
         self.files = files
+        self.host = host
         self._params: dict[str, dict[str, np.ndarray]] = {}
         #: integer layers checked with their fused_ops alone (their scheme recomputes nothing): why
         self.fused_only: dict[str, str] = {}
@@ -200,7 +186,7 @@ class LayerRunner:
         if layer.get("quant") is None:
             return [np.asarray(r) for r in reference.run_layer(layer, inputs, params)], None
         try:
-            first = np.asarray(quant.recompute(layer, inputs, params))
+            first = np.asarray(quant.recompute(layer, inputs, params, self.host()))
         except (NotImplementedError, KeyError, TypeError) as err:  # a scheme recompute does not know
             try:
                 outs = [np.asarray(r) for r in reference.run_layer(layer, inputs, params)]
@@ -212,7 +198,7 @@ class LayerRunner:
         outs = [first]
         if not check and len(layer["outputs"]) == 1:
             return outs, None
-        note = quant_consistency(layer)
+        note = quant_consistency(layer, self.host())
         try:
             via_ops = [np.asarray(r) for r in reference.run_layer(layer, inputs, params)]
         except reference.UnsupportedLayer:

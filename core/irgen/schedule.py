@@ -112,7 +112,7 @@ _UNCHECKED: list = []
 def _schedule_class():
     """TVM's ``Schedule`` without the Python type check of every argument of every primitive
     (``type_checked``: ``inspect.signature`` binding and a type walk per call, 3,000 calls and
-    0.3-0.8 s on a QDQ ResNet-18). The primitives are TVM's own (``__wrapped__``), called
+    0.3-0.8 s on a quantized ResNet-18). The primitives are TVM's own (``__wrapped__``), called
     with the same arguments; irgen passes the types they take."""
     if not _UNCHECKED:
         from tvm.s_tir import Schedule

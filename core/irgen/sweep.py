@@ -6,7 +6,7 @@ A spec (YAML, or JSON) names the job set::
     inputs: samples/                          # .npy files, or folders of them (sorted)
     seeds: [0, 1]                             # and/or generated inputs
     opt_levels: [3]                           # default [3]
-    schemes: [null, qdq]                      # quantizer names; null: detected (default [null])
+    schemes: [null, NAME]                     # quantizer names; null: detected (default [null])
     backend: generic                          # default generic
 
 Every combination is one job, written to ``OUT/<model>/<input or seedN>/O<level>/<scheme or auto>/``

@@ -366,7 +366,7 @@ def _source_child(conn, frontend: str, model: str, options: dict, plugins: list[
 
 
 def _describe(runner: Callable) -> dict[str, Any]:
-    """A source runner's ``runtime`` (e.g. "TFLite interpreter") and ``kernels`` (e.g.
+    """A source runner's ``runtime`` (e.g. the name of an interpreter) and ``kernels`` (e.g.
     "reference kernels"), attributes a frontend may set on the callable it returns."""
     return {k: str(getattr(runner, k)) for k in ("runtime", "kernels") if getattr(runner, k, None)}
 
@@ -375,17 +375,17 @@ def isolated_source_runner(out: Path, ir: dict, model: Path | None = None, host=
                            plugins: list[str] | tuple = (), strict: bool = False,
                            **kwargs) -> tuple[Callable, SourceModel]:
     """Like :func:`source_runner_for`, but the runtime runs in a child process, so a
-    runtime that aborts or crashes on a model (the TFLite interpreter does on some)
+    runtime that aborts or crashes on a model (some interpreters do on some models)
     becomes an IrgenError naming the signal instead of ending ``irgen``. Returns
     (runner, the :class:`SourceModel` it runs).
 
     A frontend's runner may name other options to retry with when it crashes (its
-    ``fallback`` attribute, a dict merged into the options: the TFLite frontend's
-    builtin optimized kernels when the reference kernels abort); the check then
-    runs once more with them. After a call, the runner's ``runtime`` attribute says
-    what ran, e.g. "TFLite interpreter (builtin optimized kernels; reference kernels
-    crashed: signal SIGABRT)", and its ``seconds`` how long the child took to ``load``
-    the model into the runtime (imports included) and to ``run`` it for every wanted tensor."""
+    ``fallback`` attribute, a dict merged into the options: a runtime's builtin optimized
+    kernels when its reference kernels abort); the check then runs once more with them.
+    After a call, the runner's ``runtime`` attribute says what ran, e.g. "<interpreter>
+    (builtin optimized kernels; reference kernels crashed: signal SIGABRT)", and its
+    ``seconds`` how long the child took to ``load`` the model into the runtime (imports
+    included) and to ``run`` it for every wanted tensor."""
     import multiprocessing
     import signal
 
@@ -465,15 +465,21 @@ def _skip_source(source: dict[str, Any], notes: list[str], modes, err: IrgenErro
     return [m for m in modes if m != "source"]
 
 
-def _backend_of(ir: dict, host, plugins, strict: bool):
-    """The installed backend that wrote OUT's data files (``producer.backend``), or None."""
+def _load_host(plugins, strict: bool):
+    """The installed plugins and ``plugins`` (``--plugin``), loaded."""
+    from irgen.plugins import PluginHost
+
+    return PluginHost().load(extra=list(plugins), strict=strict)
+
+
+def _backend_of(ir: dict, host, plugins=(), strict: bool = False):
+    """The backend that wrote OUT's data files (``producer.backend``) in ``host`` (None: the
+    installed plugins and ``plugins``), or None."""
     name = (ir.get("producer") or {}).get("backend")
     if not isinstance(name, str):
         return None
     if host is None:
-        from irgen.plugins import PluginHost
-
-        host = PluginHost().load(extra=list(plugins), strict=strict)
+        host = _load_host(plugins, strict)
     return host.backends.get(name) if name in host.backends.names() else None
 
 
@@ -588,7 +594,14 @@ class _VerifyRun:
         the one ``manifest.json`` records (:func:`check_manifest`). Sets up the file
         reader and the layer runner the checks use."""
         ir = self.ir
-        self.files = _Files(self.out, ir, max_tensor_bytes, lambda: _backend_of(ir, host, plugins, strict))
+        hosts: dict[str, Any] = {}
+
+        def plugin_host():  # loaded once, when a check first needs a plugin
+            if "host" not in hosts:
+                hosts["host"] = host if host is not None else _load_host(plugins, strict)
+            return hosts["host"]
+
+        self.files = _Files(self.out, ir, max_tensor_bytes, lambda: _backend_of(ir, plugin_host()))
         self.problems += [{"layer": owner, "check": "files", "message": why}
                           for owner, why in self.files.refused.values()]
         self.say("check manifest.json checksums")
@@ -596,7 +609,7 @@ class _VerifyRun:
         self.graph_inputs = ir.get("inputs") or []
         #: why the model inputs cannot be read (entire and source need them), or None
         self.inputs_refused = self.files.why_refused(*self.graph_inputs)
-        self.runner = _Layers(self.files)
+        self.runner = _Layers(self.files, plugin_host)
 
     def single(self) -> None:
         """Stage 3, ``single``: every layer run on its golden input files against its golden outputs."""

@@ -9,6 +9,7 @@ error leaves nothing half-written; an existing target is refused.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -24,42 +25,13 @@ KINDS = ("frontend", "quantizer", "backend", "serializer")
 NAME_RE = re.compile(r"[a-z][a-z0-9]*(?:[-_][a-z0-9]+)*")
 MAX_NAME = 40
 
-_ABOUT = {
-    "frontend": {
-        "SUMMARY": "the `{{NAME}}` frontend, multilayer perceptrons described in JSON (`*.{{NAME}}.json`).",
-        "USAGE": "irgen run model.{{NAME}}.json -o out && irgen verify out",
-        "DETAILS": "`load` turns the JSON description into a Relax module, one binding per layer named after "
-                   "it (`Provenance`); `runner` is the format's own runtime (a numpy forward pass) that "
-                   "`irgen verify` compares every layer with; `example` writes a random model.",
-        "CHECK": "frontend",
-    },
-    "quantizer": {
-        "SUMMARY": "the `{{NAME}}` quantization scheme, ONNX QDQ models with fixed-point requantization.",
-        "USAGE": "irgen run model_qdq.onnx -o out --quantizer {{NAME}} && irgen verify out",
-        "DETAILS": "`realize` folds every DequantizeLinear -> op -> QuantizeLinear span into integer arithmetic "
-                   "with irgen's QDQ engine and requantizes convolutions and dense layers with a per-channel "
-                   "int32 multiplier and shift (`fixed_point_requant`); `recompute_mac` is its numpy twin, "
-                   "registered for `irgen verify` with `register_recompute`.",
-        "CHECK": "scheme",
-    },
-    "backend": {
-        "SUMMARY": "the `{{NAME}}` backend: its layer fusion, kernel and stride limits, `.tns` data files.",
-        "USAGE": "irgen run model.onnx -o out --backend {{NAME}} && irgen verify out",
-        "DETAILS": "`FUSION_RULES` form conv/dense + bias + activation + max pool layers; `check_layer` refuses "
-                   "kernels over 11x11 and strides over 4 before anything is compiled; `write_tensor` writes "
-                   "each tensor as a `.tns` file (a 16-byte header, the dimensions, raw little-endian data) "
-                   "and `read_tensor` reads it back for `irgen verify`.",
-        "CHECK": "backend",
-    },
-    "serializer": {
-        "SUMMARY": "the `{{NAME}}` serializer, a tab-separated layer table beside `ir.json`.",
-        "USAGE": "irgen run model.onnx -o out --serializer {{NAME}}   # writes out/{{IDENT}}.tsv",
-        "DETAILS": "`write_table` writes one line per layer (name, op, input, output and parameter tensors "
-                   "with dtype and shape, names percent-encoded); `parse` reads it back, and the conformance "
-                   "suite checks that it gives `ir.json`'s layers.",
-        "CHECK": "serializer",
-    },
-}
+
+def _about(kind: str) -> dict[str, str]:
+    """The ``{{KEY}}`` values that describe a ``kind`` project (``SUMMARY``, ``USAGE``, ``DETAILS``,
+    ``CHECK``, ``DEPENDENCIES``: its ``pyproject.toml``'s other requirements), from the
+    ``about.json`` beside the kind's templates."""
+    path = resources.files("irgen.scaffold") / "templates" / kind / "about.json"
+    return json.loads(path.read_text(encoding="utf-8"))
 
 
 def check_name(name: str) -> str:
@@ -79,7 +51,7 @@ def tokens(kind: str, name: str) -> dict[str, str]:
     ident = name.replace("-", "_")
     base = {"NAME": name, "IDENT": ident, "PACKAGE": f"irgen_{ident}", "DIST": f"irgen-{name}", "KIND": kind,
             "IRGEN_VERSION": __version__, "API_MAJOR": API_VERSION.split(".")[0], "SUFFIX": f".{name}.json"}
-    about = {k: _fill(v, base) for k, v in _ABOUT[kind].items()}
+    about = {k: _fill(v, base) for k, v in _about(kind).items()}
     return {**base, **about}
 
 

@@ -21,8 +21,8 @@ What is here:
 * :func:`registered` (a context manager; the ``irgen_plugin`` fixture uses it):
   the plugins given join every :class:`irgen.plugins.PluginHost` loaded while it
   is active (``irgen run``, ``irgen verify``, ``irgen plugins`` in this process), as
-  if installed; on exit they are gone, with the recomputes and consistency checks
-  they registered (:func:`irgen.plugin.register_recompute`).
+  if installed; on exit they are gone, with what they registered (their quantizers' recomputes
+  too, and what the deprecated :func:`irgen.plugin.register_recompute` registered).
 * :func:`plugin_host`: a loaded host (installed plugins plus the registered ones).
 * :func:`run_model`: ``irgen run MODEL -o OUT ...`` in this process, through the
   same code as the command (:func:`irgen.cli.main`); a failure raises
@@ -34,7 +34,7 @@ What is here:
   wrote it reads it.
 * :func:`fresh_venv`: a new virtual environment beside this irgen with plugin projects
   ``pip install``ed into it (to test a plugin as users install it).
-* :mod:`irgen.testing.models`: small ONNX models (float and QDQ) to run.
+* :mod:`irgen.testing.models`: small ONNX models (float and quantized) to run.
 * :mod:`irgen.testing.conformance`: the checks any plugin runs against itself.
 
 Nothing here imports TVM, ONNX or a runtime until a function needs it.
@@ -92,7 +92,7 @@ def registered(*plugins: Any, names: Sequence[str] | None = None) -> Iterator[An
     host loaded inside the block, as if installed; yields a loaded host that has them.
 
     On exit they are removed, and so is every recompute and consistency check registered
-    meanwhile (:func:`irgen.plugin.register_recompute`). One of ``plugins`` whose hook fails
+    meanwhile with the deprecated :func:`irgen.plugin.register_recompute`. One of ``plugins`` whose hook fails
     or that registers a name another plugin has is an error here, not a warning (an
     installed plugin that fails to load stays a warning, as in ``irgen``)."""
     global _ORIGINAL_LOAD
@@ -106,12 +106,13 @@ def registered(*plugins: Any, names: Sequence[str] | None = None) -> Iterator[An
     if not _INSTALLED_IMPORTED:  # the installed plugins' import-time registrations (their recomputes)
         PluginHost().load()     # belong to the saved state: a module imported in the block never
         _INSTALLED_IMPORTED = True  # registers again after they are dropped on exit
-    saved = (dict(quant.RECOMPUTE), dict(quant.CONSISTENCY), set(quant._SCHEMES_LOADED))
+    saved = (dict(quant.RECOMPUTE), dict(quant.CONSISTENCY))
     if _ORIGINAL_LOAD is None:
         _ORIGINAL_LOAD = PluginHost.load
         PluginHost.load = _load_with_registered
     added = list(zip(names, plugins))
     _ACTIVE.extend(added)
+    quant.forget_default_host()  # verify's recompute without a host of its own sees them
     try:
         host = PluginHost().load()
         for name, plugin in added:
@@ -126,9 +127,10 @@ def registered(*plugins: Any, names: Sequence[str] | None = None) -> Iterator[An
         if not _ACTIVE and _ORIGINAL_LOAD is not None:
             PluginHost.load = _ORIGINAL_LOAD
             _ORIGINAL_LOAD = None
-        for live, old in zip((quant.RECOMPUTE, quant.CONSISTENCY, quant._SCHEMES_LOADED), saved):
+        for live, old in zip((quant.RECOMPUTE, quant.CONSISTENCY), saved):
             live.clear()
             live.update(old)
+        quant.forget_default_host()
 
 
 def plugin_host(*plugins: Any) -> Any:

@@ -17,7 +17,7 @@ the ones registered for the test (:func:`irgen.testing.registered`, the
   frontend's own source runtime (``irgen verify`` in ``source`` mode, its runner in
   this process), and irgen's numpy recompute (``single``, ``entire``).
 * :func:`check_scheme`: every layer the scheme realizes equals the scheme's own numpy
-  recompute (:func:`irgen.plugin.register_recompute`) bit for bit; verify ``single``
+  recompute (its ``Quantizer.recompute``) bit for bit; verify ``single``
   and ``entire`` pass.
 * :func:`check_backend`: the backend's data files read back (its ``read_tensor``) to
   exactly the values the ``generic`` backend writes as ``.npy`` for the same model and
@@ -119,7 +119,7 @@ def check_scheme(name: str, model: str | Path | None = None, *, input: str | Pat
     assert mine, f"scheme {name!r} recorded no layer of {Path(model).name}"
     for layer in mine:
         kind = layer["quant"]["kind"]
-        fn = scheme_recompute(name, kind)
+        fn = scheme_recompute(name, kind, host)
         assert fn is not None, f"scheme {name!r} registers no recompute of kind {kind!r} (layer {layer['name']!r})"
         inputs = [read_tensor(out, t, be) for t in layer.get("inputs") or []]
         params = {role: read_tensor(out, t, be) for role, t in (layer.get("params") or {}).items()}

@@ -1,6 +1,8 @@
 """irgen_acme: an example third-party irgen plugin for the (fictional) acme NPU.
 
-It registers, through ``irgen.plugin`` alone (the only irgen module it imports):
+It registers, through ``irgen.plugin`` alone (the only irgen module it imports; its scheme
+builds on the ``qdq`` scheme through that plugin's public API, ``irgen_qdq.__all__``, and
+declares the ``irgen-qdq`` distribution as a dependency):
 
 * the quantization scheme ``acme-qdq`` (:mod:`irgen_acme.scheme`): symmetric
   int8 ONNX QDQ models, convolutions and dense layers requantized in fixed
@@ -27,12 +29,8 @@ from . import backend, header, recompute, scheme
 __version__ = "0.1.0"
 
 _major, _minor = map(int, irgen.plugin.API_VERSION.split("."))
-if _major != 1:
-    raise ImportError(f"irgen_acme is written against irgen.plugin API 1.x, this irgen has {irgen.plugin.API_VERSION}")
-
-# verify's recompute of the acme-qdq layers: registered on import (``irgen verify`` imports the
-# plugin named after a layer's scheme, the entry point ``acme-qdq``)
-recompute.register()
+if _major != 2:
+    raise ImportError(f"irgen_acme is written against irgen.plugin API 2.x, this irgen has {irgen.plugin.API_VERSION}")
 
 
 @hookimpl
@@ -43,6 +41,7 @@ def irgen_register_quantizers(register):
         realize=scheme.realize,
         priority=5,  # after qdq and pow2: chosen automatically only when they are not installed
         description="symmetric int8 ONNX QDQ models, fixed-point requantization (acme NPU)",
+        recompute=recompute.RECOMPUTE,  # what irgen verify recomputes each layer kind with
     ))
 
 

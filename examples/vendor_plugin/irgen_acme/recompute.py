@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from irgen.plugin import (QDQ_RECOMPUTE, multiply_by_quantized_multiplier, per_axis, quantize_linear, register_recompute,
-                          requantize_float, run_op)
-
-from .scheme import SCHEME
+import irgen_qdq
+from irgen.plugin import multiply_by_quantized_multiplier, per_axis, quantize_linear, requantize_float, run_op
 
 
 def _clamped(y, qr) -> np.ndarray:
@@ -76,8 +74,6 @@ def dequantize(layer, inputs, params) -> np.ndarray:
 OWN = {"conv2d": mac, "depthwise_conv2d": mac, "dense": mac, "add": add, "global_avg_pool": global_avg_pool,
        "lut": lut, "quantize": quantize, "dequantize": dequantize}
 
-
-def register() -> None:
-    """Register every kind under ``acme-qdq``: the QDQ engine's own kinds (concatenate...), then this plugin's."""
-    for kind, fn in {**QDQ_RECOMPUTE, **OWN}.items():
-        register_recompute(SCHEME, kind, fn)
+#: kind -> recompute, the scheme's ``Quantizer.recompute``: the qdq realization's kinds
+#: (concatenate...), then this plugin's own
+RECOMPUTE = {**irgen_qdq.RECOMPUTE, **OWN}

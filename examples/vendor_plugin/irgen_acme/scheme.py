@@ -9,9 +9,9 @@ be int8 with zero point 0 (bias: int32, zero point 0): ``quantize_static(...,
 extra_options={"ActivationSymmetric": True, "WeightSymmetric": True})``.
 Any other model is refused, naming the first tensor that breaks the rule.
 
-Every other layer is realized as ONNX Runtime computes it, by irgen's QDQ
-engine (``irgen.plugin.realize_qdq``); this scheme only replaces the
-requantization of convolutions and dense layers.
+Every other layer is realized as ONNX Runtime computes it, by the ``qdq`` scheme's
+realization (``irgen_qdq.realize``, the public API of the ``irgen-qdq`` plugin this one
+depends on); this scheme only replaces the requantization of convolutions and dense layers.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def detect(qg) -> bool:
 
 
 def fixed_point_requant(qg, acc, scale, out, lo, hi, axis, ndim, tensor):
-    """``conv_requant`` of :func:`irgen.plugin.realize_qdq`: the int32 accumulator ``acc``
+    """``conv_requant`` of :func:`irgen_qdq.realize`: the int32 accumulator ``acc``
     requantized by multiplier and shift (per channel on ``axis``), clamped to ``[lo, hi]``."""
     import irgen.plugin as q
 
@@ -86,13 +86,13 @@ def fixed_point_requant(qg, acc, scale, out, lo, hi, axis, ndim, tensor):
 
 def realize(qg) -> None:
     """Realize a symmetric int8 QDQ model; refuse any other, and any layer the NPU cannot run."""
-    from irgen.plugin import realize_qdq
+    import irgen_qdq
 
     bad = not_symmetric_int8(qg)
     if bad:
         more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
         raise IrgenError(f"{SCHEME}: not a symmetric int8 QDQ model: {bad[0]}{more}")
-    realize_qdq(qg, scheme=SCHEME, conv_requant=fixed_point_requant)
+    irgen_qdq.realize(qg, scheme=SCHEME, conv_requant=fixed_point_requant)
     other = sorted({f"{name} ({rec['kind']})" for name, rec in qg.quant.items() if rec["kind"] not in KINDS})
     if other:
         raise IrgenError(f"{SCHEME}: the acme NPU cannot run layer(s) {', '.join(other[:5])}; "

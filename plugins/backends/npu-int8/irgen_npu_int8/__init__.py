@@ -28,8 +28,8 @@ from . import constraints, dump, serializer, settings, store
 __version__ = "0.1.0"
 
 _major, _minor = map(int, irgen.plugin.API_VERSION.split("."))
-if _major != 1 or _minor < 7:
-    raise ImportError(f"irgen_npu_int8 needs irgen.plugin API 1.7 or later 1.x, this irgen has "
+if _major != 2:
+    raise ImportError(f"irgen_npu_int8 needs irgen.plugin API 2.x, this irgen has "
                       f"{irgen.plugin.API_VERSION}")
 
 ACTIVATIONS = frozenset({"relax.nn.relu", "relax.clip"})

@@ -543,7 +543,7 @@ def fold_requantized_weights(model) -> int:
             continue
         if n.input[0] in inits and n.input[0] not in producer:
             if not _weights_only(n, readers):
-                continue  # another constant quantized at run time (a table): irgen.qdq_spans.run_time_quantized
+                continue  # another constant quantized at run time (a table): the qdq scheme quantizes it
             q = _quantized_float_initializer(n, const)  # quantize_static's AddQDQPairToWeight
             if q is not None:
                 folded[n.output[0]] = q

@@ -489,12 +489,12 @@ def activation_range(fn: int, scale: float, zero_point: int, dtype: str, where: 
     bounds = {A.RELU: (0.0, None), A.RELU6: (0.0, 6.0), A.RELU_N1_TO_1: (-1.0, 1.0)}.get(fn)
     if bounds is None:
         return None
-    from irgen.plugin import IrgenError, tflite_quantize_value
+    from irgen.plugin import IrgenError, quantize_half_away
 
     info = np.iinfo(dtype)
 
     def q(v: float) -> int:
-        b = tflite_quantize_value(v, scale, zero_point)
+        b = quantize_half_away(v, scale, zero_point)
         if b is None:
             raise IrgenError(f"{where}: the fused activation's bound {v:g} divided by the output scale {float(scale)!r} "
                              "is beyond int32; TFLite's interpreter refuses such a model too "

@@ -51,19 +51,17 @@ from typing import Any
 
 import numpy as np
 
-from irgen.plugin import (IrgenError, Quantizer, hookimpl, quantize_multiplier, recompute_requantized,
-                          register_consistency, register_recompute, tflite_quantize_value)
+from irgen.plugin import IrgenError, Quantizer, hookimpl, quantize_half_away, quantize_multiplier
 from irgen_tflite_int8 import int16, kinds
+from irgen_tflite_int8.reference import recompute_requantized, tflite_softmax_table
 
 __version__ = "0.1.0"
 
 SCHEME = "tflite-int8"
 
-# irgen verify finds them by scheme and kind: TFLite's requantizing kernels (conv, dense, add,
-# mean, pools, concatenate, softmax, plain int8 ops), and the kinds of kinds.py
-register_recompute(SCHEME, "*", recompute_requantized)
-for _kind, _fn in {**kinds.RECOMPUTE, **int16.RECOMPUTE}.items():
-    register_recompute(SCHEME, _kind, _fn)
+#: verify's recompute of each kind (the quantizer's ``recompute``): TFLite's requantizing kernels
+#: (conv, dense, add, mean, pools, concatenate, softmax, plain int8 ops), and the kinds of kinds.py
+RECOMPUTE = {"*": recompute_requantized, **kinds.RECOMPUTE, **int16.RECOMPUTE}
 
 
 def consistency(layer: dict[str, Any]) -> str | None:
@@ -92,8 +90,6 @@ def consistency(layer: dict[str, Any]) -> str | None:
                 f"output scales (s_x*s_w/s_y)")
     return None
 
-
-register_consistency(SCHEME, consistency)
 
 
 def _ops():
@@ -207,7 +203,7 @@ def _clamp(qg, qname: str, dtype: str, act=None, out=None) -> tuple[int, int, st
         s, z = float(out.scale[0]), int(out.zero_point[0])
 
         def q(v: float) -> int:
-            b = tflite_quantize_value(v, s, z)
+            b = quantize_half_away(v, s, z)
             if b is None:  # kernel_util.cc Quantize: TFLite refuses the model
                 raise IrgenError(
                     f"{SCHEME}: the fused activation of {qname!r} bounds it at {v:g}, which its output scale "
@@ -424,7 +420,7 @@ def _realize_softmax(qg, qb, comp, out):
     ndim = len(x.ty.shape.values)
     if int(comp.value.attrs.axis) not in (-1, ndim - 1):
         raise IrgenError(f"{SCHEME}: softmax {tensor!r} is not over the last axis; TFLite's int8 kernel is")
-    table = q.tflite_softmax_table(float(qx.scale[0]))
+    table = tflite_softmax_table(float(qx.scale[0]))
     lo, hi, last = _clamp(qg, qb.name, out.dtype)
     xi = qg.emit(op.astype(x, "int32"))
     idx = qg.emit(op.add(qg.emit(op.subtract(xi, qg.emit(op.max(xi, axis=[-1], keepdims=True)))),
@@ -684,5 +680,7 @@ def irgen_register_quantizers(register):
             realize=realize,
             priority=10,
             description="full-integer TFLite models, bit-exact with TFLite's reference kernels",
+            recompute=RECOMPUTE,
+            consistency=consistency,
         )
     )

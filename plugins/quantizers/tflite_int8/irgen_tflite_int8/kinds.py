@@ -32,8 +32,8 @@ parameter files alone), side by side.
   int8 constant operand is in the record (``constants``: operand index -> values, shape).
 
 :data:`SPANS` maps the float Relax op between dequantize and quantize to its
-realization; :data:`RECOMPUTE` maps each kind to its recompute (registered with
-:func:`irgen.plugin.register_recompute`).
+realization; :data:`RECOMPUTE` maps each kind to its recompute (the scheme's
+``Quantizer.recompute`` holds them).
 """
 
 from __future__ import annotations

@@ -1,0 +1,95 @@
+"""ONNX Runtime's integer arithmetic in numpy, as its CPU kernels compute it: what verify's
+recompute of the ``qdq`` layers reads (:mod:`irgen_qdq.recompute`) and the tables the
+realization builds (:mod:`irgen_qdq.kernels`, :mod:`irgen_qdq.pooling`).
+
+The generic pieces (``quantize_linear``, ``requantize_float``: ONNX QuantizeLinear and the
+MLAS requantization) are irgen's (:mod:`irgen.plugin`); these are the kernels' own: the
+pooling kernels' ``quantize_value``, QLinearSoftmax's table and row arithmetic, and the
+windows of an average pool summed in row order.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def quantize_value_ort(y, scale, zero_point: int, dtype: str) -> np.ndarray:
+    """ONNX Runtime's ``quantize_value`` of its QLinear pooling kernels: ``y / scale + zp`` in
+    float32 (the zero point added before rounding), rounded half to even, saturated."""
+    info = np.iinfo(dtype)
+    f = np.asarray(y, np.float32) / np.asarray(scale, np.float32) + np.float32(zero_point)
+    return np.clip(np.rint(f), info.min, info.max).astype(dtype)
+
+
+def ort_softmax_table(x_scale: float, reduce_len: int, signed: bool) -> np.ndarray:
+    """ONNX Runtime's QLinearSoftmax table (``QlinearBuildLookupTableUint32``, float
+    entries): ``exp((i - 255 + b) * s_x)`` in double, with the headroom shift
+    ``b = max(0, log(FLT_MAX / n) - 5) / s_x``, at index ``i`` (``uint8(i - 128)`` for int8)."""
+    xs = float(np.float32(x_scale))
+    shift = max(0.0, float(np.log(np.float64(np.float32(np.finfo(np.float32).max) / np.float32(reduce_len)))) - 5.0) / xs
+    i = np.arange(256, dtype=np.float64)
+    vals = np.exp((i - 255.0 + shift) * xs).astype(np.float32)
+    table = np.empty(256, np.float32)
+    table[((np.arange(256) - 128) & 255) if signed else np.arange(256)] = vals
+    return table
+
+
+def ort_softmax(x, table, y_scale: float, y_zero_point: int, dtype: str) -> np.ndarray:
+    """ONNX Runtime's QLinearSoftmax over the last axis: ``e = table[x - max + 127 (int8)
+    or + 255 (uint8)]``, a float32 sum in row order, ``rint(e * floor(1 / s_y) / sum) + zp``
+    saturated to the type. ONNX Runtime 1.32 gives the quotient of float64 arithmetic: finite
+    where the float32 product ``e * floor(1 / s_y)`` overflows (one element, whose table entry is
+    ``FLT_MAX / e^5``; an output scale calibrated below 1/256, as ``quantize_static`` leaves a
+    softmax that only a quantized MatMul reads), and results above the type's maximum saturate."""
+    from irgen.plugin import sum_in_order
+
+    xi = np.asarray(x).astype(np.int64)
+    signed = dtype == "int8"
+    idx = ((127 if signed else 255) - xi.max(axis=-1, keepdims=True) + xi) & 255
+    e = np.asarray(table, np.float32)[idx]
+    total = sum_in_order(e, axis=-1, keepdims=True)
+    ys = np.float64(np.floor(np.float32(1.0) / np.float32(y_scale)))
+    v = np.rint(e.astype(np.float64) * ys / total.astype(np.float64)) + int(y_zero_point)
+    lo, hi = (-128, 127) if signed else (0, 255)
+    return np.clip(v, lo, hi).astype(np.int8 if signed else np.uint8)
+
+
+def pool_windows(hw, p: dict):
+    """The windows of a 2-D average pool (``p`` as a layer's ``quant.pool`` records it) over an
+    ``hw`` input: kernel, strides, output size, the padding that makes every window whole (in
+    ceil mode zeros past the declared padding, as ONNX Runtime and torch size the output: the
+    last window starts inside the input or its leading padding) and each output's count, float32
+    [oh, ow], as ONNX Runtime's QLinearAveragePool divides: the input's values in the window, or
+    the whole kernel when padding counts (past the padding too, where its float AveragePool
+    would not count the part past it: measured on ORT 1.32, tests/test_qdq_exporter_patterns.py)."""
+    (kh, kw), (sh, sw), (pt, pl, pb, pr) = p["size"], p["strides"], p["padding"]
+    (h, w), out = hw, []
+    for n, k, s, lead, trail in ((h, kh, sh, pt, pb), (w, kw, sw, pl, pr)):
+        span = n + lead + trail - k
+        o = (-(-span // s) if p.get("ceil_mode") else span // s) + 1
+        if p.get("ceil_mode") and (o - 1) * s >= n + lead:
+            o -= 1
+        out.append(o)
+    (oh, ow) = out
+    eh, ew = max(0, (oh - 1) * sh + kh - (h + pt + pb)), max(0, (ow - 1) * sw + kw - (w + pl + pr))
+    if p["count_include_pad"]:
+        count = np.full((oh, ow), np.float32(kh * kw))
+    else:
+        one = np.pad(np.ones((h, w), np.float32), ((pt, pb + eh), (pl, pr + ew)))
+        count = np.zeros((oh, ow), np.float32)
+        for i in range(kh):
+            for j in range(kw):
+                count = count + one[i:i + sh * (oh - 1) + 1:sh, j:j + sw * (ow - 1) + 1:sw]
+    return (kh, kw), (sh, sw), (oh, ow), (pt, pl, pb + eh, pr + ew), count
+
+
+def avg_pool_in_order(deq: np.ndarray, p: dict) -> np.ndarray:
+    """NCHW average pool in float32: each window's in-bounds values added in row-major order, / count
+    (:func:`pool_windows`)."""
+    (kh, kw), (sh, sw), (oh, ow), (pt, pl, pb, pr), count = pool_windows(deq.shape[2:], p)
+    x = np.pad(deq.astype(np.float32), ((0, 0), (0, 0), (pt, pb), (pl, pr)))
+    total = np.zeros((*x.shape[:2], oh, ow), np.float32)
+    for i in range(kh):
+        for j in range(kw):
+            total = total + x[:, :, i:i + sh * (oh - 1) + 1:sh, j:j + sw * (ow - 1) + 1:sw]
+    return total / count
