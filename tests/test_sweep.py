@@ -146,8 +146,9 @@ def test_ray_sweep_writes_what_the_pool_writes(zoo, pool_sweep, ray_instance, tm
 def _flaky_sweep(tmp_path: Path, plugin_file, executor: str, capsys) -> tuple[int, dict]:
     marker = tmp_path / "died"
     plugin = plugin_file("flaky", FLAKY.replace("MARKER_PATH", repr(str(marker))))
+    model = qdq_onnx(tmp_path / "cnn_q.onnx", seed=2)  # a forced scheme needs a quantized model
     spec = tmp_path / "spec.yaml"
-    spec.write_text(f"models: [{EXAMPLE}]\nseeds: [0, 1]\nopt_levels: [1]\nschemes: [null, die_once, always_fails]\n")
+    spec.write_text(f"models: [{model}]\nseeds: [0, 1]\nopt_levels: [1]\nschemes: [null, die_once, always_fails]\n")
     argv = ["sweep", str(spec), "-o", str(tmp_path / "out"), "-j", "2", "--json", "--no-progress",
             "--plugin", str(plugin)]
     capsys.readouterr()
@@ -183,7 +184,7 @@ def test_killed_worker_and_failing_job(executor, tmp_path, plugin_file, capsys, 
             assert (row["attempts"] == 2) == (key in died)
             ir = json.loads((tmp_path / "out" / key / "ir.json").read_text())
             assert row["layers"] == len(ir["layers"]) > 0
-            assert ir["producer"]["quantizer"] == (None if key.endswith("/auto") else "die_once")
+            assert ir["producer"]["quantizer"] == ("qdq" if key.endswith("/auto") else "die_once")
     assert summary["counts"] == {"ok": 4, "failed": 2, "reused": 0}
     # no partial folder of the killed attempt is left behind
     assert not [p for p in (tmp_path / "out").rglob(".*") if p.is_dir()]
