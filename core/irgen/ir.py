@@ -11,7 +11,10 @@ from tvm import relax
 
 from irgen.api import Provenance
 from irgen.canonical import is_roll, rotation
-from irgen.graph import OP_NAMES, Binding, Constant, Layer, attrs_to_dict, const_view, tensor_type, to_json
+from irgen.graph import Binding, Constant, attrs_to_dict, const_view, tensor_type, to_json
+from irgen.layers import Layer
+from irgen.ops import (CANONICAL_OPS, COMPOUND_OPS, LAYER_OP_NAMES, SOURCE_OP_NAMES, quant_op,  # noqa: F401  (re-exported)
+                       quantized_roll, short_op, source_op_name)
 
 from irgen.schema import IR_VERSION  # noqa: E402,F401  (defined beside the schema, re-exported)
 
@@ -19,28 +22,6 @@ _ACTIVATIONS = {"relax.nn.relu", "relax.clip", "relax.sigmoid", "relax.tanh", "r
 _WEIGHTED = {"relax.nn.conv2d", "relax.nn.conv1d", "relax.nn.conv2d_transpose", "relax.matmul"}
 
 
-# Layer-op names of the transformer, resize and pad ops (beside graph.OP_NAMES)
-LAYER_OP_NAMES = {
-    "relax.nn.layer_norm": "layer_norm",
-    "relax.nn.rms_norm": "rms_norm",
-    "relax.nn.group_norm": "group_norm",
-    "relax.nn.instance_norm": "instance_norm",
-    "relax.nn.gelu": "gelu",
-    "relax.nn.gelu_tanh": "gelu",
-    "relax.nn.silu": "silu",
-    "relax.nn.attention": "attention",
-    "relax.nn.attention_bias": "attention",
-    "relax.take": "gather",
-    "relax.gather_elements": "gather",
-    "relax.gather_nd": "gather",
-    "relax.split": "split",
-    "relax.strided_slice": "strided_slice",
-    "relax.dynamic_strided_slice": "strided_slice",
-    "relax.nn.pad": "pad",
-    "relax.image.resize2d": "resize",
-    "relax.nn.pixel_shuffle": "depth_to_space",
-    "relax.nn.log_softmax": "log_softmax",
-}
 
 def _attention_attrs(members: list[Binding]) -> dict[str, Any]:
     """A fused attention chain's attributes: ``scale`` (what the scores are multiplied by;
@@ -66,14 +47,6 @@ def _roll_attrs(members: list[Binding]) -> dict[str, Any]:
     return {"shifts": [int(s) for _, _, s in steps], "axes": [int(a) for _, a, _ in steps]}
 
 
-def quantized_roll(quant: dict[str, Any], members: list[Binding]) -> dict[str, Any] | None:
-    """The ``quant`` record of a quantized layer that is a roll (rotations merged by
-    :func:`irgen.graph.merge_quantized_rolls`, exact data movement): ``kind`` ``integer``,
-    ``op`` ``roll``, the scheme's input and output quantization (the same); None for others."""
-    if len(members) < 3 or not is_roll(members) or not quant.get("inputs") or "output" not in quant:
-        return None
-    return {"scheme": quant["scheme"], "kind": "integer", "op": "roll", "inputs": [quant["inputs"][0]],
-            "output": quant["output"]}
 
 
 # attributes of a layer a fusion rule formed (beside its anchor's), by the rule's op
@@ -85,74 +58,10 @@ IMPLIED_ATTRS = {
     "relax.nn.gelu_tanh": {"approximate": "tanh"},
 }
 
-# Layer-op names of a source op that a converter imported as several Relax ops
-# (ONNX op type or aten op without its overload, lower case)
-SOURCE_OP_NAMES = {
-    "depthtospace": "depth_to_space",
-    "pixel_shuffle": "depth_to_space",
-    "spacetodepth": "space_to_depth",
-    "pixel_unshuffle": "space_to_depth",
-    "embedding": "gather",
-    "scaled_dot_product_attention": "attention",
-    "layernormalization": "layer_norm",
-    "layer_norm": "layer_norm",
-    "native_layer_norm": "layer_norm",
-    "gelu": "gelu",
-    "silu": "silu",
-    "resize": "resize",
-    "upsample": "resize",
-    "upsample_nearest2d": "resize",
-    "upsample_bilinear2d": "resize",
-    "pad": "pad",
-    "constant_pad_nd": "pad",
-    "split": "split",
-    "split_with_sizes": "split",
-    "chunk": "split",
-    "unbind": "split",
-    "slice": "strided_slice",
-    "reducemean": "mean",
-    "softmax": "softmax",
-    "_softmax": "softmax",
-    "bmm": "matmul",
-    "linear": "dense",
-}
 
 
-#: one name per computation, whatever the scheme or frontend called it (docs/layer-ops.md)
-CANONICAL_OPS = {
-    "mul": "multiply",
-    "sub": "subtract",
-    "div": "divide",
-    "global_avg_pool": "global_avg_pool2d",
-    "hard_swish": "hardswish",
-    "hard_sigmoid": "hardsigmoid",
-    "concat": "concatenate",
-    "permute_dims": "transpose",
-    "logistic": "sigmoid",
-    "leakyrelu": "leaky_relu",
-}
 
 
-def _quant_op(quant: dict[str, Any], members: list[Binding]) -> str:
-    """The layer op of a quantized layer: its ``quant.kind``, except for kinds that name the
-    arithmetic rather than the op: a table (``lut``) is the function it tabulates
-    (``sigmoid``, ``hardswish``, ``gelu``; ``lut`` only for a chain of several), a
-    ``mean`` is named as a float one is (a spatial mean is ``global_avg_pool2d``), and a
-    record that names its op (``quant.op``: a kind that names an algorithm, such as an
-    int16 ``softmax16``) is that op."""
-    kind = quant["kind"]
-    if kind == "lut":
-        fn = str(quant.get("function") or quant.get("op") or "")
-        return source_op_name(fn.removeprefix("nn.")) if fn and "+" not in fn else "lut"
-    if kind == "global_avg_pool_float":  # torch's float32 spatial mean, then its quantize
-        return "global_avg_pool2d"
-    if kind == "mean":  # realized as a sum: its axes are in the record
-        first = members[0].value
-        t = tensor_type(first.args[0]) if isinstance(first, relax.Call) and first.args else None
-        axes = sorted(int(a) % 4 for a in quant.get("axes") or [])
-        if t and len(t[0]) == 4 and axes in ([2, 3], [1, 2]):
-            return "global_avg_pool2d"
-    return str(quant.get("op") or kind)
 
 
 def _depthwise(attrs: dict[str, Any], data: Binding | None) -> bool:
@@ -174,43 +83,10 @@ def _conv_groups(b: Binding) -> dict[str, Any]:
     return {"groups": int(a.groups), "data_layout": str(a.data_layout)} if hasattr(a, "groups") else {}
 
 
-#: activations made of several steps: a layer that is one such source op is named after it
-COMPOUND_OPS = frozenset({"hardsigmoid", "hardswish", "silu", "gelu", "mish", "softplus"})
 
 
-def source_op_name(op_type: str) -> str:
-    """Layer-op name of a source op type (``DepthToSpace`` -> ``depth_to_space``,
-    ``aten.embedding.default`` -> ``gather``, ``aten.hardswish_.default`` -> ``hardswish``)."""
-    t = op_type.lower()
-    if t.startswith("aten."):
-        t = t.split(".")[1]
-        if t.endswith("_") and not t.endswith("__"):
-            t = t[:-1]  # the in-place variant computes the same
-    t = SOURCE_OP_NAMES.get(t, t)
-    return CANONICAL_OPS.get(t, t)
 
 
-def short_op(b: Binding) -> str:
-    """Layer-op name of one binding (``conv2d``, ``dense``, ``flatten``...)."""
-    name = b.op or b.kind
-    v = b.value
-    if name == "relax.matmul" and isinstance(v.args[1], Constant) and len(v.args[1].ty.shape.values) == 2:
-        return "dense"
-    if name == "relax.mean":
-        axes = [int(a) for a in v.attrs.axis] if v.attrs.axis is not None else []
-        t = tensor_type(v.args[0])
-        # the two spatial axes of NCHW (2, 3) or NHWC (1, 2)
-        if t and len(t[0]) == 4 and sorted(a % 4 for a in axes) in ([2, 3], [1, 2]):
-            return "global_avg_pool2d"
-    if name == "relax.reshape":
-        tin, tout = tensor_type(v.args[0]), tensor_type(b.var)
-        if tin and tout and len(tout[0]) == 2 and len(tin[0]) > 2 and tout[0][0] == tin[0][0]:
-            return "flatten"
-    if name in LAYER_OP_NAMES:
-        return LAYER_OP_NAMES[name]
-    if name in OP_NAMES:
-        return OP_NAMES[name]
-    return name.removeprefix("relax.").removeprefix("nn.").replace(".", "_")
 
 
 @dataclass
@@ -320,7 +196,7 @@ def build_layer_record(
     (``op:J``) or a literal; it is what the numpy reference runs.
 
     ``quant`` is the anchor's record; ``steps`` (a layer a fusion rule merged from several
-    scheme layers that requantize, :attr:`irgen.graph.Layer.steps`) each merged layer's,
+    scheme layers that requantize, :attr:`irgen.layers.Layer.steps`) each merged layer's,
     which become ``quant.steps`` (:func:`_stepwise_quant`).
 
     Steps: the layer's inputs, its parameters, the ``fused_ops`` program, the
@@ -394,7 +270,7 @@ def _stepwise_attrs(layer: Layer, by_name: dict[str, Binding], attrs: dict[str, 
     relu table after a conv), else none: the anchor's clamp no longer ends the layer."""
     attrs = {k: v for k, v in attrs.items() if k != "activation"}
     members = [by_name[m] for m in (layer.steps or [[]])[-1]]
-    op = _quant_op(last, members) if last.get("kind") not in (None, "integer") else short_op(members[-1])
+    op = quant_op(last, members) if last.get("kind") not in (None, "integer") else short_op(members[-1])
     op = CANONICAL_OPS.get(op, op)
     if op in STEP_ACTIVATIONS:
         attrs["activation"] = {"op": op}
@@ -527,7 +403,7 @@ def _layer_op(layer: Layer, members: list[Binding], anchor: Binding, attrs: dict
     nodes, op_types = source["nodes"], source["op_types"]
     op = short_op(anchor)
     if quant is not None and quant.get("kind") not in (None, "integer") and layer.op is None:
-        op = _quant_op(quant, members)
+        op = quant_op(quant, members)
         if op == "gelu" and "approximate" in (quant.get("params") or {}):  # a table of either form
             attrs = {**attrs, "approximate": "tanh" if quant["params"]["approximate"] else "none"}
     elif layer.op is not None:

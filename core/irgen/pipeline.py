@@ -241,9 +241,9 @@ def _form_layers(host, imported: ImportedModel, be: Backend, quantizer: str | No
     """Fold batch norms, realize the quantization scheme (if any), cut ``main`` into layers."""
     from tvm import relax
 
-    from irgen.graph import (check_gather_indices, cut_layers, drop_dead_bindings, flatten_tuples, fold_batch_norm,
-                             fold_constants, form_layers, fuse_quantized_layers, guard_gathers, main_bindings,
-                             merge_quantized_rolls, static_shapes, tuple_output_outside_dataflow)
+    from irgen.graph import (check_gather_indices, drop_dead_bindings, flatten_tuples, fold_batch_norm, fold_constants,
+                             guard_gathers, main_bindings, static_shapes, tuple_output_outside_dataflow)
+    from irgen.layers import cut_layers, form_layers, fuse_quantized_layers, merge_quantized_rolls
     from irgen.quant import QGraph
 
     progress.stage("form layers")
