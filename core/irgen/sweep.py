@@ -330,10 +330,10 @@ class _Fingerprints:
     (external data, model code: :func:`irgen.runkey.stale`) still hold."""
 
     def __init__(self, host) -> None:
-        from irgen import cli
+        from irgen.cliargs import build_parser
 
         self.host = host
-        self.parser = cli.build_parser(host)
+        self.parser = build_parser(host)
         self.digests: dict[str, Any] = {}
 
     def _digest(self, path: str):
@@ -391,10 +391,10 @@ def _run_irgen(argv: list[str], out: Path) -> int:
     """``irgen run`` (argv) through the CLI's own parsing and :func:`irgen.pipeline.run_cli`, so a
     job's options and files are those of the same command typed by hand; returns the layer count.
     The folders above ``out`` exist (:func:`_job_folder`)."""
-    from irgen import cli, pipeline
+    from irgen import cliargs, pipeline
     from irgen.safeio import read_json
 
-    args = cli.parse_args(argv)
+    args = cliargs.parse_args(argv)
     saved = sys.argv
     sys.argv = ["irgen", *argv]  # run_cli records sys.argv as the output's command (manifest.json)
     try:
