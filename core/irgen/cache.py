@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from irgen import runkey
+from irgen import envflags, runkey
 from irgen.api import IrgenError
 from irgen.plan import Plan
 from irgen.runkey import KEY_FORMAT, PlanKey
@@ -54,8 +54,6 @@ def folder() -> Path:
 
 def size_limit() -> int:
     """``$IRGEN_CACHE_SIZE`` in bytes (``DEFAULT_SIZE`` when unset; 0 turns the cache off)."""
-    from irgen import envflags
-
     return envflags.size("IRGEN_CACHE_SIZE", DEFAULT_SIZE)
 
 

@@ -15,9 +15,14 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from irgen import envflags, lean_import
 from irgen.api import IrgenError
 from irgen.cliargs import build_parser, load_host, parse_args  # noqa: F401  (build_parser: re-exported)
+from irgen.irfile import output_folders, read_ir
+from irgen.output import Progress
 from irgen.plugins import PluginHost
+from irgen.safeio import DEFAULT_MAX_TENSOR_BYTES, human_bytes
+from irgen.schema import schema_text
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
@@ -62,8 +67,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     code = int(pipeline.run_cli(args, host))
     if code == 0 and args.verify:
-        from irgen.irfile import output_folders
-
         outs = output_folders(args.output)  # with --inputs: every sample's folder
         failed = [out for out in outs if not run_verify(args, out, modes=None, model=args.model)["passed"]]
         for out in failed:
@@ -96,24 +99,18 @@ def run_verify(args: argparse.Namespace, out: Path, modes: list[str] | None, mod
     elif not quiet:
         print(format_table(result, getattr(args, "limit", None)))
     if report is not None:
+        from irgen.report import write_report  # a large module: only when a report is written
+
         try:
-            from irgen.report import write_report
-        except ImportError:
-            print("irgen: note: HTML report not written (irgen.report is not available)", file=sys.stderr)
-        else:
-            try:
-                path = write_report(result, report)
-            except OSError as err:
-                raise IrgenError(f"cannot write the report {report}: {err.strerror or _one_line(err)}") from None
-            if not args.no_progress:
-                print(f"wrote {path}", file=sys.stderr)
+            path = write_report(result, report)
+        except OSError as err:
+            raise IrgenError(f"cannot write the report {report}: {err.strerror or _one_line(err)}") from None
+        if not args.no_progress:
+            print(f"wrote {path}", file=sys.stderr)
     return result
 
 
 def _verify_quietly(args: argparse.Namespace, out: Path, modes: list[str] | None, model: Path | None) -> dict[str, Any]:
-    from irgen.irfile import read_ir
-    from irgen.output import Progress
-    from irgen.safeio import DEFAULT_MAX_TENSOR_BYTES
     from irgen.verify import MODES, verify_output
 
     read_ir(out)  # a missing or malformed OUT: one error before plugins and runtimes load
@@ -155,8 +152,6 @@ def _default_report(out: Path) -> Path:
 def cmd_verify(args: argparse.Namespace) -> int:
     """``irgen verify OUT``; an ``irgen run --inputs`` output: every sample, each with its report
     beside its folder; exit 1 when one fails."""
-    from irgen.irfile import output_folders
-
     folders = output_folders(args.out)
     if len(folders) > 1 and args.report:
         raise IrgenError(f"--report: {args.out} holds {len(folders)} samples; each gets its own report beside "
@@ -181,7 +176,6 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     """``irgen inspect OUT``; an ``irgen run --inputs`` output: every sample."""
-    from irgen.irfile import output_folders
     from irgen.summary import format_inspect, inspect_output
 
     folders = output_folders(args.out)
@@ -199,7 +193,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     """``irgen sweep``: every job of the spec (:mod:`irgen.sweep`); exit 1 when a job failed."""
     import contextlib
 
-    from irgen.output import Progress
     from irgen.sweep import format_summary, sweep
 
     if args.jobs is not None and args.jobs < 1:
@@ -218,7 +211,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
     """``irgen compare OUT DUMP``: exit 0 when every tensor the dump holds matches, 1 when one differs."""
     from irgen.compare import compare_dump, format_compare
     from irgen.comparators import Thresholds
-    from irgen.output import Progress
 
     extract = args.extract_failing
     if extract is not None and extract.exists() and any(extract.iterdir()) and not args.force:
@@ -242,8 +234,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def _compare_reports(args: argparse.Namespace, result: dict, progress) -> None:
     """The HTML report(s): DUMP.compare.html (or --report), one beside each sample's dump folder."""
-    from irgen.compare_report import write_compare_report
-
     samples = result.get("samples")
     if samples is not None and args.report:
         raise IrgenError(f"--report: {args.out} holds {len(samples)} samples; each gets its own report beside its "
@@ -251,6 +241,8 @@ def _compare_reports(args: argparse.Namespace, result: dict, progress) -> None:
     todo = [(result, args.report or _default_report(args.dump).with_name(f"{Path(args.dump).name}.compare.html"))] \
         if samples is None else [(r, _default_report(Path(r["dump"])).with_name(f"{Path(r['dump']).name}.compare.html"))
                                  for r in samples.values() if "summary" in r]
+    from irgen.compare_report import write_compare_report  # a large module: only when a report is written
+
     for r, path in todo:
         try:
             written = write_compare_report(r, path)
@@ -272,7 +264,6 @@ def cmd_extract(args: argparse.Namespace) -> int:
 def cmd_cache(args: argparse.Namespace) -> int:
     """``irgen cache``: see :mod:`irgen.cachetool`; ``verify`` exits 1 when an entry differs."""
     from irgen import cachetool
-    from irgen.safeio import human_bytes
 
     if (args.name is not None) != (args.action == "show"):
         raise IrgenError("irgen cache show NAME: a name goes with show, and only there")
@@ -285,8 +276,6 @@ def cmd_cache(args: argparse.Namespace) -> int:
         print(f"removed {count} entries ({human_bytes(freed)}) from {folder()}")
         return 0
     if args.action == "verify":
-        from irgen.output import Progress
-
         rows = cachetool.verify(load_host(args), args.sample, Progress(enabled=not args.no_progress))
         differs = [r for r in rows if r["status"] in ("differs", "error")]
         print(json.dumps(rows, indent=1) if args.json else
@@ -322,8 +311,6 @@ def cmd_new_plugin(args: argparse.Namespace) -> int:
 
 def cmd_schema(args: argparse.Namespace) -> int:
     """The JSON Schema (draft 2020-12) of ``ir.json``, as the package ships it."""
-    from irgen.schema import schema_text
-
     sys.stdout.write(schema_text())
     return 0
 
@@ -434,8 +421,6 @@ def _stopped(watch: _SignalWatch) -> int:
 
 def _traceback_wanted() -> bool:
     """``IRGEN_TRACEBACK`` is on (a bad value, refused up front by :func:`main`, counts as off)."""
-    from irgen import envflags
-
     try:
         return envflags.switch("IRGEN_TRACEBACK")
     except IrgenError:
@@ -446,8 +431,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code (2 for a user error, 130/143 when interrupted/terminated,
     3 for an internal error). ``IRGEN_TRACEBACK=1`` prints the traceback of any error; every
     ``IRGEN_*`` variable is checked first (``irgen.envflags``)."""
-    from irgen import envflags, lean_import
-
     lean_import.install()  # TVM without torch unless a model needs it
     lean_import.unpin_threads()  # before any kernel, FoldConstant's included, makes a pool
     watch = _SignalWatch()

@@ -13,6 +13,7 @@ from typing import Any, Sequence
 from irgen import __version__
 from irgen.api import IrgenError
 from irgen.plugins import PluginHost
+from irgen.safeio import DEFAULT_MAX_TENSOR_BYTES, parse_bytes
 
 
 def _add_plugin_options(parser: argparse.ArgumentParser, suffix: str = "") -> None:
@@ -100,8 +101,6 @@ def _plugin_args(argv: Sequence[str] | None) -> tuple[list[str], bool]:
 
 
 def _max_bytes(text: str) -> int:
-    from irgen.safeio import parse_bytes
-
     try:
         return parse_bytes(text)
     except ValueError as err:
@@ -109,8 +108,6 @@ def _max_bytes(text: str) -> int:
 
 
 def _add_limit_option(parser) -> None:
-    from irgen.safeio import DEFAULT_MAX_TENSOR_BYTES
-
     parser.add_argument("--max-tensor-bytes", type=_max_bytes, default=DEFAULT_MAX_TENSOR_BYTES, metavar="SIZE",
                         help="refuse any single tensor (input, constant, activation, file read back) larger than "
                              "SIZE, e.g. 512M, 8G (default: 2G)")

@@ -28,10 +28,11 @@ from typing import Any
 import numpy as np
 
 from irgen.api import IrgenError, Mismatch
-from irgen.comparators import Thresholds, axis_letters, diff, float_close, localize
+from irgen.comparators import axis_letters, diff, float_close, localize, Thresholds
 from irgen.dumpmap import DumpMap, read_map
 from irgen.irfile import output_folder, output_folders
-from irgen.runners import DumpRunner, Golden, LayerRunner, Refused, TensorFiles, one_line
+from irgen.plugins import PluginHost
+from irgen.runners import DumpRunner, Golden, LayerRunner, one_line, Refused, TensorFiles
 from irgen.safeio import DEFAULT_MAX_TENSOR_BYTES
 
 __all__ = ["compare_dump", "compare_output", "format_compare", "verdict_line"]
@@ -319,8 +320,6 @@ def compare_output(out: str | Path, dump: str | Path, *, mapping: str | Path | D
     values are candidates of stale data); ``extract``: write the first locally wrong
     layer's test vector there (:func:`irgen.extract.extract_layer`), with the device's inputs."""
     if host is None:
-        from irgen.plugins import PluginHost
-
         host = PluginHost().load(extra=list(plugins), strict=strict)
     if mapping is not None and not isinstance(mapping, DumpMap):
         mapping = read_map(Path(mapping))

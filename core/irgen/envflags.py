@@ -23,6 +23,7 @@ import os
 from typing import Callable
 
 from irgen.api import IrgenError
+from irgen.safeio import byte_count
 
 #: the values that turn a switch on (any case, surrounding spaces ignored)
 TRUE = frozenset({"1", "true", "yes", "on"})
@@ -91,8 +92,6 @@ def seconds(name: str, default: float) -> float:
 def size(name: str, default: int) -> int:
     """``$name`` as a byte count from 0 up (``500M``, ``2G``, ``1.5GiB``, ``0``; K, M, G are
     powers of 1024, KB, MB, GB powers of 1000); ``default`` when unset or empty."""
-    from irgen.safeio import byte_count
-
     text = _value(name)
     if text is None:
         return default

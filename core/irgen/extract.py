@@ -26,6 +26,7 @@ import numpy as np
 
 from irgen.api import IrgenError, StoredTensor, TensorInfo
 from irgen.output import OutputFolder, write_manifest
+from irgen.plugins import PluginHost
 from irgen.runners import check_size
 from irgen.safeio import DEFAULT_MAX_TENSOR_BYTES, inside, open_regular
 
@@ -122,8 +123,6 @@ def extract_layer(out: str | Path, name: str, dest: str | Path, *, host=None, in
     ir = load_ir(out)
     layer = _layer_of(ir, name)
     if host is None:
-        from irgen.plugins import PluginHost
-
         host = PluginHost().load()
     producer = ir.get("producer") or {}
     backend = host.backends.get(producer["backend"]) if producer.get("backend") in host.backends else None

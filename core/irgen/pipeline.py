@@ -21,15 +21,17 @@ from typing import Any, Callable
 
 import numpy as np
 
-from irgen import __version__, runkey, spill
+from irgen import __version__, runkey, schedule, share, spill, target
 from irgen.api import (Backend, ImportedModel, InputSpec, IrgenError, Quantizer, StoredTensor, TensorInfo,
                        UnsupportedOpsError)
 from irgen.names import SafeNames
+from irgen.output import file_identity, OutputFolder, ParamsStreamWriter, Progress, sha256_file, write_manifest
+from irgen.plan import array, Plan, PLAN_FORMAT, PlanKernel
 from irgen.plugins import call_plugin
-from irgen.output import OutputFolder, ParamsStreamWriter, Progress, file_identity, sha256_file, write_manifest
-from irgen.plan import PLAN_FORMAT, Plan, PlanKernel, array
-from irgen.safeio import (DEFAULT_MAX_TENSOR_BYTES, check_tensor_size, file_or_folder, load_npy,
-                          recording_reads, regular_tree)
+from irgen.safeio import (check_tensor_size, DEFAULT_MAX_TENSOR_BYTES, file_or_folder, load_npy, recording_reads,
+                          regular_tree)
+from irgen.schema import IR_VERSION
+from irgen.serializers import write_json
 
 
 def parse_input_shapes(specs: list[str], limit: int | None = None) -> dict[str, tuple[int, ...]]:
@@ -814,8 +816,6 @@ def run_key(host, model: Path, opt_level: int, frontend: str | None, backend: st
 def compile_settings() -> dict[str, Any]:
     """What the compile steps themselves depend on, for the run's key: the schedule, kernel
     sharing, the target CPU and the plan format."""
-    from irgen import schedule, share, target
-
     return {"schedule": schedule.key(), "share": share.key(), "target": target.key(), "plan_format": PLAN_FORMAT}
 
 
@@ -894,8 +894,6 @@ def write_output(host, plan: Plan, arrays: list[np.ndarray], folder: OutputFolde
     """Capture ``plan`` on ``arrays`` into ``folder`` (entered): activations, parameters,
     ``graph/``, ``debug/``, ``ir.json`` and the other serializers' files, ``manifest.json``.
     Returns the IR dict and the manifest's file records."""
-    from irgen.schema import IR_VERSION
-
     tvm_version = _tvm_version()
     records = json.loads(json.dumps(plan.records))  # this output's copy: completing fills in files
     folder.path("graph/model.relax.txt").write_text(plan.model_script)
@@ -1209,8 +1207,6 @@ def _serialize(host, sers: list, ir: dict[str, Any], folder: OutputFolder) -> No
     """``ir.json``, the canonical IR that verify and inspect read, and beside it what each
     other serializer writes: new files in the output folder, never ``ir.json`` or a file
     that irgen or another serializer wrote."""
-    from irgen.serializers import write_json
-
     def snapshot() -> dict[Path, tuple[int, int]]:
         return {p: (st.st_size, st.st_mtime_ns) for p in folder.tmp.rglob("*") if (st := p.lstat())}
 

@@ -29,6 +29,7 @@ import pluggy
 
 from irgen import envflags, hookspecs
 from irgen.api import Backend, DumpReader, Frontend, IrgenError, Option, Quantizer, Serializer, Signature
+from irgen.safeio import regular_file
 
 ENTRY_POINT_GROUP = "irgen"
 BLOCK_ENV = "IRGEN_BLOCK_PLUGINS"
@@ -236,8 +237,6 @@ class PluginHost:
 
     def _load_extra(self, spec: str) -> None:
         if _is_file_spec(spec):
-            from irgen.safeio import regular_file
-
             path = Path(spec)
             if not path.exists():
                 raise IrgenError(f"--plugin '{spec}': no such file")

@@ -22,6 +22,9 @@ from typing import Any
 
 import numpy as np
 
+from irgen.api import IrgenError
+from irgen.plugins import PluginHost
+
 
 # ------------------------------------------------------------------ numpy
 
@@ -144,8 +147,6 @@ def check_qparams(scheme: str, tensor: str, scale, zero_point, dtype: str, axis:
     negative or NaN scale, a zero point outside ``dtype``'s range, or (when
     ``channels`` is given) a per-channel scale count that does not match.
     """
-    from irgen.api import IrgenError
-
     s = np.asarray(scale, dtype=np.float32).reshape(-1)
     z = np.asarray(zero_point).astype(np.int64).reshape(-1)
     if s.size and np.any(np.isposinf(s)):
@@ -243,8 +244,6 @@ def default_host():
     where :func:`recompute` finds a layer's scheme when its caller has no host of its own."""
     global _DEFAULT_HOST
     if _DEFAULT_HOST is None:
-        from irgen.plugins import PluginHost
-
         _DEFAULT_HOST = PluginHost().load()
     return _DEFAULT_HOST
 
@@ -540,7 +539,6 @@ def follow_constant(qg, expr, qparams, scheme: str, what: str, tensor: str):
     consumer sees, its :class:`QTensor` with the per-channel axis mapped into
     that layout, and the chain of bindings followed.
     """
-    from irgen.api import IrgenError
     from irgen.graph import Constant
 
     chain, e = [], expr

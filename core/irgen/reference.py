@@ -24,6 +24,9 @@ from typing import Any, Callable
 
 import numpy as np
 
+from irgen.irfile import read_ir
+from irgen.safeio import inside, load_npy
+
 __all__ = ["UnsupportedLayer", "run_layer", "run_op", "load_layer_params", "load_layer_inputs", "OPS"]
 
 
@@ -1175,8 +1178,6 @@ def run_layer(layer: dict, inputs: list[np.ndarray], params: dict[str, np.ndarra
 
 def _load(out_dir: Path, rec: dict) -> np.ndarray:
     """A tensor file named by an ``ir.json`` record: confined to OUT, plain ``.npy`` only."""
-    from irgen.safeio import inside, load_npy
-
     return load_npy(inside(out_dir, rec.get("file"), f"tensor {rec.get('name')!r}"), "tensor")
 
 
@@ -1191,6 +1192,4 @@ def load_layer_inputs(out_dir: str | Path, layer: dict) -> list[np.ndarray]:
 
 
 def load_ir(out_dir: str | Path) -> dict:
-    from irgen.irfile import read_ir
-
     return read_ir(out_dir)

@@ -32,6 +32,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from irgen.envflags import turned_off
+
 #: environment switch: a true value (1, true, yes, on) turns sharing off
 ENV_OFF = "IRGEN_NO_SHARE"
 #: module switch (tests and embedders); the environment variable wins when set
@@ -51,8 +53,6 @@ VALUE_CALLS = frozenset({
 
 def enabled() -> bool:
     """Whether :func:`share_kernels` shares (``IRGEN_NO_SHARE`` unset and ``ENABLED``)."""
-    from irgen.envflags import turned_off
-
     return not turned_off(ENV_OFF, ENABLED)
 
 

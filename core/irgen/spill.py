@@ -28,6 +28,8 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from irgen.envflags import turned_off
+
 #: arrays smaller than this stay in memory (scales, zero points, biases, shapes)
 MIN_BYTES = 1 << 16
 #: set to 1 to keep every weight in memory (:func:`weights_on_disk` opens no file)
@@ -141,7 +143,6 @@ def weights_on_disk(folder: Path) -> Iterator[WeightFile | None]:
     """Within the block, :func:`weight_tensor` keeps large arrays in an unnamed file in
     ``folder`` (None when one cannot be made there: the weights stay in memory)."""
     global _active
-    from irgen.envflags import turned_off
 
     wf = None
     if not turned_off(ENV_OFF, ENABLED):

@@ -53,7 +53,12 @@ from typing import Any, Callable
 import yaml
 
 from irgen.api import IrgenError
+from irgen.cliargs import build_parser
 from irgen.names import SafeNames
+from irgen.output import Progress
+from irgen.plugins import _is_file_spec, PluginHost
+from irgen.runkey import digest_path, stale
+from irgen.safeio import read_bytes, read_json
 
 #: how often a job is tried before it is reported failed
 ATTEMPTS = 2
@@ -187,8 +192,6 @@ def _check_shape(spec: Any) -> None:
 
 def read_spec(path: Path) -> dict[str, Any]:
     """The spec file as a dict (YAML; a ``.json`` file as JSON), its shape bounded and its keys checked."""
-    from irgen.safeio import read_bytes
-
     text = read_bytes(path, "sweep spec", limit=1 << 20).decode("utf-8", "replace")
     try:
         if path.suffix.lower() == ".json":
@@ -285,8 +288,6 @@ def expand(spec: dict[str, Any], base: Path, out: Path, plugins: list[str] = (),
            strict_plugins: bool = False, max_jobs: int = MAX_JOBS) -> list[Job]:
     """The jobs of ``spec`` (paths relative to ``base``), in order: models, samples, opt levels, schemes.
     More than ``max_jobs`` is refused from the list lengths, before any job is built."""
-    from irgen.plugins import _is_file_spec
-
     entries = _list(spec, "models", [], str)
     levels = _list(spec, "opt_levels", [3], int)
     bad = [lv for lv in levels if lv not in range(5)]
@@ -330,15 +331,11 @@ class _Fingerprints:
     (external data, model code: :func:`irgen.runkey.stale`) still hold."""
 
     def __init__(self, host) -> None:
-        from irgen.cliargs import build_parser
-
         self.host = host
         self.parser = build_parser(host)
         self.digests: dict[str, Any] = {}
 
     def _digest(self, path: str):
-        from irgen.runkey import digest_path
-
         if path not in self.digests:
             self.digests[path] = digest_path(Path(path))
         return self.digests[path]
@@ -356,8 +353,6 @@ class _Fingerprints:
 
 def _still_holds(job: Job) -> bool:
     """The dependencies the job's ``manifest.json`` records (read bounded: OUT is untrusted) hold."""
-    from irgen.runkey import stale
-    from irgen.safeio import read_json
 
     try:
         keyed = read_json(Path(job.out) / "manifest.json", "manifest.json", limit=64 << 20).get("key")
@@ -392,7 +387,6 @@ def _run_irgen(argv: list[str], out: Path) -> int:
     job's options and files are those of the same command typed by hand; returns the layer count.
     The folders above ``out`` exist (:func:`_job_folder`)."""
     from irgen import cliargs, pipeline
-    from irgen.safeio import read_json
 
     args = cliargs.parse_args(argv)
     saved = sys.argv
@@ -571,8 +565,6 @@ def _load_record(out: Path, spec_hash: str, force: bool, max_jobs: int) -> dict[
     """The job records of an earlier sweep into ``out`` with the same spec (empty for a new OUT).
     The file is read up to a size that ``max_jobs`` records take (the memory of parsing it bounded),
     and a record that is not a mapping of the fields a record has is dropped (its job runs again)."""
-    from irgen.safeio import read_json
-
     path = out / RECORD
     if not path.exists():
         if out.is_dir() and any(out.iterdir()) and not force:
@@ -633,8 +625,6 @@ def _schedule(executor, todo: list[tuple[Job, str]], finish: Callable[[Job, str,
 
 
 def _host(plugins, strict: bool):
-    from irgen.plugins import PluginHost
-
     return PluginHost().load(extra=list(plugins), strict=strict)
 
 
@@ -643,8 +633,6 @@ def sweep(spec_path: Path, out: Path, ray: str | None = None, workers: int | Non
           max_jobs: int | None = None) -> dict[str, Any]:
     """Run the sweep of ``spec_path`` into ``out``; returns the summary (also kept in ``OUT/sweep.json``).
     A spec of more than ``max_jobs`` jobs (default :data:`MAX_JOBS`) is refused."""
-    from irgen.output import Progress
-
     progress = progress or Progress(enabled=False)
     spec_path = Path(spec_path)
     spec = read_spec(spec_path)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from irgen import envflags
+
 #: environment switch: a true value compiles for LLVM's generic CPU of the architecture
 #: (x86-64: SSE2) instead of this machine's CPU
 ENV_GENERIC = "IRGEN_GENERIC_CPU"
@@ -45,8 +47,6 @@ def spec() -> dict[str, Any]:
 
 def _generic() -> bool:
     import platform
-
-    from irgen import envflags
 
     return (envflags.switch(ENV_GENERIC)
             or platform.machine().lower() not in {"x86_64", "amd64"})

@@ -59,13 +59,15 @@ from typing import Any, Callable
 
 import numpy as np
 
-from irgen.api import OPTION_KINDS, IrgenError
-from irgen.comparators import Thresholds, compare
-from irgen.comparators import json_num as _json_num, status_metric as _status_metric
+from irgen.api import IrgenError, OPTION_KINDS
+from irgen.comparators import compare, json_num as _json_num, status_metric as _status_metric, Thresholds
 from irgen.irfile import read_ir, read_manifest
+from irgen.plugins import PluginHost
+from irgen.runkey import digest_path
 from irgen.runners import LayerRunner as _Layers, TensorFiles as _Files, quant_consistency  # noqa: F401
-from irgen.safeio import (DEFAULT_MAX_TENSOR_BYTES, check_tensor_size, file_or_folder, inside, open_regular,
+from irgen.safeio import (check_tensor_size, DEFAULT_MAX_TENSOR_BYTES, file_or_folder, inside, open_regular,
                           regular_file, regular_tree)
+from irgen.schema import check_ir
 
 __all__ = ["Thresholds", "verify_output", "compare", "format_table", "MODES"]
 
@@ -220,8 +222,6 @@ class SourceModel:
 def model_sha256(path: Path) -> str:
     """The sha256 ``irgen run`` records for a model (:func:`irgen.runkey.digest_path`: a file's
     bytes, or a folder's files by name, size and content), without importing TVM."""
-    from irgen.runkey import digest_path
-
     return digest_path(path, "source model").sha256
 
 
@@ -293,8 +293,6 @@ def resolve_source(out: Path, ir: dict, model: Path | None = None, host=None, *,
     ``manifest.json``, as far as :func:`_manifest_options` allows; ``given``: plugin
     options the user gave ``irgen verify``, which replace recorded ones. ``allow_pickle``
     comes from the command line only."""
-    from irgen.plugins import PluginHost
-
     if manifest is ...:
         manifest = read_manifest(out)
     notes: list[str] = []
@@ -349,8 +347,6 @@ def _source_child(conn, frontend: str, model: str, options: dict, plugins: list[
     parent resolved and checked, with the options the parent decided (it reads nothing
     from OUT itself)."""
     try:
-        from irgen.plugins import PluginHost
-
         t0 = time.perf_counter()
         host = PluginHost().load(extra=plugins, strict=strict)
         runner = host.frontends.get(frontend).source_runner(Path(model), options)
@@ -453,8 +449,6 @@ def load_ir(out_dir: str | Path) -> dict[str, Any]:
     """``OUT/ir.json``, validated: its fields' types (:func:`irgen.irfile.read_ir`), then the
     whole document against the IR's JSON Schema (:func:`irgen.schema.check_ir`); an
     IrgenError saying why it cannot be read, or listing the violations."""
-    from irgen.schema import check_ir
-
     return check_ir(read_ir(out_dir), str(Path(out_dir) / "ir.json"))
 
 
@@ -467,8 +461,6 @@ def _skip_source(source: dict[str, Any], notes: list[str], modes, err: IrgenErro
 
 def _load_host(plugins, strict: bool):
     """The installed plugins and ``plugins`` (``--plugin``), loaded."""
-    from irgen.plugins import PluginHost
-
     return PluginHost().load(extra=list(plugins), strict=strict)
 
 

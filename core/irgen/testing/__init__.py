@@ -50,6 +50,10 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
 from irgen.api import IrgenError
+from irgen.cli import main
+from irgen.irfile import tensor_records as records
+from irgen.plugins import PluginHost
+from irgen.safeio import load_npz_member
 
 __all__ = ["RunError", "registered", "plugin_host", "run_model", "verify", "read_tensor", "tensor_records",
            "plugin_name", "fresh_venv", "venv_python"]
@@ -97,7 +101,6 @@ def registered(*plugins: Any, names: Sequence[str] | None = None) -> Iterator[An
     installed plugin that fails to load stays a warning, as in ``irgen``)."""
     global _ORIGINAL_LOAD
     from irgen import quant
-    from irgen.plugins import PluginHost
 
     global _INSTALLED_IMPORTED
     names = list(names) if names is not None else [plugin_name(p) for p in plugins]
@@ -136,8 +139,6 @@ def registered(*plugins: Any, names: Sequence[str] | None = None) -> Iterator[An
 def plugin_host(*plugins: Any) -> Any:
     """A :class:`irgen.plugins.PluginHost` with the installed plugins, the ones of the active
     :func:`registered` blocks, and ``plugins`` (registered under :func:`plugin_name`)."""
-    from irgen.plugins import PluginHost
-
     host = PluginHost().load()
     for plugin in plugins:
         if not host.pm.is_registered(plugin):
@@ -149,8 +150,6 @@ def plugin_host(*plugins: Any) -> Any:
 
 def _cli(argv: list[str]) -> tuple[int, str, str]:
     """``irgen ARGV`` in this process: (exit code, stdout, stderr)."""
-    from irgen.cli import main
-
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = main(argv)
@@ -212,8 +211,6 @@ def verify(out: str | Path, *, modes: Sequence[str] = ("single", "entire"), mode
 def tensor_records(ir: dict[str, Any]) -> Iterator[dict[str, Any]]:
     """Every tensor record of ``ir.json`` that names a data file (graph inputs and outputs, each
     layer's inputs, outputs and parameters), each file once."""
-    from irgen.irfile import tensor_records as records
-
     seen: set[str] = set()
     for _, _, t in records(ir):
         if isinstance(t, dict) and t.get("file") and t["file"] not in seen:
@@ -229,7 +226,6 @@ def read_tensor(out: str | Path, record: dict[str, Any], backend: Any = None) ->
 
     path = Path(out) / record["file"]
     if path.suffix == ".npz":  # irgen run --compress
-        from irgen.safeio import load_npz_member
 
         return load_npz_member(path, record["name"], "tensor")
     if backend is not None and backend.read_tensor is not None and not path.name.endswith(".npy"):

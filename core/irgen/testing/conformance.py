@@ -38,6 +38,8 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
+from irgen.irfile import read_manifest
+from irgen.output import folder_mode
 from irgen.testing import models, plugin_host, read_tensor, run_model, tensor_records, verify
 
 __all__ = ["check_frontend", "check_scheme", "check_backend", "check_serializer"]
@@ -47,8 +49,6 @@ def _folder(tmp: str | Path | None) -> Path:
     """A new folder for one check's runs (in ``tmp``, else the system's), left for a look
     afterwards: its mode as ``mkdir`` would make it, the umask followed."""
     import os
-
-    from irgen.output import folder_mode
 
     if tmp is not None:
         Path(tmp).mkdir(parents=True, exist_ok=True)
@@ -181,8 +181,6 @@ def check_serializer(name: str, parse: Callable[[Path], Any], model: str | Path 
     ``layers`` list), which must be ``ir.json``'s, in order; a layer that also gives
     ``outputs`` (mappings with ``shape``) must give ``ir.json``'s output shapes. Returns
     ``{"layers": n, "files": [paths the serializer wrote]}``."""
-    from irgen.irfile import read_manifest
-
     host = plugin_host()
     _need(host, "serializer", name)
     d = _folder(tmp)
