@@ -197,16 +197,27 @@ def _canonical(func) -> Any:
 def share_kernels(mod) -> tuple[Any, dict[str, str]]:
     """``mod`` with the PrimFuncs ``main`` calls shared as the module docstring says, and
     the original callee name of each rewritten call (binding var name -> PrimFunc name)."""
-    import numpy as np
-    import tvm
-    import tvm_ffi
-    from tvm import relax
-
     global stats
     stats = Stats()
     if not enabled():
         return mod, {}
-    from irgen.graph import main_bindings, rewrite_blocks
+    n_inputs = _call_arities(mod)
+    funcs = _shareable_funcs(mod, n_inputs)
+    stats.functions = len(funcs)
+    lifted, groups = _group_by_code(funcs, n_inputs)
+    target_of, new_funcs = _share_groups(groups, funcs, lifted, n_inputs)
+    if not target_of:
+        return mod, {}
+    return _rewrite_module(mod, funcs, lifted, target_of, new_funcs)
+
+
+def _call_arities(mod) -> dict[str, int]:
+    """The number of tensor arguments each PrimFunc that ``main`` calls with ``call_tir`` gets
+    (by name; -1 when its calls pass different numbers: such a function is left alone)."""
+    import tvm
+    from tvm import relax
+
+    from irgen.graph import main_bindings
 
     call_tir = tvm.ir.Op.get("relax.call_tir")
     _, bindings = main_bindings(mod)
@@ -219,15 +230,29 @@ def share_kernels(mod) -> tuple[Any, dict[str, str]]:
             n = len(v.args[1].fields)
             if n_inputs.setdefault(name, n) != n:
                 n_inputs[name] = -1  # called with different arities: left alone
-    # a PrimFunc another Relax function calls too (a control-flow body's) is left alone
+    return n_inputs
+
+
+def _shareable_funcs(mod, n_inputs: dict[str, int]) -> dict[str, tuple[Any, Any]]:
+    """The PrimFuncs that may be shared, by name -> (GlobalVar, PrimFunc): called from ``main``
+    with one arity, and called by no other Relax function (a control-flow body's are left alone)."""
+    import tvm
+    from tvm import relax
+
     elsewhere = {g.name_hint for gv, f in mod.functions.items() if gv.name_hint != "main"
                  and isinstance(f, relax.Function) for g in relax.analysis.all_global_vars(f)}
-    funcs = {gv.name_hint: (gv, f) for gv, f in mod.functions.items()
-             if gv.name_hint in n_inputs and n_inputs[gv.name_hint] >= 0 and gv.name_hint not in elsewhere
-             and isinstance(f, tvm.tirx.PrimFunc)}
-    stats.functions = len(funcs)
+    return {gv.name_hint: (gv, f) for gv, f in mod.functions.items()
+            if gv.name_hint in n_inputs and n_inputs[gv.name_hint] >= 0 and gv.name_hint not in elsewhere
+            and isinstance(f, tvm.tirx.PrimFunc)}
 
-    # group by the code with every value constant set aside
+
+def _group_by_code(funcs: dict[str, tuple[Any, Any]], n_inputs: dict[str, int]
+                   ) -> tuple[dict[str, tuple[Any, list[tuple[str, Any]]]], list[list[str]]]:
+    """Group ``funcs`` by their code with every value constant set aside: (name -> (that code,
+    its value constants in order), the groups of names (singletons included), hash by hash).
+    A function the walk cannot rebuild is in no group."""
+    import tvm_ffi
+
     lifted: dict[str, tuple[Any, list[tuple[str, Any]]]] = {}
     buckets: dict[int, list[list[str]]] = {}
     for name, (gv, f) in funcs.items():
@@ -247,30 +272,76 @@ def share_kernels(mod) -> tuple[Any, dict[str, str]]:
                 break
         else:
             buckets[h].append([name])
+    return lifted, [group for groups in buckets.values() for group in groups]
 
+
+def _share_groups(groups: list[list[str]], funcs: dict[str, tuple[Any, Any]],
+                  lifted: dict[str, tuple[Any, list[tuple[str, Any]]]], n_inputs: dict[str, int]
+                  ) -> tuple[dict[str, tuple[Any, list[int]]], dict[Any, Any]]:
+    """One function for each group of two or more: (member name -> (the shared function's
+    GlobalVar, the positions of the constants lifted to parameters), the first member's
+    GlobalVar -> its rebuilt PrimFunc with those parameters, for groups whose constants differ).
+    Counts the groups in :data:`stats`."""
     target_of: dict[str, tuple[Any, list[int]]] = {}  # member -> (shared gv, lifted positions)
     new_funcs: dict[Any, Any] = {}
-    for groups in buckets.values():
-        for group in groups:
-            if len(group) < 2:
+    for group in groups:
+        if len(group) < 2:
+            continue
+        values = [lifted[n][1] for n in group]
+        differ = [i for i in range(len(values[0])) if any(_differs(values[0][i], v[i]) for v in values[1:])]
+        rep_gv, rep = funcs[group[0]]
+        if differ:
+            try:
+                shared = _Lifter(set(differ)).run(rep, n_inputs[group[0]])
+            except Exception:  # noqa: BLE001
                 continue
-            values = [lifted[n][1] for n in group]
-            differ = [i for i in range(len(values[0])) if any(_differs(values[0][i], v[i]) for v in values[1:])]
-            rep_gv, rep = funcs[group[0]]
-            if differ:
-                try:
-                    shared = _Lifter(set(differ)).run(rep, n_inputs[group[0]])
-                except Exception:  # noqa: BLE001
-                    continue
-                new_funcs[rep_gv] = shared
-            for n in group:
-                target_of[n] = (rep_gv, differ)
-            stats.groups += 1
-            stats.removed += len(group) - 1
-            stats.lifted += len(differ)
-    if not target_of:
-        return mod, {}
+            new_funcs[rep_gv] = shared
+        for n in group:
+            target_of[n] = (rep_gv, differ)
+        stats.groups += 1
+        stats.removed += len(group) - 1
+        stats.lifted += len(differ)
+    return target_of, new_funcs
 
+
+def _rewrite_module(mod, funcs: dict[str, tuple[Any, Any]], lifted: dict[str, tuple[Any, list[tuple[str, Any]]]],
+                    target_of: dict[str, tuple[Any, list[int]]], new_funcs: dict[Any, Any]
+                    ) -> tuple[Any, dict[str, str]]:
+    """``mod`` without the group members it no longer calls, with the shared functions (under
+    new GlobalVars: they take more parameters) and a ``main`` whose calls go to them; and the
+    original callee of each rewritten call (binding var name -> PrimFunc name)."""
+    import tvm
+    from tvm import relax
+
+    from irgen.graph import rewrite_blocks
+
+    removed = {n for n, (gv, _) in target_of.items() if not gv.same_as(funcs[n][0])}
+    base = tvm.IRModule({gv: f for gv, f in mod.functions.items()
+                         if gv.name_hint not in {"main", *removed, *(g.name_hint for g in new_funcs)}},
+                        attrs=mod.attrs)
+    # a shared function takes more parameters: a new global var of its new type
+    bb = relax.BlockBuilder(base)
+    renamed = {old.name_hint: bb.add_func(f, old.name_hint) for old, f in new_funcs.items()}
+    target_of = {n: (renamed.get(gv.name_hint, gv), differ) for n, (gv, differ) in target_of.items()}
+    display: dict[str, str] = {}
+    func = mod["main"]
+    blocks = rewrite_blocks(func, _call_rewriter(lifted, target_of, display))
+    out = bb.get()
+    out["main"] = relax.Function(list(func.params), relax.SeqExpr(blocks, func.body.body), func.ret_ty, func.is_pure,
+                                 func.attrs)
+    return out, display
+
+
+def _call_rewriter(lifted: dict[str, tuple[Any, list[tuple[str, Any]]]],
+                   target_of: dict[str, tuple[Any, list[int]]], display: dict[str, str]):
+    """The binding rewrite for ``main``: a call of a group member becomes a call of its group's
+    function, passing the member's own values of the lifted constants as 0-d constants (one
+    constant per dtype and value); records the original callee in ``display``."""
+    import numpy as np
+    import tvm
+    from tvm import relax
+
+    call_tir = tvm.ir.Op.get("relax.call_tir")
     consts: dict[tuple[str, Any], Any] = {}
 
     def const(dtype: str, value: Any):
@@ -279,8 +350,6 @@ def share_kernels(mod) -> tuple[Any, dict[str, str]]:
         if c is None:
             c = consts[k] = relax.const(np.array(value, dtype=dtype), dtype)
         return c
-
-    display: dict[str, str] = {}
 
     def rewrite(b):
         v = b.value
@@ -299,20 +368,7 @@ def share_kernels(mod) -> tuple[Any, dict[str, str]]:
         args = relax.Tuple(list(v.args[1].fields) + extra)
         return relax.VarBinding(b.var, relax.Call(v.op, [gv, args, *v.args[2:]], v.attrs, v.ty_args))
 
-    removed = {n for n, (gv, _) in target_of.items() if not gv.same_as(funcs[n][0])}
-    base = tvm.IRModule({gv: f for gv, f in mod.functions.items()
-                         if gv.name_hint not in {"main", *removed, *(g.name_hint for g in new_funcs)}},
-                        attrs=mod.attrs)
-    # a shared function takes more parameters: a new global var of its new type
-    bb = relax.BlockBuilder(base)
-    renamed = {old.name_hint: bb.add_func(f, old.name_hint) for old, f in new_funcs.items()}
-    target_of = {n: (renamed.get(gv.name_hint, gv), differ) for n, (gv, differ) in target_of.items()}
-    func = mod["main"]
-    blocks = rewrite_blocks(func, rewrite)
-    out = bb.get()
-    out["main"] = relax.Function(list(func.params), relax.SeqExpr(blocks, func.body.body), func.ret_ty, func.is_pure,
-                                 func.attrs)
-    return out, display
+    return rewrite
 
 
 def _differs(a: tuple[str, Any], b: tuple[str, Any]) -> bool:
