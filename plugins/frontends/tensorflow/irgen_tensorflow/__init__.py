@@ -295,13 +295,13 @@ def _import_error(err: Exception, where: str, label: str, current) -> IrgenError
 
 
 def _import(model, where: str, options: dict[str, Any], frontend: str, state: dict[str, Any]) -> ImportedModel:
+    """Import the checked TFLite ``model``'s main subgraph into a Relax module whose variables are
+    named after the TFLite tensors; ``state["current"]`` names the operator being converted (for
+    errors), ``state["main_bb"]`` receives main's BlockBuilder."""
     from tvm import relax
     from tvm.relax.frontend.tflite import tflite_frontend as tf_fe
 
-    import tvm
-
-    from irgen.plugin import SafeNames, identifier
-    from irgen_tensorflow import converters
+    from irgen.plugin import SafeNames, check_tensor_sizes, identifier, module_bindings
 
     limit = max_tensor_bytes(options)
     subgraph = model.Subgraphs(0)
@@ -312,6 +312,34 @@ def _import(model, where: str, options: dict[str, Any], frontend: str, state: di
     provenance = Provenance()
     namer = SafeNames(lambda n: "t_" + identifier(n))
     param_names = [namer(s.name) for s in specs]  # inputs first: they keep the plain names
+    converter = _naming_converter(where, namer, provenance, state)
+    shape_dict = {s.name: tuple(s.shape) for s in specs}
+    dtype_dict = {s.name: s.dtype for s in specs}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mod = tf_fe.from_tflite(model, shape_dict, dtype_dict, op_converter=converter)
+    state["current"] = None
+    mod = _finish_main(mod, param_names)
+    # a constant such as a PAD amount or a RESHAPE target can make a tensor far larger than declared
+    check_tensor_sizes(module_bindings(mod), limit, provenance, where)
+    return ImportedModel(
+        mod=mod,
+        inputs=specs,
+        provenance=provenance,
+        frontend=frontend,
+        output_names=[_tensor_name(subgraph, subgraph.Outputs(k)) for k in range(subgraph.OutputsLength())],
+    )
+
+
+def _naming_converter(where: str, namer, provenance: Provenance, state: dict[str, Any]) -> type:
+    """The ``OperatorConverter`` subclass for one import: irgen's converters and dynamic-range
+    kernels, its fused-activation bounds and wide biases, and every main-graph operator's results
+    bound to variables named after its output tensors (``namer``), recorded in ``provenance``."""
+    from tvm import relax
+    from tvm.relax.frontend.tflite import tflite_frontend as tf_fe
+
+    from irgen_tensorflow import converters
+
     main_bb: list[Any] = state["main_bb"]
 
     class NamingConverter(tf_fe.OperatorConverter):
@@ -349,63 +377,74 @@ def _import(model, where: str, options: dict[str, Any], frontend: str, state: di
         def check_unsupported_ops(self):
             """TVM's check, less its refusal of dynamic-range ops irgen builds (:mod:`.hybrid`);
             irgen's own check (:func:`_check_ops`) ran before."""
-            for op_idx in range(self.subgraph.OperatorsLength()):
-                op = self.subgraph.Operators(op_idx)
-                code = self.get_op_code_str(op)
-                if code in hybrid.HYBRID_OPS and hybrid.is_hybrid(self, op):
-                    continue
-                tensors = self.get_input_tensors(op) + self.get_output_tensors(op)
-                if any(t.qnn_params is not None for t in tensors) and code not in self._SUPPORTED_QUANTIZED_OPS:
-                    raise tvm.error.OpNotImplemented(
-                        f"The following quantized TFLite operators are not supported in frontend TFLite yet: '{code}'")
+            _check_quantized_ops(self)
 
         def convert_op_to_relax(self):
             for op_idx in range(self.subgraph.OperatorsLength()):
-                op = self.subgraph.Operators(op_idx)
-                code = self.get_op_code_str(op)
-                outs = self.get_output_tensors(op)
-                here = (f"{code}_{op_idx}", code)
-                top = self.bb is main_bb[0]
-                if top:
-                    state["current"] = here
-                ret = self.convert_map[code](op=op)
-                if ret is None:  # prefetched: the output is optimized out
-                    continue
-                ret = self.bb.normalize(converters.fold_constant(self, op, ret))
-                names = [tf_fe.get_tensor_name(self.subgraph, t.tensor_idx) for t in outs]
-                if not top:  # a control-flow body: leave it unnamed
-                    for k, n in enumerate(names):
-                        self.exp_tab.set_expr(n, ret if len(names) == 1 else ret[k])
-                    continue
-                if len(names) == 1:
-                    self.exp_tab.set_expr(names[0], self._emit(ret, names[0], here))
-                    continue
-                if isinstance(ret, relax.Call) and isinstance(ret.ty, relax.TupleType):
-                    tup = self.bb.emit(ret, name_hint=namer(f"{here[0]}_tuple"))
-                    fields = [relax.TupleGetItem(tup, k) for k in range(len(names))]
-                else:
-                    fields = [ret[k] for k in range(len(names))]
-                for n, f in zip(names, fields):
-                    self.exp_tab.set_expr(n, self._emit(f, n, here))
+                _convert_op(self, op_idx, main_bb, state, namer)
 
-    shape_dict = {s.name: tuple(s.shape) for s in specs}
-    dtype_dict = {s.name: s.dtype for s in specs}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        mod = tf_fe.from_tflite(model, shape_dict, dtype_dict, op_converter=NamingConverter)
-    state["current"] = None
-    mod = _finish_main(mod, param_names)
-    from irgen.plugin import check_tensor_sizes, module_bindings
+    return NamingConverter
 
-    # a constant such as a PAD amount or a RESHAPE target can make a tensor far larger than declared
-    check_tensor_sizes(module_bindings(mod), limit, provenance, where)
-    return ImportedModel(
-        mod=mod,
-        inputs=specs,
-        provenance=provenance,
-        frontend=frontend,
-        output_names=[_tensor_name(subgraph, subgraph.Outputs(k)) for k in range(subgraph.OutputsLength())],
-    )
+
+def _check_quantized_ops(conv) -> None:
+    """Refuse, as TVM's ``check_unsupported_ops`` does, a quantized operator TVM's importer and
+    irgen's converters cannot build; a dynamic-range op :mod:`.hybrid` builds passes."""
+    import tvm
+
+    for op_idx in range(conv.subgraph.OperatorsLength()):
+        op = conv.subgraph.Operators(op_idx)
+        code = conv.get_op_code_str(op)
+        if code in hybrid.HYBRID_OPS and hybrid.is_hybrid(conv, op):
+            continue
+        tensors = conv.get_input_tensors(op) + conv.get_output_tensors(op)
+        if any(t.qnn_params is not None for t in tensors) and code not in conv._SUPPORTED_QUANTIZED_OPS:
+            raise tvm.error.OpNotImplemented(
+                f"The following quantized TFLite operators are not supported in frontend TFLite yet: '{code}'")
+
+
+def _convert_op(conv, op_idx: int, main_bb: list[Any], state: dict[str, Any], namer) -> None:
+    """Convert operator ``op_idx`` of ``conv``'s subgraph and set its output tensors' expressions:
+    in main (``main_bb[0]``), named variables (``state["current"]`` names the operator meanwhile);
+    in a control-flow body, the unnamed expressions."""
+    from tvm.relax.frontend.tflite import tflite_frontend as tf_fe
+
+    from irgen_tensorflow import converters
+
+    op = conv.subgraph.Operators(op_idx)
+    code = conv.get_op_code_str(op)
+    outs = conv.get_output_tensors(op)
+    here = (f"{code}_{op_idx}", code)
+    top = conv.bb is main_bb[0]
+    if top:
+        state["current"] = here
+    ret = conv.convert_map[code](op=op)
+    if ret is None:  # prefetched: the output is optimized out
+        return
+    ret = conv.bb.normalize(converters.fold_constant(conv, op, ret))
+    names = [tf_fe.get_tensor_name(conv.subgraph, t.tensor_idx) for t in outs]
+    if not top:  # a control-flow body: leave it unnamed
+        for k, n in enumerate(names):
+            conv.exp_tab.set_expr(n, ret if len(names) == 1 else ret[k])
+        return
+    _bind_outputs(conv, ret, names, here, namer)
+
+
+def _bind_outputs(conv, ret, names: list[str], here: tuple[str, str], namer) -> None:
+    """Bind main-graph operator ``here``'s result ``ret`` to variables named after its output
+    tensors ``names`` (``namer`` makes them unique; a call returning a tuple is bound once, then
+    one variable per field)."""
+    from tvm import relax
+
+    if len(names) == 1:
+        conv.exp_tab.set_expr(names[0], conv._emit(ret, names[0], here))
+        return
+    if isinstance(ret, relax.Call) and isinstance(ret.ty, relax.TupleType):
+        tup = conv.bb.emit(ret, name_hint=namer(f"{here[0]}_tuple"))
+        fields = [relax.TupleGetItem(tup, k) for k in range(len(names))]
+    else:
+        fields = [ret[k] for k in range(len(names))]
+    for n, f in zip(names, fields):
+        conv.exp_tab.set_expr(n, conv._emit(f, n, here))
 
 
 def _finish_main(mod, param_names: list[str]):
