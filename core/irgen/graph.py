@@ -804,6 +804,36 @@ def group_module(mod: tvm.IRModule, assignment: dict[str, int], layer_names: dic
     ``main``. FuseTIR later turns each function into one kernel.
     """
     func, bindings = main_bindings(mod)
+    groups, seq = _layer_groups(bindings, assignment)
+    inputs = {k: _layer_inputs(members) for k, members in groups.items()}
+    outs = _layer_outputs(groups, bindings, set(var_names(func.body.body)))
+    # the module's other functions (PrimFuncs an importer emitted with emit_te) stay callable
+    bb = relax.BlockBuilder(tvm.IRModule({gv: f for gv, f in mod.functions.items() if gv.name_hint != "main"}))
+    vmap: dict[str, relax.Expr] = {}
+    given = {p.name: p for p in func.params}
+
+    def ready(kind: str, item: Any) -> bool:
+        needs = var_names(item.value) if kind == "bind" else inputs[item][0]
+        return all(n in vmap or n in given for n in needs)
+
+    with bb.function("main", list(func.params), attrs=dict(func.attrs) if func.attrs else None, pure=True):
+        with bb.dataflow():
+            for kind, item in _in_ready_order(seq, ready):
+                if kind == "bind":
+                    vmap[item.name] = bb.emit(substitute(item.value, vmap), name_hint=item.name)
+                else:
+                    _emit_layer(bb, groups[item], inputs[item], outs[item], layer_names[item], {**given, **vmap}, vmap)
+            result = bb.emit_output(substitute(func.body.body, vmap))
+        bb.emit_func_output(result)
+    return bb.get()
+
+
+def _layer_groups(bindings: list[Binding], assignment: dict[str, int]
+                  ) -> tuple[dict[int, list[Binding]], list[tuple[str, Any]]]:
+    """Each layer's bindings (layer index -> its members in main order, a binding not in
+    ``assignment`` with the next assigned one), and main's items in order: ``("layer", k)`` where
+    layer ``k`` first appears, ``("bind", binding)`` for the tuple-get-items, aliases and constants
+    that stay in ``main``."""
     groups: dict[int, list[Binding]] = {}
     pending: list[Binding] = []
     seq: list[tuple[str, Any]] = []  # ("layer", k) or ("bind", binding) in main order
@@ -823,81 +853,80 @@ def group_module(mod: tvm.IRModule, assignment: dict[str, int], layer_names: dic
         groups[k].append(b)
     if pending:
         raise IrgenError(f"internal: bindings after the last layer: {[b.name for b in pending]}")
+    return groups, seq
 
+
+def _layer_inputs(members: list[Binding]) -> tuple[list[str], list[Constant]]:
+    """What a layer reads from outside: the names of the variables its ``members`` use and do not
+    bind, and its distinct constants, each in order of first use."""
+    mset = {b.name for b in members}
+    ext: list[str] = []
+    consts: list[Constant] = []
+    for b in members:
+        for n in var_names(b.value):
+            if n not in mset and n not in ext:
+                ext.append(n)
+        for c in constants(b.value):
+            if not any(c.same_as(x) for x in consts):
+                consts.append(c)
+    return ext, consts
+
+
+def _layer_outputs(groups: dict[int, list[Binding]], bindings: list[Binding], out_names: set[str]
+                   ) -> dict[int, list[str]]:
+    """Each layer's outputs: its members that are model outputs (``out_names``) or read by another
+    layer or by ``main``; the last member when there is none."""
     users = users_of(bindings)
     where = {b.name: k for k, bs in groups.items() for b in bs}
-    out_names = set(var_names(func.body.body))
-    # the module's other functions (PrimFuncs an importer emitted with emit_te) stay callable
-    bb = relax.BlockBuilder(tvm.IRModule({gv: f for gv, f in mod.functions.items() if gv.name_hint != "main"}))
-    vmap: dict[str, relax.Expr] = {}
-    given = {p.name: p for p in func.params}
+    return {k: [
+        b.name for b in members
+        if b.name in out_names or any(where.get(bindings[u].name) != k for u in users.get(b.name, []))
+    ] or [members[-1].name] for k, members in groups.items()}
 
-    inputs_of: dict[int, tuple[list[str], list[Constant]]] = {}
 
-    def layer_inputs(k: int) -> tuple[list[str], list[Constant]]:
-        if k in inputs_of:
-            return inputs_of[k]
-        mset = {b.name for b in groups[k]}
-        ext: list[str] = []
-        consts: list[Constant] = []
-        for b in groups[k]:
-            for n in var_names(b.value):
-                if n not in mset and n not in ext:
-                    ext.append(n)
-            for c in constants(b.value):
-                if not any(c.same_as(x) for x in consts):
-                    consts.append(c)
-        inputs_of[k] = (ext, consts)
-        return ext, consts
-
-    def emit_layer(k: int) -> None:
-        members = groups[k]
-        ext, consts = layer_inputs(k)
-        outs = [
-            b.name for b in members
-            if b.name in out_names or any(where.get(bindings[u].name) != k for u in users.get(b.name, []))
-        ] or [members[-1].name]
-        src = {**given, **vmap}
-        params = [relax.Var(f"{n}_in", src[n].ty) for n in ext]
-        cparams = [relax.Var(f"c{j}", c.ty) for j, c in enumerate(consts)]
-        fb = relax.BlockBuilder()
-        with fb.function("layer", params + cparams, attrs={"Primitive": True}, private=True):
-            with fb.dataflow():
-                inner = dict(zip(ext, params))
-                for b in members:
-                    inner[b.name] = fb.emit(substitute(b.value, inner, list(zip(consts, cparams))), name_hint=b.name)
-                res = inner[outs[0]] if len(outs) == 1 else relax.Tuple([inner[o] for o in outs])
-                gv_out = fb.emit_output(res)
-            fb.emit_func_output(gv_out)
-        fn = fb.get()["layer"]
-        gvar = bb.add_func(fn, layer_names[k])
-        call = relax.Call(gvar, [src[n] for n in ext] + list(consts))
-        if len(outs) == 1:
-            vmap[outs[0]] = bb.emit(call, name_hint=outs[0])
-        else:
-            tup = bb.emit(call, name_hint=f"{layer_names[k]}_out")
-            for j, o in enumerate(outs):
-                vmap[o] = bb.emit(relax.TupleGetItem(tup, j), name_hint=o)
-
-    def ready(kind: str, item: Any) -> bool:
-        needs = var_names(item.value) if kind == "bind" else layer_inputs(item)[0]
-        return all(n in vmap or n in given for n in needs)
-
-    # in main's order, except that an item whose inputs are not bound yet waits for them:
-    # a fused layer (attention) reads a tensor (its values) bound after its first member
+def _in_ready_order(seq: list[tuple[str, Any]], ready: Callable[[str, Any], bool]):
+    """The items of ``seq`` in order, except that an item whose inputs are not bound yet
+    (``ready``, asked again after each item the caller emits) waits for them: a fused layer
+    (attention) reads a tensor (its values) bound after its first member."""
     waiting: list[tuple[str, Any]] = []
-    with bb.function("main", list(func.params), attrs=dict(func.attrs) if func.attrs else None, pure=True):
-        with bb.dataflow():
-            for entry in seq:
-                waiting.append(entry)
-                while (j := next((j for j, (kind, item) in enumerate(waiting) if ready(kind, item)), None)) is not None:
-                    kind, item = waiting.pop(j)
-                    if kind == "bind":
-                        vmap[item.name] = bb.emit(substitute(item.value, vmap), name_hint=item.name)
-                    else:
-                        emit_layer(item)
-            if waiting:
-                raise IrgenError(f"internal: layers whose inputs are never bound: {[w[1] for w in waiting]}")
-            result = bb.emit_output(substitute(func.body.body, vmap))
-        bb.emit_func_output(result)
-    return bb.get()
+    for entry in seq:
+        waiting.append(entry)
+        while (j := next((j for j, (kind, item) in enumerate(waiting) if ready(kind, item)), None)) is not None:
+            yield waiting.pop(j)
+    if waiting:
+        raise IrgenError(f"internal: layers whose inputs are never bound: {[w[1] for w in waiting]}")
+
+
+def _emit_layer(bb: relax.BlockBuilder, members: list[Binding], inputs: tuple[list[str], list[Constant]],
+                outs: list[str], name: str, src: dict[str, relax.Expr], vmap: dict[str, relax.Expr]) -> None:
+    """Add the layer's private ``Primitive`` function ``name`` to ``bb`` and emit its call in
+    ``main`` (arguments: the external inputs, bound in ``src``, then the constants); bind each
+    of ``outs`` in ``vmap`` (several: through a tuple ``{name}_out``)."""
+    ext, consts = inputs
+    gvar = bb.add_func(_layer_function(members, ext, consts, outs, src), name)
+    call = relax.Call(gvar, [src[n] for n in ext] + list(consts))
+    if len(outs) == 1:
+        vmap[outs[0]] = bb.emit(call, name_hint=outs[0])
+    else:
+        tup = bb.emit(call, name_hint=f"{name}_out")
+        for j, o in enumerate(outs):
+            vmap[o] = bb.emit(relax.TupleGetItem(tup, j), name_hint=o)
+
+
+def _layer_function(members: list[Binding], ext: list[str], consts: list[Constant], outs: list[str],
+                    src: dict[str, relax.Expr]) -> relax.Function:
+    """The private ``Primitive`` function of one layer: parameters ``{n}_in`` for the external
+    inputs ``ext`` (typed as bound in ``src``) and ``c{j}`` for the constants, the ``members``'
+    bindings, and ``outs`` returned (a tuple when several)."""
+    params = [relax.Var(f"{n}_in", src[n].ty) for n in ext]
+    cparams = [relax.Var(f"c{j}", c.ty) for j, c in enumerate(consts)]
+    fb = relax.BlockBuilder()
+    with fb.function("layer", params + cparams, attrs={"Primitive": True}, private=True):
+        with fb.dataflow():
+            inner = dict(zip(ext, params))
+            for b in members:
+                inner[b.name] = fb.emit(substitute(b.value, inner, list(zip(consts, cparams))), name_hint=b.name)
+            res = inner[outs[0]] if len(outs) == 1 else relax.Tuple([inner[o] for o in outs])
+            gv_out = fb.emit_output(res)
+        fb.emit_func_output(gv_out)
+    return fb.get()["layer"]
