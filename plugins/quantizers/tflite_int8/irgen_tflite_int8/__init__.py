@@ -570,99 +570,162 @@ def detect(qg) -> bool:
 
 
 def realize(qg) -> None:
-    relax, _, q, Constant = _ops()
+    """Rewrite every quantized span of a TFLite int8 (or 16x8) model into TFLite's integer
+    arithmetic, as the module docstring says, then record the DEQUANTIZEs of int8 activations
+    and the int8 ops kept as imported. A QUANTIZE or DEQUANTIZE left after folding is an error."""
     qparams: dict[str, Any] = {}  # int var name -> QTensor, for pass-through records
     i = 0
     while i < len(qg.bindings):
         b = qg.bindings[i]
         i += 1
-        if b.op == "relax.dequantize" and isinstance(b.value.args[0], relax.Var):
-            qparams.setdefault(b.value.args[0].name, _qparams(qg, b.value, "dequantize", b.value.args[0].name))
-        if b.kind == "call" and b.op not in ("relax.quantize", "relax.dequantize", "relax.astype") \
-                and b.name not in qparams and str(getattr(b.var.ty, "dtype", "")) in ("int8", "uint8", "int16"):
-            srcs = [a.name for a in b.value.args if isinstance(a, relax.Var) and a.name in qparams]
-            if srcs:  # int8 ops kept as imported (max pool, reshape) keep their input's parameters
-                qparams[b.name] = qparams[srcs[0]]
-        if b.op == "relax.astype" and str(b.var.ty.dtype) in ("int8", "uint8", "int16"):
-            pool = qg.producer(b.value.args[0])
-            widen = qg.producer(pool.value.args[0]) if pool is not None and pool.op == "relax.nn.avg_pool2d" else None
-            if widen is not None and widen.op == "relax.astype":
-                src = widen.value.args[0]
-                names, expr, rec = _realize_avg_pool(qg, b, pool, widen, qparams.get(src.name) if isinstance(src, relax.Var) else None)
-                qg.replace(names, expr, rec)
-                i = 0
-                continue
-        if b.op != "relax.quantize":
-            continue
-        out = _qparams(qg, b.value, "quantize", b.name)
-        if out.scale.size != 1:
-            raise IrgenError(f"{SCHEME}: activation {b.name!r} is quantized per channel; TFLite int8 activations are per tensor")
-        f = qg.producer(b.value.args[0])
-        if f is None:  # the QUANTIZE of a float model input (the converter's default float interface)
-            names, expr, rec = kinds.realize_quantize_float(qg, b, out)
-            qparams[names[-1]] = out
-            qg.replace(names, expr, rec)
-            i = 0
-            continue
-        act = None
-        if f.op in ("relax.nn.relu", "relax.clip") and qg.n_users(f.name) == 1:
-            act, f = f, qg.producer(f.value.args[0])  # a fused activation computed in float
-            if f is None:
-                raise IrgenError(f"{SCHEME}: activation {act.name!r} reads a model input directly")
-        comp, bias_b = f, None
-        if f.op == "relax.add":
-            p0, p1 = (qg.producer(a) for a in f.value.args)
-            for cand, other in ((p0, p1), (p1, p0)):
-                if cand is not None and cand.op in ("relax.nn.conv2d", "relax.matmul") and other is not None \
-                        and _bias_constant(qg, other.var, b.name) is not None:
-                    comp, bias_b = cand, f
-                    break
-        if out.dtype == "int16" and comp.op in int16.SPANS:  # TFLite's 16x8 kernels of their own
-            names, expr, rec = int16.SPANS[comp.op](qg, b, comp, out, act, _Helpers)
-        elif out.dtype == "int16" and comp.op not in _INT16_OPS:
-            raise IrgenError(f"{SCHEME}: cannot realize {comp.op or comp.kind} at tensor {b.name!r} on int16 "
-                             "activations (16x8 quantization): irgen has TFLite's 16x8 kernels for "
-                             f"{', '.join(int16.SUPPORTED)}")
-        elif comp.op == "relax.matmul" and all(_dequantized(qg, a) is not None and not _from_constants(qg, _dequantized(qg, a)[0])
-                                               for a in comp.value.args):
-            names, expr, rec = kinds.realize_batch_matmul(qg, b, comp, out, act, _Helpers)
-        elif comp.op in ("relax.nn.conv2d", "relax.matmul"):
-            names, expr, rec = _realize_conv(qg, b, comp, bias_b, out, act)
-        elif comp.op in ("relax.add", "relax.subtract"):
-            names, expr, rec = _realize_add(qg, b, comp, out, act)
-        elif comp.op == "relax.mean":
-            names, expr, rec = _realize_mean(qg, b, comp, out, act)
-        elif comp.op == "relax.concat" and act is None:
-            names, expr, rec = _realize_concat(qg, b, comp, out)
-        elif comp.op == "relax.nn.softmax" and act is None:
-            names, expr, rec = _realize_softmax(qg, b, comp, out)
-        elif comp.op in kinds.SPANS:
-            names, expr, rec = kinds.SPANS[comp.op](qg, b, comp, out, act, _Helpers)
-        else:
-            raise IrgenError(f"{SCHEME}: cannot realize {comp.op or comp.kind} at tensor {b.name!r} in integer arithmetic")
-        taken = _take_identity_reshape(qg, names)
-        if len(taken) > len(names):  # the result in the reshape's shape (FULLY_CONNECTED's 2-D result)
-            shape = [int(d) for d in qg.by_name[taken[-1]].var.ty.shape.values]
-            if [int(d) for d in qg.by_name[names[-1]].var.ty.shape.values] != shape:
-                expr = relax.op.reshape(qg.emit(expr), shape)
-        names = taken
+        _note_qparams(qg, b, qparams)
+        if _realize_avg_pool_at(qg, b, qparams) or _realize_quantize_at(qg, b, qparams):
+            i = 0  # indices moved; realized spans no longer match
+    _check_full_integer(qg)
+    _record_dequantizes(qg)
+    _record_integer_ops(qg, qparams)
+
+
+def _note_qparams(qg, b, qparams: dict[str, Any]) -> None:
+    """Record in ``qparams`` the parameters of the integer tensor a DEQUANTIZE ``b`` reads, and
+    those of an int8 op kept as imported (max pool, reshape): its first quantized input's."""
+    relax = _ops()[0]
+    if b.op == "relax.dequantize" and isinstance(b.value.args[0], relax.Var):
+        qparams.setdefault(b.value.args[0].name, _qparams(qg, b.value, "dequantize", b.value.args[0].name))
+    if b.kind == "call" and b.op not in ("relax.quantize", "relax.dequantize", "relax.astype") \
+            and b.name not in qparams and str(getattr(b.var.ty, "dtype", "")) in ("int8", "uint8", "int16"):
+        srcs = [a.name for a in b.value.args if isinstance(a, relax.Var) and a.name in qparams]
+        if srcs:  # int8 ops kept as imported (max pool, reshape) keep their input's parameters
+            qparams[b.name] = qparams[srcs[0]]
+
+
+def _realize_avg_pool_at(qg, b, qparams: dict[str, Any]) -> bool:
+    """Realize the integer average pool whose narrowing ``astype`` is ``b`` (widen, pool, narrow
+    as imported); whether it did."""
+    relax = _ops()[0]
+    if not (b.op == "relax.astype" and str(b.var.ty.dtype) in ("int8", "uint8", "int16")):
+        return False
+    pool = qg.producer(b.value.args[0])
+    widen = qg.producer(pool.value.args[0]) if pool is not None and pool.op == "relax.nn.avg_pool2d" else None
+    if widen is None or widen.op != "relax.astype":
+        return False
+    src = widen.value.args[0]
+    names, expr, rec = _realize_avg_pool(qg, b, pool, widen, qparams.get(src.name) if isinstance(src, relax.Var) else None)
+    qg.replace(names, expr, rec)
+    return True
+
+
+def _realize_quantize_at(qg, b, qparams: dict[str, Any]) -> bool:
+    """Realize the span that QUANTIZE ``b`` ends (the QUANTIZE of a float model input alone) and
+    record its output's parameters in ``qparams``; whether ``b`` is a QUANTIZE (always realized)."""
+    if b.op != "relax.quantize":
+        return False
+    out = _qparams(qg, b.value, "quantize", b.name)
+    if out.scale.size != 1:
+        raise IrgenError(f"{SCHEME}: activation {b.name!r} is quantized per channel; TFLite int8 activations are per tensor")
+    f = qg.producer(b.value.args[0])
+    if f is None:  # the QUANTIZE of a float model input (the converter's default float interface)
+        names, expr, rec = kinds.realize_quantize_float(qg, b, out)
         qparams[names[-1]] = out
         qg.replace(names, expr, rec)
-        i = 0  # indices moved; realized spans no longer match
-    # a DEQUANTIZE of an int8 activation stays: TFLite's float result of an integer tensor (the
-    # converter's default float model output), exact as TVM computes it (float32(scale * (x - zp)))
+        return True
+    comp, bias_b, act = _span_ops(qg, b, f)
+    names, expr, rec = _realize_span(qg, b, comp, bias_b, out, act)
+    names, expr = _with_identity_reshape(qg, names, expr)
+    qparams[names[-1]] = out
+    qg.replace(names, expr, rec)
+    return True
+
+
+def _span_ops(qg, b, f) -> tuple[Any, Any, Any]:
+    """The ops of the span QUANTIZE ``b`` ends, whose input ``f`` computes: (the op that computes,
+    the bias add after a convolution or matmul or None, the fused activation computed in float
+    or None)."""
+    act = None
+    if f.op in ("relax.nn.relu", "relax.clip") and qg.n_users(f.name) == 1:
+        act, f = f, qg.producer(f.value.args[0])  # a fused activation computed in float
+        if f is None:
+            raise IrgenError(f"{SCHEME}: activation {act.name!r} reads a model input directly")
+    comp, bias_b = f, None
+    if f.op == "relax.add":
+        p0, p1 = (qg.producer(a) for a in f.value.args)
+        for cand, other in ((p0, p1), (p1, p0)):
+            if cand is not None and cand.op in ("relax.nn.conv2d", "relax.matmul") and other is not None \
+                    and _bias_constant(qg, other.var, b.name) is not None:
+                comp, bias_b = cand, f
+                break
+    return comp, bias_b, act
+
+
+def _realize_span(qg, b, comp, bias_b, out, act):
+    """(names, expr, record) of the span ending in QUANTIZE ``b`` whose computing op is ``comp``,
+    in the integer arithmetic of TFLite's kernel for it; an op irgen has no kernel for is an error."""
+    if out.dtype == "int16" and comp.op in int16.SPANS:  # TFLite's 16x8 kernels of their own
+        return int16.SPANS[comp.op](qg, b, comp, out, act, _Helpers)
+    if out.dtype == "int16" and comp.op not in _INT16_OPS:
+        raise IrgenError(f"{SCHEME}: cannot realize {comp.op or comp.kind} at tensor {b.name!r} on int16 "
+                         "activations (16x8 quantization): irgen has TFLite's 16x8 kernels for "
+                         f"{', '.join(int16.SUPPORTED)}")
+    if comp.op == "relax.matmul" and all(_dequantized(qg, a) is not None and not _from_constants(qg, _dequantized(qg, a)[0])
+                                         for a in comp.value.args):
+        return kinds.realize_batch_matmul(qg, b, comp, out, act, _Helpers)
+    if comp.op in ("relax.nn.conv2d", "relax.matmul"):
+        return _realize_conv(qg, b, comp, bias_b, out, act)
+    if comp.op in ("relax.add", "relax.subtract"):
+        return _realize_add(qg, b, comp, out, act)
+    if comp.op == "relax.mean":
+        return _realize_mean(qg, b, comp, out, act)
+    if comp.op == "relax.concat" and act is None:
+        return _realize_concat(qg, b, comp, out)
+    if comp.op == "relax.nn.softmax" and act is None:
+        return _realize_softmax(qg, b, comp, out)
+    if comp.op in kinds.SPANS:
+        return kinds.SPANS[comp.op](qg, b, comp, out, act, _Helpers)
+    raise IrgenError(f"{SCHEME}: cannot realize {comp.op or comp.kind} at tensor {b.name!r} in integer arithmetic")
+
+
+def _with_identity_reshape(qg, names: list[str], expr):
+    """``names`` and ``expr`` extended by the identity reshape that follows the span
+    (:func:`_take_identity_reshape`), ``expr`` then in the reshape's shape (FULLY_CONNECTED's
+    2-D result)."""
+    relax = _ops()[0]
+    taken = _take_identity_reshape(qg, names)
+    if len(taken) > len(names):  # the result in the reshape's shape (FULLY_CONNECTED's 2-D result)
+        shape = [int(d) for d in qg.by_name[taken[-1]].var.ty.shape.values]
+        if [int(d) for d in qg.by_name[names[-1]].var.ty.shape.values] != shape:
+            expr = relax.op.reshape(qg.emit(expr), shape)
+    return taken, expr
+
+
+def _check_full_integer(qg) -> None:
+    """Refuse a QUANTIZE, or a DEQUANTIZE of a constant, left after folding: the model is not
+    full-integer. A DEQUANTIZE of an int8 activation stays: TFLite's float result of an integer
+    tensor (the converter's default float model output), exact as TVM computes it
+    (float32(scale * (x - zp)))."""
+    relax = _ops()[0]
     left = [b for b in qg.bindings if b.op == "relax.quantize"
             or (b.op == "relax.dequantize" and not isinstance(b.value.args[0], relax.Var))]
     if left:
         b = left[0]
         raise IrgenError(f"{SCHEME}: {b.op.removeprefix('relax.')} at tensor {b.name!r} is left after folding; the model is not full-integer")
-    for b in qg.bindings:  # DEQUANTIZE of an int8 activation: float32(scale * (x - zero_point))
+
+
+def _record_dequantizes(qg) -> None:
+    """The quantization record of each DEQUANTIZE of an int8 activation left in the graph:
+    float32(scale * (x - zero_point))."""
+    q = _ops()[2]
+    for b in qg.bindings:
         if b.op == "relax.dequantize" and b.name not in qg.quant:
             qx = _qparams(qg, b.value, "dequantize", b.value.args[0].name)
             qg.quant[b.name] = {"scheme": SCHEME, "kind": "dequantize", "inputs": [qx.record()],
                                 "output": q.float_record(),
                                 "requant": {"rounding_rule": "y = float32(scale * (x - zero_point)) (TFLite's DEQUANTIZE)"}}
-    # int8 ops kept as imported (max pool, reshape...): exact in int8, same parameters
+
+
+def _record_integer_ops(qg, qparams: dict[str, Any]) -> None:
+    """The quantization record of each int8 op kept as imported (max pool, reshape...): exact
+    in int8, its output with the same parameters as its input."""
+    relax = _ops()[0]
     for b in qg.bindings:
         if b.name in qg.quant or b.kind != "call" or b.name not in qparams:
             continue
