@@ -21,13 +21,13 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("base: errors, records, names, files, metrics", {
         "api", "names", "envflags", "safeio", "schema", "irfile", "output", "lean_import", "comparators", "dumpmap"}),
     ("plugin host", {"hookspecs", "plugins", "serializers"}),
-    ("IR model and numpy reference", {"reference", "runkey"}),
+    ("IR model, numpy reference, model inputs", {"reference", "runkey", "inputs"}),
     ("Relax passes and kernels", {
         "graph", "canonical", "ops", "quant", "spill", "share", "schedule", "target", "vm", "parallel_build",
         "execute"}),
-    ("layer forming and records", {"layers", "ir"}),
-    ("compile and plan", {"plan", "cache"}),
-    ("run", {"pipeline", "sweep", "cliargs", "cachetool"}),
+    ("layer forming and records", {"layers", "ir", "forming"}),
+    ("compile and plan", {"plan", "cache", "compile"}),
+    ("run", {"pipeline", "capture", "workers", "sweep", "cliargs", "cachetool"}),
     ("check and compare", {"runners", "verify", "diagnose", "compare", "compare_report", "extract", "report",
                            "summary"}),
     ("interfaces: the command line, the plugin API, test kits", {

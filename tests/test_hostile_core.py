@@ -200,9 +200,9 @@ def test_out_name_too_long_and_out_a_symlink_loop(model, tmp_path, capsys) -> No
 
 def _write_fails_after(monkeypatch, n: int, err: int) -> None:
     """Make the n-th array file written by the pipeline fail with ``err``."""
-    import irgen.pipeline as pipeline
+    import irgen.capture as capture
 
-    real = pipeline._write_npy
+    real = capture.write_npy
     count = [0]
 
     def failing(path, arr):
@@ -211,7 +211,7 @@ def _write_fails_after(monkeypatch, n: int, err: int) -> None:
             raise OSError(err, os.strerror(err), str(path))
         return real(path, arr)
 
-    monkeypatch.setattr(pipeline, "_write_npy", failing)
+    monkeypatch.setattr(capture, "write_npy", failing)
 
 
 @pytest.mark.parametrize("force", [False, True])
@@ -440,12 +440,12 @@ def test_raising_serializer_is_named(model, tmp_path, plugin_file) -> None:
 
 
 def test_internal_error_is_one_line_and_traceback_on_request(model, tmp_path, monkeypatch, capsys) -> None:
-    import irgen.pipeline as pipeline
+    import irgen.compile as compile_
 
     def broken(*a, **k):
         raise ZeroDivisionError("a bug")
 
-    monkeypatch.setattr(pipeline, "_layer_records", broken)
+    monkeypatch.setattr(compile_, "layer_records", broken)
     out = tmp_path / "out"
     code, err = _cli(capsys, "run", model, "-o", out, "--no-progress")
     assert code == 3 and err.strip().splitlines() == [

@@ -121,7 +121,7 @@ def arrays(draw):
 @SETTINGS
 @given(arrays())
 def test_npy_writer_and_reader_round_trip(tmp_path: Path, arr: np.ndarray) -> None:
-    from irgen.pipeline import _write_npy
+    from irgen.capture import write_npy as _write_npy
     from irgen.safeio import load_npy
 
     path = _write_npy(tmp_path / "t", arr)
@@ -134,7 +134,7 @@ def test_npy_writer_and_reader_round_trip(tmp_path: Path, arr: np.ndarray) -> No
 @SETTINGS
 @given(arrays(), st.integers(0, 200), st.integers(0, 255))
 def test_npy_reader_on_damaged_files_raises_only_irgen_errors(tmp_path: Path, arr, cut: int, flip: int) -> None:
-    from irgen.pipeline import _write_npy
+    from irgen.capture import write_npy as _write_npy
     from irgen.safeio import load_npy
 
     data = bytearray(_write_npy(tmp_path / "t", arr).read_bytes())

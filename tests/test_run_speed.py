@@ -260,7 +260,7 @@ def test_inputs_workers_run_kernels_on_their_share_of_the_cores(tmp_path, monkey
     """Each worker's kernels run on a TVM thread pool of its own with the threads it was given,
     whatever pool the parent's thread made before the fork; the split is the cores over the
     workers unless TVM_NUM_THREADS says otherwise."""
-    from irgen import pipeline, vm
+    from irgen import vm, workers
     from irgen.output import Progress
 
     monkeypatch.setenv("TVM_NUM_THREADS", "1")
@@ -270,7 +270,7 @@ def test_inputs_workers_run_kernels_on_their_share_of_the_cores(tmp_path, monkey
         (tmp_path / name).write_text(f"{os.getpid()} {_tvm_threads()} {os.environ['TVM_NUM_THREADS']}")
 
     names = [f"s{k}" for k in range(6)]
-    pipeline._in_workers(names, 2, 2, work, Progress(enabled=False))
+    workers.in_workers(names, 2, 2, work, Progress(enabled=False))
     seen = [(tmp_path / n).read_text().split() for n in names]
     assert {(threads, env) for _, threads, env in seen} == {("2", "2")}
     assert os.getpid() not in {int(pid) for pid, _, _ in seen} and len({pid for pid, _, _ in seen}) <= 2
@@ -279,12 +279,12 @@ def test_inputs_workers_run_kernels_on_their_share_of_the_cores(tmp_path, monkey
     monkeypatch.delenv("TVM_NUM_THREADS")
     cores = len(os.sched_getaffinity(0))
     # -j N: N cores, a worker each; fewer samples than cores: the workers share out the rest
-    assert [pipeline._split_cores(j, 64) for j in (1, 2, 3)] == [(1, 1), (2, 1), (3, 1)]
-    assert pipeline._split_cores(None, 64) == (cores, 1)
-    assert pipeline._split_cores(None, 1) == (1, cores)
-    assert pipeline._split_cores(4, 2) == (2, 2) and pipeline._split_cores(5, 2) == (2, 2)
+    assert [workers.split_cores(j, 64) for j in (1, 2, 3)] == [(1, 1), (2, 1), (3, 1)]
+    assert workers.split_cores(None, 64) == (cores, 1)
+    assert workers.split_cores(None, 1) == (1, cores)
+    assert workers.split_cores(4, 2) == (2, 2) and workers.split_cores(5, 2) == (2, 2)
     monkeypatch.setenv("TVM_NUM_THREADS", "3")
-    assert pipeline._split_cores(2, 64) == (2, 3) and pipeline._split_cores(2, 1) == (1, 3)
+    assert workers.split_cores(2, 64) == (2, 3) and workers.split_cores(2, 1) == (1, 3)
 
 
 def test_inputs_after_parallel_kernels_in_the_parent(tmp_path):

@@ -124,7 +124,7 @@ def _verify_quietly(args: argparse.Namespace, out: Path, modes: list[str] | None
     host = load_host(args) if "source" in modes else None
     options = given = None
     if getattr(args, "command", None) == "run":
-        from irgen.pipeline import parse_input_shapes
+        from irgen.inputs import parse_input_shapes
 
         options = {"input_shapes": parse_input_shapes(args.input_shape or [], limit)}
         options.update({n: getattr(args, n, None) for n, opt in load_host(args).options.items() if opt.record})

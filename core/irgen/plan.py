@@ -1,7 +1,7 @@
 """The compiled plan of a model: what ``irgen run`` knows once import, layer forming
 and compile are done, and all it needs to capture golden data for any input.
 
-``pipeline.build_plan`` makes one; ``pipeline.write_output`` runs it on one input
+``compile.build_plan`` makes one; ``capture.write_output`` runs it on one input
 and writes an output folder. A plan holds no Relax graph: only the executable, the
 kernel sequence the VM will call, the layer records (JSON) and their parameter
 arrays. ``save``/``load`` put it in a folder (the compile cache, ``irgen.cache``)
