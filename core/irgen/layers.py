@@ -380,60 +380,93 @@ def fuse_quantized_layers(layers: list[Layer], bindings: list[Binding], rules: l
     scheme layer's members (``quant.steps``, one record per step). A follower with
     weights of its own (a convolution, a matmul) or a second table is never absorbed.
     Merged layers whose inputs are computed after their anchor run where they can."""
-    by_name = {b.name: b for b in bindings}
-    layer_of = {m: l.index for l in layers for m in l.members}
-    users = users_of(bindings)
-    out_names = set(var_names(main_output))
-
-    def reads(layer: Layer) -> set[str]:
-        mset = set(layer.members)
-        return {a for m in layer.members for a in var_names(by_name[m].value) if a not in mset}
-
-    def requantizes(layer: Layer) -> bool:
-        return (quants.get(layer.index) or {}).get("kind") not in (None, "integer")
-
-    def matches(layer: Layer, names: frozenset[str], rule: FusionRule) -> bool:
-        if by_name[layer.anchor].op in names:
-            return True
-        return (rule.requantized_followers and requantizes(layer)
-                and _quantized_op(layer, quants[layer.index], by_name) in {_short(n) for n in names})
-
-    def tables(layer: Layer) -> int:
-        return sum(1 for m in layer.members if by_name[m].op == "relax.take"
-                   and isinstance(by_name[m].value.args[0], Constant))
-
-    def next_layer(layer: Layer, followers: frozenset[str], rule: FusionRule, chain: list[Layer],
-                   taken: set[int]) -> Layer | None:
-        if len(layer.outputs) != 1 or layer.outputs[0] in out_names or layer.outputs[0] != layer.members[-1]:
-            return None
-        out = layer.outputs[0]
-        readers = {layer_of.get(bindings[k].name) for k in users.get(out, [])}
-        if len(readers) != 1 or None in readers:
-            return None
-        nxt = layers[readers.pop()]
-        if nxt.index in taken or quants.get(nxt.index) is None or not matches(nxt, followers, rule):
-            return None
-        extra = reads(nxt) - {out}
-        if not requantizes(nxt) and not extra:
-            return nxt  # an exact integer follower: the anchor's requantization covers the layer
-        anchor_q = quants.get(chain[0].index)
-        if (not rule.requantized_followers or anchor_q is None or quants[nxt.index].get("scheme") != anchor_q.get("scheme")
-                or (extra and not rule.tensor_operands)
-                or any(by_name[m].op in _COMPUTE for m in nxt.members)
-                or tables(nxt) + sum(tables(c) for c in chain) > 1):
-            return None
-        return nxt
-
+    graph = _QuantizedLayers(layers, bindings, quants, main_output)
     taken: set[int] = set()
     fused: list[Layer] = []
     for layer in layers:
         if layer.index in taken:
             continue
-        best: list[Layer] = []
-        for rule in (r for r in rules if matches(layer, r.anchor, r)):
+        layer, absorbed = graph.fuse_at(layer, rules, taken)
+        taken.update(c.index for c in absorbed)
+        fused.append(layer)
+    for k, layer in enumerate(fused):
+        layer.index = k
+    # a merged layer reading a tensor computed after its anchor (a residual add's other
+    # operand) runs after that tensor's layer
+    return _execution_order(fused, bindings, {m: l.index for l in fused for m in l.members})
+
+
+class _QuantizedLayers:
+    """The layers of a realized quantized graph as :func:`fuse_quantized_layers` reads them:
+    which layer binds each tensor, who reads it, and each layer's ``quant`` record."""
+
+    def __init__(self, layers: list[Layer], bindings: list[Binding], quants: dict[int, dict[str, Any] | None],
+                 main_output: relax.Expr):
+        self.layers = layers
+        self.bindings = bindings
+        self.quants = quants
+        self.by_name = {b.name: b for b in bindings}
+        self.layer_of = {m: l.index for l in layers for m in l.members}
+        self.users = users_of(bindings)
+        self.out_names = set(var_names(main_output))
+
+    def reads(self, layer: Layer) -> set[str]:
+        """The tensors ``layer`` reads from outside its members."""
+        mset = set(layer.members)
+        return {a for m in layer.members for a in var_names(self.by_name[m].value) if a not in mset}
+
+    def requantizes(self, layer: Layer) -> bool:
+        """``layer`` has a requantization of its own (not an exact integer layer)."""
+        return (self.quants.get(layer.index) or {}).get("kind") not in (None, "integer")
+
+    def matches(self, layer: Layer, names: frozenset[str], rule: FusionRule) -> bool:
+        """``layer``'s op is one of the Relax ops ``names``: its compute op, or under the rule's
+        ``requantized_followers`` the op a requantizing layer stands for."""
+        if self.by_name[layer.anchor].op in names:
+            return True
+        return (rule.requantized_followers and self.requantizes(layer)
+                and _quantized_op(layer, self.quants[layer.index], self.by_name) in {_short(n) for n in names})
+
+    def tables(self, layer: Layer) -> int:
+        """How many lookup tables (a ``take`` from a constant) ``layer`` has."""
+        return sum(1 for m in layer.members if self.by_name[m].op == "relax.take"
+                   and isinstance(self.by_name[m].value.args[0], Constant))
+
+    def next_layer(self, layer: Layer, followers: frozenset[str], rule: FusionRule, chain: list[Layer],
+                   taken: set[int]) -> Layer | None:
+        """The layer that may join ``chain`` after its tail ``layer`` as one of ``followers``:
+        the only reader of ``layer``'s one output (not a model output), not taken, matching,
+        and either an exact integer layer reading nothing else or allowed by ``rule``'s
+        ``requantized_followers`` and ``tensor_operands`` (same scheme as the anchor, no
+        weights, at most one table in the chain); None when there is none."""
+        if len(layer.outputs) != 1 or layer.outputs[0] in self.out_names or layer.outputs[0] != layer.members[-1]:
+            return None
+        out = layer.outputs[0]
+        readers = {self.layer_of.get(self.bindings[k].name) for k in self.users.get(out, [])}
+        if len(readers) != 1 or None in readers:
+            return None
+        nxt = self.layers[readers.pop()]
+        if nxt.index in taken or self.quants.get(nxt.index) is None or not self.matches(nxt, followers, rule):
+            return None
+        extra = self.reads(nxt) - {out}
+        if not self.requantizes(nxt) and not extra:
+            return nxt  # an exact integer follower: the anchor's requantization covers the layer
+        anchor_q = self.quants.get(chain[0].index)
+        if (not rule.requantized_followers or anchor_q is None
+                or self.quants[nxt.index].get("scheme") != anchor_q.get("scheme")
+                or (extra and not rule.tensor_operands)
+                or any(self.by_name[m].op in _COMPUTE for m in nxt.members)
+                or self.tables(nxt) + sum(self.tables(c) for c in chain) > 1):
+            return None
+        return nxt
+
+    def fuse_at(self, layer: Layer, rules: list[FusionRule], taken: set[int]) -> tuple[Layer, list[Layer]]:
+        """The first rule anchored at ``layer`` whose required followers all join applied:
+        (the merged layer, the layers it absorbed); ``(layer, [])`` when it absorbs none."""
+        for rule in (r for r in rules if self.matches(layer, r.anchor, r)):
             chain, absorbed, tail = [layer], set(), layer
             for k, followers in enumerate(rule.followers):
-                nxt = next_layer(tail, followers, rule, chain, taken)
+                nxt = self.next_layer(tail, followers, rule, chain, taken)
                 if nxt is not None:
                     chain.append(nxt)
                     absorbed.add(k)
@@ -441,18 +474,12 @@ def fuse_quantized_layers(layers: list[Layer], bindings: list[Binding], rules: l
             if rule.required <= absorbed:
                 best = chain[1:]
                 if best:
-                    stepwise = any(requantizes(c) or reads(c) != {p.outputs[0]} for p, c in zip(chain, best))
+                    stepwise = any(self.requantizes(c) or self.reads(c) != {p.outputs[0]} for p, c in zip(chain, best))
                     layer = Layer(layer.index, [m for c in chain for m in c.members], layer.anchor, rule.name,
                                   list(best[-1].outputs), op=rule.op, head=list(layer.members),
                                   steps=[list(c.members) for c in chain] if stepwise else None)
-                break
-        taken.update(c.index for c in best)
-        fused.append(layer)
-    for k, layer in enumerate(fused):
-        layer.index = k
-    # a merged layer reading a tensor computed after its anchor (a residual add's other
-    # operand) runs after that tensor's layer
-    return _execution_order(fused, bindings, {m: l.index for l in fused for m in l.members})
+                return layer, best
+        return layer, []
 
 
 def _short(relax_op: str) -> str:
