@@ -28,7 +28,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("layer forming and records", {"layers", "ir", "forming"}),
     ("compile and plan", {"plan", "cache", "compile"}),
     ("run", {"pipeline", "capture", "workers", "sweep", "cliargs", "cachetool"}),
-    ("check and compare", {"runners", "verify", "diagnose", "compare", "compare_report", "extract", "report",
+    ("check and compare", {"runners", "source", "verify", "diagnose", "compare", "compare_report", "extract", "report",
                            "summary"}),
     ("interfaces: the command line, the plugin API, test kits", {
         "cli", "__main__", "plugin", "testing", "testing.conformance", "testing.models", "testing.pytest_plugin"}),

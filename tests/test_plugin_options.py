@@ -175,16 +175,16 @@ def test_verify_option_given_again_replaces_the_recorded_one(plugin, tmp_path, c
     out = tmp_path / "out"
     assert _irgen(capsys, "run", model, "-o", out, "--no-progress", "-p", path, "--tile-width", "32")[0] == 0
     seen: list[dict] = []
-    import irgen.verify as verify
+    import irgen.source as source
 
-    real = verify.resolve_source
+    real = source.resolve_source
 
     def spy(*args, **kwargs):
         src = real(*args, **kwargs)
         seen.append(dict(src.options))
         return src
 
-    monkeypatch.setattr(verify, "resolve_source", spy)
+    monkeypatch.setattr(source, "resolve_source", spy)
     verify_args = ("verify", out, "--no-progress", "--no-report", "--mode", "source", "-p", path)
     assert _irgen(capsys, *verify_args)[0] == 0
     assert _irgen(capsys, *verify_args, "--tile-width", "64")[0] == 0
