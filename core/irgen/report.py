@@ -219,9 +219,36 @@ def _badness(layer: dict, modes: list[str], thresholds: dict) -> tuple:
 # ------------------------------------------------------------------ layer graph
 
 
+#: the layer graph's boxes (width, height), the gaps between them (across, down), the boxes a
+#: row holds (five fit a 1280-pixel window) and the margin around the drawing, in pixels
+_NODE_W, _NODE_H, _GAP_X, _GAP_Y, _ROW_NODES, _GRAPH_MARGIN = 210, 36, 26, 34, 5, 16
+
+
 def _graph_svg(layers: list[dict]) -> str:
     """Layers as boxes, layered top to bottom by longest path from the inputs, edges from ``inputs``."""
-    bw, bh, gx, gy, per_row, margin = 210, 36, 26, 34, 5, 16  # five boxes a row fit a 1280-pixel window
+    preds, level, uses_input = _graph_levels(layers)
+    if not layers:
+        return '<svg id="layer-graph" role="img" width="300" height="40"><text x="8" y="24">no layers</text></svg>'
+    nodes: list[tuple[int, int]] = [(0, -1)] if uses_input else []  # (level, layer index or -1 for input)
+    nodes += [(lv, i) for i, lv in enumerate(level)]
+    width, height, pos, row_of = _graph_layout(nodes)
+    edges = []
+    for i, ps in enumerate(preds):
+        srcs = list(ps) + ([-1] if uses_input and len(ps) < len(_list(layers[i].get("inputs"))) else [])
+        for k, j in enumerate(dict.fromkeys(srcs)):
+            edges.append(_graph_edge(pos[j], pos[i], row_of[i] - row_of[j], k, width))
+    boxes = [_input_box(*pos[i]) if i < 0 else _layer_box(i, layers[i], *pos[i]) for _, i in nodes]
+    return (
+        f'<svg id="layer-graph" role="img" aria-label="layer graph" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}"><defs><marker id="arrow" viewBox="0 0 8 8" refX="8" refY="4" '
+        f'markerWidth="7" markerHeight="7" orient="auto-start-reverse"><path d="M0,0 L8,4 L0,8 z" '
+        f'fill="#78909c"/></marker></defs>' + "".join(edges) + "".join(boxes) + "</svg>")
+
+
+def _graph_levels(layers: list[dict]) -> tuple[list[list[int]], list[int], bool]:
+    """Each layer's predecessors (the earlier layers its ``inputs`` name), its level (1 + the
+    highest of theirs; 1 without any), and whether any layer reads something else (a model
+    input, or a producer the result does not list)."""
     index = {}
     for i, layer in enumerate(layers):
         index.setdefault(str(layer.get("name")), i)
@@ -238,79 +265,77 @@ def _graph_svg(layers: list[dict]) -> str:
                 uses_input = True  # "input", or a producer the result does not list
         preds.append(ps)
         level.append(1 + max((level[j] for j in ps), default=0))
-    if not layers:
-        return '<svg id="layer-graph" role="img" width="300" height="40"><text x="8" y="24">no layers</text></svg>'
-    nodes: list[tuple[int, int]] = [(0, -1)] if uses_input else []  # (level, layer index or -1 for input)
-    nodes += [(lv, i) for i, lv in enumerate(level)]
+    return preds, level, uses_input
+
+
+def _graph_layout(nodes: list[tuple[int, int]]) -> tuple[int, int, dict[int, tuple[float, float]], dict[int, int]]:
+    """Where the graph's ``nodes`` ((level, layer index or -1 for the input)) go: the drawing's
+    width and height, each node's top-left corner and row. A level is a row of centred boxes;
+    one wider than :data:`_ROW_NODES` wraps onto extra rows."""
     by_level: dict[int, list[int]] = {}
     for lv, i in nodes:
         by_level.setdefault(lv, []).append(i)
-    # rows: a level wider than per_row wraps onto extra rows
     rows: list[list[int]] = []
     for lv in sorted(by_level):
         members = by_level[lv]
-        rows += [members[k:k + per_row] for k in range(0, len(members), per_row)]
+        rows += [members[k:k + _ROW_NODES] for k in range(0, len(members), _ROW_NODES)]
     cols = max(len(r) for r in rows)
-    width = margin * 2 + cols * bw + (cols - 1) * gx
-    height = margin * 2 + len(rows) * bh + (len(rows) - 1) * gy
+    width = _GRAPH_MARGIN * 2 + cols * _NODE_W + (cols - 1) * _GAP_X
+    height = _GRAPH_MARGIN * 2 + len(rows) * _NODE_H + (len(rows) - 1) * _GAP_Y
     pos: dict[int, tuple[float, float]] = {}
     row_of: dict[int, int] = {}
     for r, members in enumerate(rows):
-        row_w = len(members) * bw + (len(members) - 1) * gx
+        row_w = len(members) * _NODE_W + (len(members) - 1) * _GAP_X
         x0 = (width - row_w) / 2
         for k, i in enumerate(members):
-            pos[i] = (x0 + k * (bw + gx), margin + r * (bh + gy))
+            pos[i] = (x0 + k * (_NODE_W + _GAP_X), _GRAPH_MARGIN + r * (_NODE_H + _GAP_Y))
             row_of[i] = r
+    return width, height, pos, row_of
 
-    edges = []
-    for i, ps in enumerate(preds):
-        srcs = list(ps) + ([-1] if uses_input and len(ps) < len(_list(layers[i].get("inputs"))) else [])
-        for k, j in enumerate(dict.fromkeys(srcs)):
-            (x1, y1), (x2, y2) = pos[j], pos[i]
-            sx, sy, ex, ey = x1 + bw / 2, y1 + bh, x2 + bw / 2, y2
-            span = row_of[i] - row_of[j]
-            if span <= 1:
-                d = f"M{sx:.1f},{sy:.1f} C{sx:.1f},{sy + gy / 2:.1f} {ex:.1f},{ey - gy / 2:.1f} {ex:.1f},{ey:.1f}"
-            else:  # skip connection: bow out to the side so it does not run through the boxes between
-                side = 1 if (ex >= width / 2) else -1
-                off = side * (bw / 2 + 12 + 6 * (k % 3))
-                d = (f"M{sx:.1f},{sy:.1f} C{sx + off:.1f},{sy + gy:.1f} "
-                     f"{ex + off:.1f},{ey - gy:.1f} {ex:.1f},{ey:.1f}")
-            cls = "edge skip" if span > 1 else "edge"
-            edges.append(f'<path class="{cls}" d="{d}" marker-end="url(#arrow)"/>')
 
-    boxes = []
-    for lv, i in nodes:
-        x, y = pos[i]
-        if i < 0:
-            boxes.append(
-                f'<g class="node input"><rect x="{x:.1f}" y="{y:.1f}" width="{bw}" height="{bh}" rx="18" '
-                f'fill="#ffffff" stroke="#607d8b"/><text x="{x + bw / 2:.1f}" y="{y + 23:.1f}" '
-                f'text-anchor="middle" class="nname">input</text></g>')
-            continue
-        layer = layers[i]
-        status = _status(layer.get("status"))
-        fill, stroke = _BOX.get(status, _BOX_OTHER)
-        name = str(layer.get("name"))
-        sub = " \u00b7 ".join(str(v) for v in (layer.get("op"), layer.get("dtype"), layer.get("scheme")) if v)
-        tip = f"#{i} {name}\nop: {layer.get('op')}  dtype: {layer.get('dtype')}\nstatus: {status}"
-        for check, m in _dict(layer.get("checks")).items():
-            if isinstance(m, dict):
-                tip += f"\n{check}: {_status(m.get('status'))}"
-                if m.get("message"):
-                    tip += f" ({m.get('message')})"
-        sw = 2.2 if status == "fail" else 1.2
-        boxes.append(
-            f'<a href="#layer-{i}"><g class="node {status}" id="node-{i}"><title>{_e(tip)}</title>'
-            f'<rect x="{x:.1f}" y="{y:.1f}" width="{bw}" height="{bh}" rx="4" fill="{fill}" '
+def _graph_edge(src: tuple[float, float], dst: tuple[float, float], span: int, k: int, width: int) -> str:
+    """The arrow from the box at ``src`` down to the box at ``dst``, ``span`` rows below; a skip
+    connection (more than one row) bows out to the side, by ``k`` (its rank among the edges into
+    ``dst``), so that it does not run through the boxes between."""
+    (x1, y1), (x2, y2) = src, dst
+    sx, sy, ex, ey = x1 + _NODE_W / 2, y1 + _NODE_H, x2 + _NODE_W / 2, y2
+    if span <= 1:
+        d = f"M{sx:.1f},{sy:.1f} C{sx:.1f},{sy + _GAP_Y / 2:.1f} {ex:.1f},{ey - _GAP_Y / 2:.1f} {ex:.1f},{ey:.1f}"
+    else:  # skip connection: bow out to the side so it does not run through the boxes between
+        side = 1 if (ex >= width / 2) else -1
+        off = side * (_NODE_W / 2 + 12 + 6 * (k % 3))
+        d = (f"M{sx:.1f},{sy:.1f} C{sx + off:.1f},{sy + _GAP_Y:.1f} "
+             f"{ex + off:.1f},{ey - _GAP_Y:.1f} {ex:.1f},{ey:.1f}")
+    cls = "edge skip" if span > 1 else "edge"
+    return f'<path class="{cls}" d="{d}" marker-end="url(#arrow)"/>'
+
+
+def _input_box(x: float, y: float) -> str:
+    """The graph's rounded ``input`` box at (``x``, ``y``)."""
+    return (f'<g class="node input"><rect x="{x:.1f}" y="{y:.1f}" width="{_NODE_W}" height="{_NODE_H}" rx="18" '
+            f'fill="#ffffff" stroke="#607d8b"/><text x="{x + _NODE_W / 2:.1f}" y="{y + 23:.1f}" '
+            f'text-anchor="middle" class="nname">input</text></g>')
+
+
+def _layer_box(i: int, layer: dict, x: float, y: float) -> str:
+    """Layer ``i``'s box at (``x``, ``y``): its name, op, dtype and scheme, coloured by status, with
+    a tooltip of its checks, linking to its table row."""
+    status = _status(layer.get("status"))
+    fill, stroke = _BOX.get(status, _BOX_OTHER)
+    name = str(layer.get("name"))
+    sub = " \u00b7 ".join(str(v) for v in (layer.get("op"), layer.get("dtype"), layer.get("scheme")) if v)
+    tip = f"#{i} {name}\nop: {layer.get('op')}  dtype: {layer.get('dtype')}\nstatus: {status}"
+    for check, m in _dict(layer.get("checks")).items():
+        if isinstance(m, dict):
+            tip += f"\n{check}: {_status(m.get('status'))}"
+            if m.get("message"):
+                tip += f" ({m.get('message')})"
+    sw = 2.2 if status == "fail" else 1.2
+    return (f'<a href="#layer-{i}"><g class="node {status}" id="node-{i}"><title>{_e(tip)}</title>'
+            f'<rect x="{x:.1f}" y="{y:.1f}" width="{_NODE_W}" height="{_NODE_H}" rx="4" fill="{fill}" '
             f'stroke="{stroke}" stroke-width="{sw}"/>'
             f'<text x="{x + 8:.1f}" y="{y + 15:.1f}" class="nname">{_e(_short_name(name, 25))}</text>'
             f'<text x="{x + 8:.1f}" y="{y + 29:.1f}" class="nsub">{_e(_short(sub, 34))}</text></g></a>')
-    return (
-        f'<svg id="layer-graph" role="img" aria-label="layer graph" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}"><defs><marker id="arrow" viewBox="0 0 8 8" refX="8" refY="4" '
-        f'markerWidth="7" markerHeight="7" orient="auto-start-reverse"><path d="M0,0 L8,4 L0,8 z" '
-        f'fill="#78909c"/></marker></defs>' + "".join(edges) + "".join(boxes) + "</svg>")
 
 
 # ------------------------------------------------------------------ error chart
@@ -795,51 +820,12 @@ def render_report(result: dict) -> str:
     layers = _layers(result)
     modes = _modes(result, layers)
     thresholds = _dict(result.get("thresholds"))
-    model = _dict(result.get("model"))
-    producer = _dict(result.get("producer"))
-    summary = _dict(result.get("summary"))
-    passed = result.get("passed") is True
-    verdict = "pass" if passed else "fail"
+    verdict = "pass" if result.get("passed") is True else "fail"
     ordered_ir = list(enumerate(layers))
     ordered_worst = sorted(ordered_ir, key=lambda il: (_badness(il[1], modes, thresholds), il[0]))
-
-    model_path = str(model.get("path") or "?")
-    title = f"irgen verify: {verdict.upper()} \u2014 {Path(model_path).name}"
-    kv = [("model", f"<code>{_e(model_path)}</code>"),
-          ("sha256", f"<code>{_e(model.get('sha256') or '?')}</code>"),
-          ("output", f"<code>{_e(result.get('out') or '?')}</code>"),
-          ("producer", _e(", ".join(f"{k} {v}" for k, v in producer.items() if v is not None) or "?")),
-          ("checks", _e(", ".join(modes) or "none")),
-          ("thresholds", _e(", ".join(f"{k} {_fmt(v, 6)}" for k, v in thresholds.items()) or "?"))]
-    skipped_html, source_html = _source_html(result)
-    if source_html:
-        kv.append(("source", source_html))
+    title = f"irgen verify: {verdict.upper()} \u2014 {Path(str(_dict(result.get('model')).get('path') or '?')).name}"
     drift = {check: _drift_start(ordered_ir, check, thresholds) for check in modes if check in ("entire", "source")}
-    if drift:
-        kv.append(("chain drift", _drift_html(drift)))
-    kv_html = "".join(f"<tr><td>{k}</td><td>{v}</td></tr>" for k, v in kv)
-    counts = "".join(f'<span>{_e(k)}: <b>{_e(_fmt(summary.get(k), 4))}</b></span>'
-                     for k in ("layers", "passed", "failed", "unsupported") if k in summary)
-    if _num(summary.get("seconds")) is not None:
-        counts += f'<span>time: <b>{_num(summary.get("seconds")):.1f} s</b></span>'
-
-    problems = [p for p in _list(result.get("problems")) if isinstance(p, dict)]
-    if problems:
-        items = "".join(
-            f'<li><b>{_e(p.get("check") or "?")}</b>'
-            + (f' <code>{_e(p.get("layer"))}</code>' if p.get("layer") is not None else "")
-            + f": {_e(p.get('message'))}</li>" for p in problems)
-        problems_html = f'<ul id="problems" class="problems">{items}</ul>'
-    else:
-        problems_html = '<p id="problems" class="note">No problems.</p>'
-
-    hists = _dict(result.get("histograms"))
-    rank = {str(layer.get("name")): r for r, (_, layer) in enumerate(ordered_worst)}
-    hist_names = sorted(hists, key=lambda n: (rank.get(n, len(rank)), n))
-    hist_html = "".join(_histogram_svg(k, n, _dict(hists[n])) for k, n in enumerate(hist_names))
-    if not hist_html:
-        hist_html = '<p class="note">No histograms in this result.</p>'
-
+    skipped_html, kv_html = _summary_rows(result, modes, thresholds, drift)
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <meta http-equiv="Content-Security-Policy" content="{_csp()}">
@@ -849,9 +835,9 @@ def render_report(result: dict) -> str:
 <header id="summary">
 <h1><span id="verdict" class="verdict {verdict}">{verdict.upper()}</span>{skipped_html}irgen verify report</h1>
 <table class="kv">{kv_html}</table>
-<p class="counts">{counts}</p>
+<p class="counts">{_counts_html(_dict(result.get("summary")))}</p>
 <h2>Problems</h2>
-{problems_html}
+{_problems_html(result)}
 <h2>Notes</h2>
 {_notes_html(result)}
 </header>
@@ -866,10 +852,60 @@ colour = status. Click a box for its table row.</p>
 <p class="note">Click a heading to sort; hover a shortened name for the full one, an error for its check's message.</p>
 {_table(ordered_worst, modes)}</section>
 <section id="histograms"><h2>Histograms: golden vs reference</h2>
-<div class="hists">{hist_html}</div></section>
+<div class="hists">{_histograms_html(result, ordered_worst)}</div></section>
 <script>{_JS}</script>
 </body></html>
 """
+
+
+def _summary_rows(result: dict, modes: list[str], thresholds: dict, drift: dict[str, dict | None]) -> tuple[str, str]:
+    """The header's skipped-source badge (or ``""``) and the rows of its key-value table: model,
+    sha256, output, producer, checks, thresholds, and the source runtime and chain drift when
+    there are any."""
+    model = _dict(result.get("model"))
+    producer = _dict(result.get("producer"))
+    kv = [("model", f"<code>{_e(str(model.get('path') or '?'))}</code>"),
+          ("sha256", f"<code>{_e(model.get('sha256') or '?')}</code>"),
+          ("output", f"<code>{_e(result.get('out') or '?')}</code>"),
+          ("producer", _e(", ".join(f"{k} {v}" for k, v in producer.items() if v is not None) or "?")),
+          ("checks", _e(", ".join(modes) or "none")),
+          ("thresholds", _e(", ".join(f"{k} {_fmt(v, 6)}" for k, v in thresholds.items()) or "?"))]
+    skipped_html, source_html = _source_html(result)
+    if source_html:
+        kv.append(("source", source_html))
+    if drift:
+        kv.append(("chain drift", _drift_html(drift)))
+    return skipped_html, "".join(f"<tr><td>{k}</td><td>{v}</td></tr>" for k, v in kv)
+
+
+def _counts_html(summary: dict) -> str:
+    """The summary's counts (layers, passed, failed, unsupported) and time, as they are given."""
+    counts = "".join(f'<span>{_e(k)}: <b>{_e(_fmt(summary.get(k), 4))}</b></span>'
+                     for k in ("layers", "passed", "failed", "unsupported") if k in summary)
+    if _num(summary.get("seconds")) is not None:
+        counts += f'<span>time: <b>{_num(summary.get("seconds")):.1f} s</b></span>'
+    return counts
+
+
+def _problems_html(result: dict) -> str:
+    """The result's problems as a list (check, layer, message), or a note that there are none."""
+    problems = [p for p in _list(result.get("problems")) if isinstance(p, dict)]
+    if not problems:
+        return '<p id="problems" class="note">No problems.</p>'
+    items = "".join(
+        f'<li><b>{_e(p.get("check") or "?")}</b>'
+        + (f' <code>{_e(p.get("layer"))}</code>' if p.get("layer") is not None else "")
+        + f": {_e(p.get('message'))}</li>" for p in problems)
+    return f'<ul id="problems" class="problems">{items}</ul>'
+
+
+def _histograms_html(result: dict, ordered_worst: list[tuple[int, dict]]) -> str:
+    """The result's histograms, worst layer first (then by name), or a note that there are none."""
+    hists = _dict(result.get("histograms"))
+    rank = {str(layer.get("name")): r for r, (_, layer) in enumerate(ordered_worst)}
+    hist_names = sorted(hists, key=lambda n: (rank.get(n, len(rank)), n))
+    hist_html = "".join(_histogram_svg(k, n, _dict(hists[n])) for k, n in enumerate(hist_names))
+    return hist_html or '<p class="note">No histograms in this result.</p>'
 
 
 def write_report(result: dict, path: str | os.PathLike) -> Path:
