@@ -323,79 +323,17 @@ def fuse_erf_gelu(model) -> int:
     from onnx import helper
 
     g = model.graph
-    consts: dict[str, np.ndarray] = {}
-    for t in g.initializer:
-        if math.prod(int(d) for d in t.dims) == 1:
-            consts[t.name] = tensor_array(t)
-    for n in g.node:
-        if n.op_type == "Constant":
-            for a in n.attribute:
-                if a.name == "value" and a.HasField("t") and math.prod(int(d) for d in a.t.dims) == 1:
-                    consts[n.output[0]] = tensor_array(a.t)
-    producer = {o: n for n in g.node for o in n.output}
-    readers: dict[str, list] = {}
-    for n in g.node:
-        for i in n.input:
-            readers.setdefault(i, []).append(n)
-    graph_outputs = {o.name for o in g.output}
-
-    def only_reader(name: str, node) -> bool:
-        return name not in graph_outputs and [r is node for r in readers.get(name, [])] == [True]
-
-    def other(node, name: str) -> str | None:
-        ins = list(node.input)
-        if len(ins) != 2 or name not in ins:
-            return None
-        return ins[1] if ins[0] == name else ins[0]
-
+    matcher = _ErfGelu(g)
     drop: set[str] = set()
     replace: dict[str, Any] = {}
     for erf in g.node:
         if erf.op_type != "Erf" or erf.domain not in ("", "ai.onnx"):
             continue
-        scale = producer.get(erf.input[0])
-        if scale is None or scale.op_type not in ("Div", "Mul") or not only_reader(scale.output[0], erf):
+        found = matcher.match(erf)
+        if found is None:
             continue
-        x = scale.input[0]
-        c = _scalar_const(consts, scale.input[1])
-        if c is None or not np.isclose(c if scale.op_type == "Div" else 1.0 / c if c else 0.0, _SQRT2, rtol=1e-5):
-            continue
-        adds = readers.get(erf.output[0], [])
-        if len(adds) != 1 or adds[0].op_type != "Add" or not only_reader(erf.output[0], adds[0]):
-            continue
-        add = adds[0]
-        one = other(add, erf.output[0])
-        if one is None or _scalar_const(consts, one) != 1.0:
-            continue
-        # two Muls: {x, half, add} multiplied in some order
-        muls = readers.get(add.output[0], [])
-        if len(muls) != 1 or muls[0].op_type != "Mul" or add.output[0] in graph_outputs:
-            continue
-        m1 = muls[0]
-        a = other(m1, add.output[0])
-        if a is None:
-            continue
-        nxt = readers.get(m1.output[0], [])
-        if len(nxt) != 1 or nxt[0].op_type != "Mul" or m1.output[0] in graph_outputs:
-            continue
-        m2 = nxt[0]
-        b = other(m2, m1.output[0])
-        if b is None:
-            continue
-        if a == x and _scalar_const(consts, b) == 0.5:
-            pass  # (x * (1 + erf)) * 0.5
-        elif b == x and a in producer and producer[a].op_type == "Mul" and only_reader(a, m1):
-            half = producer[a]  # (0.5 * x) * (1 + erf): a = Mul(x, 0.5)
-            h = other(half, x)
-            if h is None or _scalar_const(consts, h) != 0.5:
-                continue
-            drop.add(half.output[0])
-        elif a == x or b == x:
-            continue
-        else:
-            continue
-        for n in (scale, erf, add, m1):
-            drop.add(n.output[0])
+        x, fused, m2 = found
+        drop.update(n.output[0] for n in fused)
         replace[m2.output[0]] = helper.make_node("Gelu", [x], [m2.output[0]], name=m2.name or m2.output[0])
     if not replace:
         return 0
@@ -408,6 +346,95 @@ def fuse_erf_gelu(model) -> int:
     del g.node[:]
     g.node.extend(nodes)
     return len(replace)
+
+
+def _other_input(node, name: str) -> str | None:
+    """The other input of a two-input ``node`` that reads ``name``; None otherwise."""
+    ins = list(node.input)
+    if len(ins) != 2 or name not in ins:
+        return None
+    return ins[1] if ins[0] == name else ins[0]
+
+
+class _ErfGelu:
+    """The erf-form GELUs of one ONNX graph, node by node (:func:`fuse_erf_gelu`): the graph's
+    one-element constants, each tensor's producer and readers."""
+
+    def __init__(self, g):
+        self.consts: dict[str, np.ndarray] = {}
+        for t in g.initializer:
+            if math.prod(int(d) for d in t.dims) == 1:
+                self.consts[t.name] = tensor_array(t)
+        for n in g.node:
+            if n.op_type == "Constant":
+                for a in n.attribute:
+                    if a.name == "value" and a.HasField("t") and math.prod(int(d) for d in a.t.dims) == 1:
+                        self.consts[n.output[0]] = tensor_array(a.t)
+        self.producer = {o: n for n in g.node for o in n.output}
+        self.readers: dict[str, list] = {}
+        for n in g.node:
+            for i in n.input:
+                self.readers.setdefault(i, []).append(n)
+        self.graph_outputs = {o.name for o in g.output}
+
+    def only_reader(self, name: str, node) -> bool:
+        """``node`` is the one reader of tensor ``name``, not a graph output."""
+        return name not in self.graph_outputs and [r is node for r in self.readers.get(name, [])] == [True]
+
+    def match(self, erf) -> tuple[str, list, Any] | None:
+        """The GELU around the Erf node ``erf``: (its input x, the nodes it replaces but the last
+        Mul, that last Mul); None when ``erf`` is not part of one."""
+        scale = self.producer.get(erf.input[0])
+        if scale is None or scale.op_type not in ("Div", "Mul") or not self.only_reader(scale.output[0], erf):
+            return None
+        x = scale.input[0]
+        c = _scalar_const(self.consts, scale.input[1])
+        if c is None or not np.isclose(c if scale.op_type == "Div" else 1.0 / c if c else 0.0, _SQRT2, rtol=1e-5):
+            return None
+        add = self.plus_one(erf)
+        first = self.mul_after(add.output[0]) if add is not None else None
+        second = self.mul_after(first[0].output[0]) if first is not None else None
+        if second is None:  # two Muls: {x, half, add} multiplied in some order
+            return None
+        (m1, a), (m2, b) = first, second
+        half = self.half(x, m1, a, b)
+        if half is None:
+            return None
+        return x, [*half, scale, erf, add, m1], m2
+
+    def plus_one(self, erf):
+        """The Add of 1 that alone reads ``erf``'s output; None when there is none."""
+        adds = self.readers.get(erf.output[0], [])
+        if len(adds) != 1 or adds[0].op_type != "Add" or not self.only_reader(erf.output[0], adds[0]):
+            return None
+        add = adds[0]
+        one = _other_input(add, erf.output[0])
+        if one is None or _scalar_const(self.consts, one) != 1.0:
+            return None
+        return add
+
+    def mul_after(self, tensor: str) -> tuple[Any, str] | None:
+        """The Mul that alone reads ``tensor`` (not a graph output), and its other input; None
+        when there is none."""
+        muls = self.readers.get(tensor, [])
+        if len(muls) != 1 or muls[0].op_type != "Mul" or tensor in self.graph_outputs:
+            return None
+        other = _other_input(muls[0], tensor)
+        return None if other is None else (muls[0], other)
+
+    def half(self, x: str, m1, a: str, b: str) -> list | None:
+        """How the two Muls' other inputs ``a`` and ``b`` multiply by ``x`` and 0.5: ``[]`` for
+        ``(x * (1 + erf)) * 0.5``, ``[the Mul(x, 0.5) node]`` for ``(0.5 * x) * (1 + erf)``
+        (it goes too); None for anything else."""
+        if a == x and _scalar_const(self.consts, b) == 0.5:
+            return []  # (x * (1 + erf)) * 0.5
+        if b == x and a in self.producer and self.producer[a].op_type == "Mul" and self.only_reader(a, m1):
+            half = self.producer[a]  # (0.5 * x) * (1 + erf): a = Mul(x, 0.5)
+            h = _other_input(half, x)
+            if h is None or _scalar_const(self.consts, h) != 0.5:
+                return None
+            return [half]
+        return None
 
 
 # ------------------------------------------------------------------ auto_pad as explicit pads
@@ -528,10 +555,6 @@ def fold_requantized_weights(model) -> int:
     def const(name: str):
         return tensor_array(inits[name]) if name in inits else None
 
-    def plain(node) -> bool:
-        return node.domain in ("", "ai.onnx") and not any(a.name in ("block_size", "output_dtype", "precision")
-                                                            for a in node.attribute)
-
     readers: dict[str, list[tuple[Any, int]]] = {}
     for n in nodes:
         for k, name in enumerate(n.input):
@@ -539,54 +562,71 @@ def fold_requantized_weights(model) -> int:
     folded: dict[str, np.ndarray] = {}
     drop: set[int] = set()
     for n in nodes:
-        if n.op_type != "QuantizeLinear" or not plain(n) or len(n.input) < 2 or len(n.output) != 1:
+        if n.op_type != "QuantizeLinear" or not _plain_qdq(n) or len(n.input) < 2 or len(n.output) != 1:
             continue
         if n.input[0] in inits and n.input[0] not in producer:
             if not _weights_only(n, readers):
                 continue  # another constant quantized at run time (a table): the qdq scheme quantizes it
             q = _quantized_float_initializer(n, const)  # quantize_static's AddQDQPairToWeight
-            if q is not None:
-                folded[n.output[0]] = q
-                drop.add(id(n))
-            continue
-        src = producer.get(n.input[0])
-        while src is not None and src.op_type == "Identity":
-            src = producer.get(src.input[0])
-        if src is None or src.op_type != "DequantizeLinear" or not plain(src) or len(src.input) < 2:
-            continue
-        w, s1 = const(src.input[0]), const(src.input[1])
-        z1 = const(src.input[2]) if len(src.input) > 2 and src.input[2] else None
-        s2 = const(n.input[1])
-        z2 = const(n.input[2]) if len(n.input) > 2 and n.input[2] else np.zeros((), np.uint8)
-        if w is None or s1 is None or s2 is None or z2 is None or (len(src.input) > 2 and src.input[2] and z1 is None):
-            continue
-        if w.dtype.kind not in "iu" or s1.dtype != np.float32 or s2.dtype != np.float32 or s2.size != 1 or z2.size != 1 \
-                or z2.dtype not in _Q_TYPES:
-            continue
-        z1 = np.zeros((), np.int64) if z1 is None else z1
-        fit = _per_axis(src, w.shape, s1, z1)  # per axis: along the DequantizeLinear's axis
-        if fit is None:
-            continue
-        s1, z1 = fit
-        f = ((w.astype(np.int64) - z1.astype(np.int64)).astype(np.float32) * s1).astype(np.float32)
-        if not np.isfinite(f / np.float32(s2.reshape(()))).all():
-            continue
-        folded[n.output[0]] = quantize_linear(f, np.float32(s2.reshape(())), int(z2.reshape(())), str(z2.dtype))
-        drop.add(id(n))
+        else:
+            q = _requantized_initializer(n, producer, const)
+        if q is not None:
+            folded[n.output[0]] = q
+            drop.add(id(n))
     if not folded:
         return 0
-    keep = [n for n in nodes if id(n) not in drop]
-    # the DequantizeLinear/Identity nodes no one reads any more go too (a graph output stays)
-    outputs = {o.name for o in g.output}
+    _set_nodes(g, _without_unread_qdq([n for n in nodes if id(n) not in drop], {o.name for o in g.output}))
+    g.initializer.extend(numpy_helper.from_array(v, name) for name, v in folded.items())
+    return len(folded)
+
+
+def _plain_qdq(node) -> bool:
+    """A Q/DQ node of the default domain without the attributes of newer opsets (``block_size``,
+    ``output_dtype``, ``precision``)."""
+    return node.domain in ("", "ai.onnx") and not any(a.name in ("block_size", "output_dtype", "precision")
+                                                        for a in node.attribute)
+
+
+def _requantized_initializer(q, producer: dict[str, Any], const) -> np.ndarray | None:
+    """The integers QuantizeLinear ``q`` (per tensor) gives when it reads a DequantizeLinear of an
+    integer initializer (through ``Identity`` nodes), as ONNX Runtime computes the two nodes:
+    ``(w - zero_point) * scale`` in float32, then :func:`quantize_linear`; None when it does not
+    (``const``: an initializer's values, or None)."""
+    src = producer.get(q.input[0])
+    while src is not None and src.op_type == "Identity":
+        src = producer.get(src.input[0])
+    if src is None or src.op_type != "DequantizeLinear" or not _plain_qdq(src) or len(src.input) < 2:
+        return None
+    w, s1 = const(src.input[0]), const(src.input[1])
+    z1 = const(src.input[2]) if len(src.input) > 2 and src.input[2] else None
+    s2 = const(q.input[1])
+    z2 = const(q.input[2]) if len(q.input) > 2 and q.input[2] else np.zeros((), np.uint8)
+    if w is None or s1 is None or s2 is None or z2 is None or (len(src.input) > 2 and src.input[2] and z1 is None):
+        return None
+    if w.dtype.kind not in "iu" or s1.dtype != np.float32 or s2.dtype != np.float32 or s2.size != 1 or z2.size != 1 \
+            or z2.dtype not in _Q_TYPES:
+        return None
+    z1 = np.zeros((), np.int64) if z1 is None else z1
+    fit = _per_axis(src, w.shape, s1, z1)  # per axis: along the DequantizeLinear's axis
+    if fit is None:
+        return None
+    s1, z1 = fit
+    f = ((w.astype(np.int64) - z1.astype(np.int64)).astype(np.float32) * s1).astype(np.float32)
+    if not np.isfinite(f / np.float32(s2.reshape(()))).all():
+        return None
+    return quantize_linear(f, np.float32(s2.reshape(())), int(z2.reshape(())), str(z2.dtype))
+
+
+def _without_unread_qdq(nodes: list, outputs: set[str]) -> list:
+    """``nodes`` without the DequantizeLinear and Identity nodes no one reads any more, repeatedly
+    (a graph output in ``outputs`` stays)."""
+    keep = nodes
     while True:
         read = {i for n in keep for i in n.input} | outputs
         dead = [n for n in keep if n.op_type in ("Identity", "DequantizeLinear") and not any(o in read for o in n.output)]
         if not dead:
-            break
+            return keep
         keep = [n for n in keep if all(n is not d for d in dead)]
-    _set_nodes(g, keep)
-    g.initializer.extend(numpy_helper.from_array(v, name) for name, v in folded.items())
-    return len(folded)
 
 
 def _dequantized_4bit(node, const) -> np.ndarray | None:
