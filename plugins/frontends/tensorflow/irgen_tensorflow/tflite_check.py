@@ -189,84 +189,113 @@ def check_model(buf: bytes, limit: int | None, where: str) -> None:
 
 def _check_subgraph(r: _Reader, s: int, sg: _Table, n_codes: int, buffers: list[int], n_subgraphs: int,
                     limit: int | None, where: str) -> None:
+    """Check subgraph ``s``: its name, each of its tensors (:func:`_check_tensor`), the tensor
+    indices of its inputs and outputs, and each of its operators (:func:`_check_operator`)."""
     at = f"subgraph {s}"
     r.string(sg, 4, f"{at} name")
-    names: list[str] = []
+    n = 0
     for t, tensor in enumerate(r.tables(sg, 0, f"{at} tensor")):
-        tat = f"{at} tensor {t}"
-        shape = r.ints(tensor, 0, f"{tat} shape")
-        ttype = r.scalar(tensor, 1, "<b", 0, tat)
-        buf_idx = r.scalar(tensor, 2, "<I", 0, tat)
-        name = r.string(tensor, 3, f"{tat} name") or ""
-        names.append(name)
-        quant = r.subtable(tensor, 4, f"{tat} quantization")
-        if quant is not None:
-            for slot, elem in ((0, 4), (1, 4), (2, 4), (3, 8)):
-                r.vector(quant, slot, elem, f"{tat} quantization")
-            r.scalar(quant, 4, "<B", 0, f"{tat} quantization")
-            r.subtable(quant, 5, f"{tat} quantization details")
-            r.scalar(quant, 6, "<i", 0, f"{tat} quantization")
-        sparsity = r.subtable(tensor, 6, f"{tat} sparsity")
-        if sparsity is not None:
-            r.ints(sparsity, 0, f"{tat} sparsity")
-            r.ints(sparsity, 1, f"{tat} sparsity")
-            for k, dim in enumerate(r.tables(sparsity, 2, f"{tat} sparsity dimension")):
-                for type_slot in (2, 4):  # array_segments, array_indices: a union of int vectors
-                    kind = r.scalar(dim, type_slot, "<B", 0, f"{tat} sparsity dimension {k}")
-                    seg = r.subtable(dim, type_slot + 1, f"{tat} sparsity dimension {k}")
-                    if seg is not None:
-                        r.vector(seg, 0, {1: 4, 2: 2, 3: 1}.get(kind, 1), f"{tat} sparsity dimension {k}")
-        signature = r.ints(tensor, 7, f"{tat} shape signature")
-        label = f"tensor {name!r}" if name else f"tensor {t} of {at}"
-        if any(d < 0 for d in shape):
-            raise Unreadable(f"{label}: negative dimension in shape {_shape_text(shape)}")
-        if any(d < -1 for d in signature):
-            raise Unreadable(f"{label}: dimension below -1 in shape signature {_shape_text(signature)}")
-        dtype = TYPES.get(ttype)
-        if dtype is None:
-            raise Unreadable(f"{label}: unknown tensor type {ttype}")
-        if buf_idx >= max(len(buffers), 1):
-            raise Unreadable(f"{label}: buffer index {buf_idx} out of range (the model has {len(buffers)} buffers)")
-        check_tensor_size(f"{where}: {label}", shape, _SIZE_DTYPE.get(dtype, dtype), limit)
-        data = buffers[buf_idx] if buffers else 0
-        if data == -1:
-            raise Unreadable(f"{label}: its data lies outside the flatbuffer (buffer {buf_idx} offset/size, a model "
-                             "over 2 GB), which TVM's TFLite importer cannot read")
-        if data > 0 and sparsity is None and dtype in _ITEMSIZE:
-            need = math.prod(shape) * _ITEMSIZE[dtype]
-            if data != need:
-                raise Unreadable(f"{label}: its buffer holds {data} bytes, its shape {_shape_text(shape)} {dtype} "
-                                 f"needs {need}")
-    n = len(names)
-
-    def index(i: int, what: str, optional: bool = False) -> None:
-        if optional and i == -1:
-            return
-        if not 0 <= i < n:
-            raise Unreadable(f"{what}: tensor index {i} out of range ({at} has {n} tensors)")
-
+        _check_tensor(r, tensor, t, at, buffers, limit, where)
+        n += 1
     for k in r.ints(sg, 1, f"{at} inputs"):
-        index(k, f"{at} input")
+        _check_index(k, n, at, f"{at} input")
     for k in r.ints(sg, 2, f"{at} outputs"):
-        index(k, f"{at} output")
+        _check_index(k, n, at, f"{at} output")
     for o, op in enumerate(r.tables(sg, 3, f"{at} operator")):
-        oat = f"operator {o} of {at}"
-        code = r.scalar(op, 0, "<I", 0, oat)
-        if code >= n_codes:
-            raise Unreadable(f"{oat}: operator code index {code} out of range (the model has {n_codes} operator codes)")
-        for k in r.ints(op, 1, f"{oat} inputs"):
-            index(k, f"{oat} input", optional=True)
-        for k in r.ints(op, 2, f"{oat} outputs"):
-            index(k, f"{oat} output", optional=True)
-        r.scalar(op, 3, "<B", 0, oat)
-        r.subtable(op, 4, f"{oat} options")
-        r.vector(op, 5, 1, f"{oat} custom options")
-        r.vector(op, 7, 1, f"{oat} mutating inputs")
-        for k in r.ints(op, 8, f"{oat} intermediates"):
-            index(k, f"{oat} intermediate", optional=True)
-        big_off = r.scalar(op, 9, "<Q", 0, oat)
-        big_size = r.scalar(op, 10, "<Q", 0, oat)
-        if (big_off or big_size) and big_off + big_size > r.n:
-            raise Unreadable(f"{oat}: custom options at offset {big_off} + size {big_size} point past the end of the file")
-        r.scalar(op, 11, "<B", 0, oat)
-        r.subtable(op, 12, f"{oat} options")
+        _check_operator(r, op, f"operator {o} of {at}", n_codes, n, at)
+
+
+def _check_index(i: int, n: int, at: str, what: str, optional: bool = False) -> None:
+    """Tensor index ``i`` (``what``) is one of the ``n`` tensors of subgraph ``at`` (or -1, when
+    ``optional``: an operator's omitted input)."""
+    if optional and i == -1:
+        return
+    if not 0 <= i < n:
+        raise Unreadable(f"{what}: tensor index {i} out of range ({at} has {n} tensors)")
+
+
+def _check_tensor(r: _Reader, tensor: _Table, t: int, at: str, buffers: list[int], limit: int | None,
+                  where: str) -> None:
+    """Read tensor ``t`` of subgraph ``at`` (shape, type, buffer, name, quantization, sparsity,
+    shape signature), then check what it says (:func:`_check_tensor_data`)."""
+    tat = f"{at} tensor {t}"
+    shape = r.ints(tensor, 0, f"{tat} shape")
+    ttype = r.scalar(tensor, 1, "<b", 0, tat)
+    buf_idx = r.scalar(tensor, 2, "<I", 0, tat)
+    name = r.string(tensor, 3, f"{tat} name") or ""
+    quant = r.subtable(tensor, 4, f"{tat} quantization")
+    if quant is not None:
+        for slot, elem in ((0, 4), (1, 4), (2, 4), (3, 8)):
+            r.vector(quant, slot, elem, f"{tat} quantization")
+        r.scalar(quant, 4, "<B", 0, f"{tat} quantization")
+        r.subtable(quant, 5, f"{tat} quantization details")
+        r.scalar(quant, 6, "<i", 0, f"{tat} quantization")
+    sparsity = r.subtable(tensor, 6, f"{tat} sparsity")
+    if sparsity is not None:
+        _read_sparsity(r, sparsity, tat)
+    signature = r.ints(tensor, 7, f"{tat} shape signature")
+    label = f"tensor {name!r}" if name else f"tensor {t} of {at}"
+    _check_tensor_data(label, shape, signature, ttype, buf_idx, sparsity is not None, buffers, limit, where)
+
+
+def _read_sparsity(r: _Reader, sparsity: _Table, tat: str) -> None:
+    """Read the sparsity table of tensor ``tat``: its traversal order, block map and dimensions
+    (each dimension's array segments and indices, a union of int vectors)."""
+    r.ints(sparsity, 0, f"{tat} sparsity")
+    r.ints(sparsity, 1, f"{tat} sparsity")
+    for k, dim in enumerate(r.tables(sparsity, 2, f"{tat} sparsity dimension")):
+        for type_slot in (2, 4):  # array_segments, array_indices: a union of int vectors
+            kind = r.scalar(dim, type_slot, "<B", 0, f"{tat} sparsity dimension {k}")
+            seg = r.subtable(dim, type_slot + 1, f"{tat} sparsity dimension {k}")
+            if seg is not None:
+                r.vector(seg, 0, {1: 4, 2: 2, 3: 1}.get(kind, 1), f"{tat} sparsity dimension {k}")
+
+
+def _check_tensor_data(label: str, shape: list[int], signature: list[int], ttype: int, buf_idx: int, sparse: bool,
+                       buffers: list[int], limit: int | None, where: str) -> None:
+    """What a tensor's fields say: no negative dimension (below -1 in the signature), a known
+    type, its buffer in range and inside the flatbuffer, a size under ``limit``, and constant
+    data of the size its shape says (a sparse tensor's aside)."""
+    if any(d < 0 for d in shape):
+        raise Unreadable(f"{label}: negative dimension in shape {_shape_text(shape)}")
+    if any(d < -1 for d in signature):
+        raise Unreadable(f"{label}: dimension below -1 in shape signature {_shape_text(signature)}")
+    dtype = TYPES.get(ttype)
+    if dtype is None:
+        raise Unreadable(f"{label}: unknown tensor type {ttype}")
+    if buf_idx >= max(len(buffers), 1):
+        raise Unreadable(f"{label}: buffer index {buf_idx} out of range (the model has {len(buffers)} buffers)")
+    check_tensor_size(f"{where}: {label}", shape, _SIZE_DTYPE.get(dtype, dtype), limit)
+    data = buffers[buf_idx] if buffers else 0
+    if data == -1:
+        raise Unreadable(f"{label}: its data lies outside the flatbuffer (buffer {buf_idx} offset/size, a model "
+                         "over 2 GB), which TVM's TFLite importer cannot read")
+    if data > 0 and not sparse and dtype in _ITEMSIZE:
+        need = math.prod(shape) * _ITEMSIZE[dtype]
+        if data != need:
+            raise Unreadable(f"{label}: its buffer holds {data} bytes, its shape {_shape_text(shape)} {dtype} "
+                             f"needs {need}")
+
+
+def _check_operator(r: _Reader, op: _Table, oat: str, n_codes: int, n: int, at: str) -> None:
+    """Read operator ``oat`` of subgraph ``at`` (``n`` tensors): its operator code and tensor
+    indices in range, its options' headers, and its large custom options inside the file."""
+    code = r.scalar(op, 0, "<I", 0, oat)
+    if code >= n_codes:
+        raise Unreadable(f"{oat}: operator code index {code} out of range (the model has {n_codes} operator codes)")
+    for k in r.ints(op, 1, f"{oat} inputs"):
+        _check_index(k, n, at, f"{oat} input", optional=True)
+    for k in r.ints(op, 2, f"{oat} outputs"):
+        _check_index(k, n, at, f"{oat} output", optional=True)
+    r.scalar(op, 3, "<B", 0, oat)
+    r.subtable(op, 4, f"{oat} options")
+    r.vector(op, 5, 1, f"{oat} custom options")
+    r.vector(op, 7, 1, f"{oat} mutating inputs")
+    for k in r.ints(op, 8, f"{oat} intermediates"):
+        _check_index(k, n, at, f"{oat} intermediate", optional=True)
+    big_off = r.scalar(op, 9, "<Q", 0, oat)
+    big_size = r.scalar(op, 10, "<Q", 0, oat)
+    if (big_off or big_size) and big_off + big_size > r.n:
+        raise Unreadable(f"{oat}: custom options at offset {big_off} + size {big_size} point past the end of the file")
+    r.scalar(op, 11, "<B", 0, oat)
+    r.subtable(op, 12, f"{oat} options")
