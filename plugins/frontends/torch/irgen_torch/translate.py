@@ -113,14 +113,7 @@ def _naming_importer():
             super().__init__()
 
         def _translate_fx_graph(self, graph_module, nodes, inputs_vars, custom_ops=None):
-            computed = self.ctx.computed
-            rest = []
-            for node in nodes:
-                if node.name not in computed:
-                    rest.append(node)
-                elif computed[node.name] is not None:
-                    self.env[node] = relax.const(computed[node.name].numpy())
-            return super()._translate_fx_graph(graph_module, rest, inputs_vars, custom_ops)
+            return super()._translate_fx_graph(graph_module, _uncomputed(self, nodes), inputs_vars, custom_ops)
 
         def _check_unsupported_func_type(self, nodes):
             return super()._check_unsupported_func_type([n for n in nodes if n.name not in self.ctx.computed])
@@ -142,37 +135,12 @@ def _naming_importer():
                 self.ctx.current = node
                 before = self._known_names()
                 out = fn(node, *rest)
-                return self._name(node, out, before)
+                return _named_result(self, node, out, before)
 
             return convert
 
         def _known_names(self) -> set[str]:
             return {v.name for v in self.env.values() if isinstance(v, relax.Var)}
-
-        def _name(self, node, out, before: set[str]):
-            ctx = self.ctx
-            op_type = str(node.target)
-            ctx.provenance.layer_names.setdefault(node.name, module_path_name(node))
-
-            def one(expr, tensor: str):
-                if isinstance(expr, (relax.Call, relax.TupleGetItem)):
-                    var = ctx.namer(tensor)
-                    ctx.provenance.by_var[var] = (node.name, op_type, tensor)
-                    return self.block_builder.emit(expr, name_hint=var)
-                if isinstance(expr, relax.Var) and expr.name not in before and expr.name not in ctx.renames \
-                        and not any(p.name == expr.name for p in self._params):
-                    var = ctx.namer(tensor)
-                    ctx.renames[expr.name] = var
-                    ctx.provenance.by_var[var] = (node.name, op_type, tensor)
-                return expr
-
-            if isinstance(out, relax.Tuple):
-                return relax.Tuple([one(f, f"{node.name}_{k}") for k, f in enumerate(out.fields)])
-            if isinstance(out, (tuple, list)):
-                return type(out)(one(f, f"{node.name}_{k}") if isinstance(f, relax.Expr) else f for k, f in enumerate(out))
-            if isinstance(out, relax.Expr):
-                return one(out, node.name)
-            return out
 
         def create_input_vars(self, exported_program):
             params, users, ranges = super().create_input_vars(exported_program)
@@ -180,6 +148,59 @@ def _naming_importer():
             return params, users, ranges
 
     return NamingImporter
+
+
+def _uncomputed(importer, nodes) -> list:
+    """The ``nodes`` torch did not compute (:mod:`irgen_torch.fold`); the value of each computed
+    one that has a value is bound in ``importer.env`` as a constant."""
+    from tvm import relax
+
+    computed = importer.ctx.computed
+    rest = []
+    for node in nodes:
+        if node.name not in computed:
+            rest.append(node)
+        elif computed[node.name] is not None:
+            importer.env[node] = relax.const(computed[node.name].numpy())
+    return rest
+
+
+def _named_result(importer, node, out, before: set[str]):
+    """``out``, what a converter returned for FX ``node``, with each expression in it named
+    after the node (:func:`_named_expr`; a tuple's items ``{node}_{k}``); records the node's
+    layer name. ``before``: the variable names the importer knew before the converter ran."""
+    from tvm import relax
+
+    op_type = str(node.target)
+    importer.ctx.provenance.layer_names.setdefault(node.name, module_path_name(node))
+    if isinstance(out, relax.Tuple):
+        return relax.Tuple([_named_expr(importer, node, op_type, f, f"{node.name}_{k}", before)
+                            for k, f in enumerate(out.fields)])
+    if isinstance(out, (tuple, list)):
+        return type(out)(_named_expr(importer, node, op_type, f, f"{node.name}_{k}", before)
+                         if isinstance(f, relax.Expr) else f for k, f in enumerate(out))
+    if isinstance(out, relax.Expr):
+        return _named_expr(importer, node, op_type, out, node.name, before)
+    return out
+
+
+def _named_expr(importer, node, op_type: str, expr, tensor: str, before: set[str]):
+    """``expr`` bound to a variable named after ``tensor`` when it is a call or a tuple item; a
+    variable the converter bound itself (new since ``before``, not renamed yet, not a parameter)
+    is recorded for renaming after ``tensor`` instead. Provenance records the node either way."""
+    from tvm import relax
+
+    ctx = importer.ctx
+    if isinstance(expr, (relax.Call, relax.TupleGetItem)):
+        var = ctx.namer(tensor)
+        ctx.provenance.by_var[var] = (node.name, op_type, tensor)
+        return importer.block_builder.emit(expr, name_hint=var)
+    if isinstance(expr, relax.Var) and expr.name not in before and expr.name not in ctx.renames \
+            and not any(p.name == expr.name for p in importer._params):
+        var = ctx.namer(tensor)
+        ctx.renames[expr.name] = var
+        ctx.provenance.by_var[var] = (node.name, op_type, tensor)
+    return expr
 
 
 def _check_ops(ep, importer, where: str, computed=()) -> None:
