@@ -402,3 +402,37 @@ def test_conv_whose_bias_the_exporter_shared_with_a_quantized_add(tmp_path, caps
     for row in r["layers"]:
         m = row["checks"]["source"]
         assert m["status"] == "pass" and (m.get("local") or m)["max_lsb"] in (0, 1, None), (row["name"], m)
+
+
+def test_an_integer_layer_one_lsb_off_the_runtime_fails_with_its_location(tmp_path, monkeypatch):
+    """Issue 38: when the source runtime ran the integer kernels the scheme reproduces (the
+    runner says ``exact``), a layer recomputed from the runtime's own inputs must equal it to
+    the last bit: one element 1 LSB off is a failure naming where, not a pass within 1 LSB."""
+    from irgen import runners
+    from irgen.testing.models import qdq_onnx
+    from irgen.verify import verify_output
+
+    model = qdq_onnx(tmp_path / "q.onnx", seed=3)
+    out = tmp_path / "out"
+    _run(str(model), "-o", str(out))
+    ir = json.loads((out / "ir.json").read_text())
+    target = next(layer for layer in ir["layers"] if layer["op"] == "conv2d" and layer["quant"])["name"]
+    real = runners.LayerRunner.run
+
+    def one_off(self, layer, inputs, *args, **kwargs):
+        outs, note = real(self, layer, inputs, *args, **kwargs)
+        if layer["name"] == target and len(inputs) and inputs[0].dtype.kind in "iu" and kwargs.get("_tag") is None:
+            first = outs[0].copy()
+            flat = first.reshape(-1)
+            flat[0] = flat[0] + 1 if flat[0] < np.iinfo(first.dtype).max else flat[0] - 1
+            outs = [first, *outs[1:]]
+        return outs, note
+
+    monkeypatch.setattr(runners.LayerRunner, "run", one_off)
+    r = verify_output(out, modes=("source",))
+    row = next(row for row in r["layers"] if row["name"] == target)
+    m = row["checks"]["source"]
+    assert r["source"]["ran"] and m["status"] == "fail", m
+    assert "allowed 0" in m["message"] and "the first at [0, 0, 0, 0]" in m["message"], m["message"]
+    others = [row for row in r["layers"] if row["name"] != target and row["checks"]["source"]]
+    assert all(row["checks"]["source"]["status"] == "pass" for row in others)

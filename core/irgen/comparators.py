@@ -77,9 +77,12 @@ def compare(got: np.ndarray, golden: np.ndarray, *, integer: bool, th: Threshold
     m["sqnr_db"] = None if m["exact"] or err == 0 else (10 * math.log10(float(np.sum(fb ** 2)) / err) if np.sum(fb ** 2) > 0 else -math.inf)
     if integer:
         m["max_lsb"] = int(m["max_abs"]) if math.isfinite(m["max_abs"]) else None
+        if not m["exact"]:
+            m["first_diff"] = [int(i) for i in np.argwhere(~same)[0]]  # where, to look at it
         if not m["exact"] and (m["max_lsb"] is None or m["max_lsb"] > lsb_limit):
             m.update(status="fail", message=f"{(1 - m['exact_share']) * golden.size:.0f} of {golden.size} values differ, "
-                                            f"up to {m['max_lsb']} LSB (allowed {lsb_limit})")
+                                            f"up to {m['max_lsb']} LSB (allowed {lsb_limit}), the first at "
+                                            f"{m['first_diff']}")
         return m
     scale = max(1.0, peak) if scaled else 1.0
     bad = diff > th.atol * scale + th.rtol * np.abs(np.where(nan_b, 0.0, b))

@@ -168,7 +168,8 @@ def _source_child(conn, frontend: str, model: str, options: dict, plugins: list[
         # before running: what runs, and the options to retry with should it crash (see isolated_source_runner)
         conn.send(("runner", _describe(runner), getattr(runner, "fallback", None)))
         values = runner(feeds, wanted)
-        conn.send(("ok", values, {"load": round(t1 - t0, 3), "run": round(time.perf_counter() - t1, 3)}))
+        conn.send(("ok", values, {"load": round(t1 - t0, 3), "run": round(time.perf_counter() - t1, 3)},
+                   _describe(runner)))  # again: a runner may learn what ran (its kernels) while running
     except Exception as err:  # noqa: BLE001  reported by the parent, one line
         conn.send(("error", str(err) if isinstance(err, IrgenError) else f"source check: {type(err).__name__}: {err}"))
     finally:
@@ -176,9 +177,13 @@ def _source_child(conn, frontend: str, model: str, options: dict, plugins: list[
 
 
 def _describe(runner: Callable) -> dict[str, Any]:
-    """A source runner's ``runtime`` (e.g. the name of an interpreter) and ``kernels`` (e.g.
-    "reference kernels"), attributes a frontend may set on the callable it returns."""
-    return {k: str(getattr(runner, k)) for k in ("runtime", "kernels") if getattr(runner, k, None)}
+    """A source runner's ``runtime`` (e.g. the name of an interpreter), ``kernels`` (e.g.
+    "reference kernels") and ``exact`` (its integer kernels are the arithmetic the scheme
+    reproduces, so an integer layer must equal them to the last bit), attributes a frontend
+    may set on the callable it returns."""
+    out: dict[str, Any] = {k: str(getattr(runner, k)) for k in ("runtime", "kernels") if getattr(runner, k, None)}
+    out["exact"] = bool(getattr(runner, "exact", False))
+    return out
 
 
 def isolated_source_runner(out: Path, ir: dict, model: Path | None = None, host=None,
@@ -193,7 +198,8 @@ def isolated_source_runner(out: Path, ir: dict, model: Path | None = None, host=
     ``fallback`` attribute, a dict merged into the options: a runtime's builtin optimized
     kernels when its reference kernels abort); the check then runs once more with them.
     After a call, the runner's ``runtime`` attribute says what ran, e.g. "<interpreter>
-    (builtin optimized kernels; reference kernels crashed: signal SIGABRT)", and its
+    (builtin optimized kernels; reference kernels crashed: signal SIGABRT)", its ``exact``
+    whether those are the kernels the golden data reproduces bit for bit, and its
     ``seconds`` how long the child took to ``load`` the model into the runtime (imports
     included) and to ``run`` it for every wanted tensor."""
     import multiprocessing
@@ -222,6 +228,8 @@ def isolated_source_runner(out: Path, ir: dict, model: Path | None = None, host=
             status, payload = msg[:2]
             if len(msg) > 2:
                 what["seconds"] = msg[2]
+            if len(msg) > 3:
+                what.update(msg[3])
         except EOFError:
             child.join()
             code = child.exitcode
@@ -250,6 +258,7 @@ def isolated_source_runner(out: Path, ir: dict, model: Path | None = None, host=
         runtime = what.get("runtime") or f"the {frontend.name} frontend's runtime"
         run.runtime = f"{runtime} ({kernels})" if kernels else runtime
         run.seconds = what.get("seconds")
+        run.exact = bool(what.get("exact")) and not crashed
         return payload
 
 

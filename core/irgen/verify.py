@@ -674,6 +674,15 @@ class _VerifyRun:
                 m["verdict"] = "end_to_end"
         self.record(layer, "source", m, golden, value)
 
+    def local_lsb_limit(self, layer: dict, integer: bool) -> int:
+        """The LSB a layer may differ from the runtime by when recomputed from its inputs: none
+        when the runtime ran the integer kernels the layer's scheme reproduces (the runner says
+        ``exact``) and the layer is one of those kernels (not a float span, whose float sums
+        the runtime adds in its own order); else ``max_lsb``."""
+        exact = integer and getattr(self.source_runner, "exact", False) and \
+            (layer.get("quant") or {}).get("realization") != "float"
+        return 0 if exact else self.th.max_lsb
+
     def local(self, layer: dict, values: dict, src_of: dict, value: np.ndarray, k: int, integer: bool) -> dict | None:
         """Output ``k`` of the layer recomputed from the source runtime's own input tensors
         against the runtime's output ``value``: the kernel arithmetic alone, without
@@ -694,7 +703,8 @@ class _VerifyRun:
             if not integer:
                 got = np.asarray(got).astype(np.float64)
             return compare(got, value.astype(np.float64) if not integer else value, integer=integer, th=th,
-                           scaled=True, lsb_limit=th.max_lsb, tensor=layer["outputs"][k]["name"])
+                           scaled=True, lsb_limit=self.local_lsb_limit(layer, integer),
+                           tensor=layer["outputs"][k]["name"])
         except IrgenError:
             raise
         except Exception:  # noqa: BLE001  UnsupportedLayer, or an edited record

@@ -85,16 +85,24 @@ def inference_session(model: bytes, quantized: bool, int8_kernels: bool = True):
     import onnxruntime as ort
 
     cpu = ["CPUExecutionProvider"]
+    exact = quantized
     if quantized:
         try:
-            return ort.InferenceSession(model, session_options(True, int8_kernels, exact_u8s8=True), providers=cpu)
+            sess = ort.InferenceSession(model, session_options(True, int8_kernels, exact_u8s8=True), providers=cpu)
+            sess.irgen_exact = True
+            return sess
         except Exception as err:
-            # NotImplemented: no uint8 x uint8 kernel of an int8 op. Fail "Attempt to replace the
-            # existing tensor": ORT's weight rewrite names the uint8 copy after the int8 weight,
-            # once per consumer, so a weight two convolutions share (a module called twice) fails
+            # NotImplemented: no uint8 x uint8 kernel of an int8 op (int8 activations: their default
+            # kernels are exact). Fail "Attempt to replace the existing tensor": ORT's weight rewrite
+            # names the uint8 copy after the int8 weight, once per consumer, so a weight two
+            # convolutions share (a module called twice) fails: the default uint8 kernels may then
+            # round intermediate sums on some CPUs
             if type(err).__name__ not in ("NotImplemented", "Fail"):
                 raise
-    return ort.InferenceSession(model, session_options(quantized, int8_kernels), providers=cpu)
+            exact = type(err).__name__ == "NotImplemented"
+    sess = ort.InferenceSession(model, session_options(quantized, int8_kernels), providers=cpu)
+    sess.irgen_exact = exact
+    return sess
 
 
 def source_runner(path: Path, options: dict[str, Any]):
@@ -116,6 +124,8 @@ def source_runner(path: Path, options: dict[str, Any]):
     def run(inputs: dict[str, Any], tensors: list[str]) -> dict[str, Any]:
         m = _with_outputs(model, tensors)
         sess = inference_session(m.SerializeToString(), quantized)
+        # ORT's integer kernels in their exact configuration are the arithmetic the qdq scheme reproduces
+        run.exact = quantized and getattr(sess, "irgen_exact", False)
         feeds = {i.name: inputs[i.name] for i in sess.get_inputs() if i.name in inputs}
         names = [o.name for o in sess.get_outputs()]
         values = dict(zip(names, sess.run(names, feeds)))

@@ -517,6 +517,7 @@ def interpreter_runner(content: bytes, where: str, kernels: str = "reference"):
 
     run.runtime, run.kernels = "TFLite interpreter", described
     run.fallback = {"tflite_kernels": "optimized"} if resolver == "BUILTIN_REF" else None
+    run.exact = resolver == "BUILTIN_REF"  # the tflite-int8 scheme reproduces the reference kernels
     return run
 
 
