@@ -166,6 +166,12 @@ class Quantizer:
       scales beside them in its record (a scale edited in ``ir.json`` is caught even where the
       arithmetic does not read it), None when they agree. Without one, verify checks a
       ``requant.scale`` against ``s_x * s_w / s_y``.
+    * ``runtime_exact`` (API 2.1): the scheme's integer layers are the source runtime's integer
+      kernels bit for bit. When the runtime ran those kernels, verify then allows no LSB of
+      difference for a layer recomputed from the runtime's own inputs (``--max-lsb`` still
+      applies to float spans). A scheme with arithmetic of its own (a fixed-point
+      requantization where the runtime requantizes in float) leaves it False and is held to
+      ``--max-lsb``.
 
     A scheme built on another (its plugin declared as a dependency) starts from that
     scheme's tables, e.g. ``recompute={**base.RECOMPUTE, "conv2d": mine}``.
@@ -178,6 +184,7 @@ class Quantizer:
     description: str = ""
     recompute: Mapping[str, Callable[..., Any]] = field(default_factory=dict)
     consistency: Callable[[dict[str, Any]], str | None] | None = None
+    runtime_exact: bool = False
 
 
 @dataclass

@@ -27,7 +27,8 @@ with every ``1.y`` where ``y >= x``; it may check::
 API 2.0 took every scheme's own arithmetic out of this module into the scheme's plugin
 (docs/writing-a-plugin.md, "Schemes built on another scheme", lists where each name went),
 renamed a shared primitive to a name that says what it computes, and made a scheme's
-recompute and consistency check fields of its ``Quantizer``.
+recompute and consistency check fields of its ``Quantizer``. API 2.1 added
+``Quantizer.runtime_exact``.
 
 Registration (what the hooks register)
 --------------------------------------
@@ -46,6 +47,9 @@ Registration (what the hooks register)
   checked by their ``fused_ops`` alone, and verify says so. A scheme built on another scheme
   declares that plugin as a dependency and starts from its documented tables
   (``Quantizer(recompute={**base.RECOMPUTE, "conv2d": mine})``).
+  ``Quantizer.runtime_exact`` (2.1): the scheme's integer layers are the source runtime's
+  integer kernels bit for bit, so verify allows them no LSB of local difference where the
+  runtime ran those kernels; a scheme with arithmetic of its own leaves it False.
 * ``FusionRule`` and ``ATTENTION_FUSION``: a backend's layer-forming rules
   (``Backend.fusion_rules``); ``ATTENTION_FUSION`` folds softmax attention into one layer.
   ``FusionRule.requantized_followers`` (1.2): in quantized models the rule also merges
@@ -256,7 +260,7 @@ from irgen.safeio import (
     regular_tree,
 )
 
-API_VERSION = "2.0"
+API_VERSION = "2.1"
 
 #: names whose module imports TVM: (module, name there), loaded by :func:`__getattr__`
 _LAZY = {

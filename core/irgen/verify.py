@@ -360,6 +360,7 @@ class _VerifyRun:
         #: why the model inputs cannot be read (entire and source need them), or None
         self.inputs_refused = self.files.why_refused(*self.graph_inputs)
         self.runner = _Layers(self.files, plugin_host)
+        self.plugin_host = plugin_host
 
     def single(self) -> None:
         """Stage 3, ``single``: every layer run on its golden input files against its golden outputs."""
@@ -677,10 +678,14 @@ class _VerifyRun:
     def local_lsb_limit(self, layer: dict, integer: bool) -> int:
         """The LSB a layer may differ from the runtime by when recomputed from its inputs: none
         when the runtime ran the integer kernels the layer's scheme reproduces (the runner says
-        ``exact``) and the layer is one of those kernels (not a float span, whose float sums
-        the runtime adds in its own order); else ``max_lsb``."""
-        exact = integer and getattr(self.source_runner, "exact", False) and \
-            (layer.get("quant") or {}).get("realization") != "float"
+        ``exact``, the scheme's quantizer is ``runtime_exact``) and the layer is one of those
+        kernels (not a float span, whose float sums the runtime adds in its own order); else
+        ``max_lsb``."""
+        from irgen.quant import scheme_quantizer
+
+        quant = layer.get("quant") or {}
+        exact = integer and getattr(self.source_runner, "exact", False) and quant.get("realization") != "float" \
+            and bool(getattr(scheme_quantizer(str(quant.get("scheme") or ""), self.plugin_host()), "runtime_exact", False))
         return 0 if exact else self.th.max_lsb
 
     def local(self, layer: dict, values: dict, src_of: dict, value: np.ndarray, k: int, integer: bool) -> dict | None:

@@ -76,5 +76,6 @@ def irgen_register_quantizers(register):
             description="ONNX QuantizeLinear/DequantizeLinear models, bit-exact with ONNX Runtime's CPU kernels",
             recompute=RECOMPUTE,
             consistency=consistency,
+            runtime_exact=True,  # its integer kernels are the runtime's, bit for bit
         )
     )

@@ -745,5 +745,6 @@ def irgen_register_quantizers(register):
             description="full-integer TFLite models, bit-exact with TFLite's reference kernels",
             recompute=RECOMPUTE,
             consistency=consistency,
+            runtime_exact=True,  # its integer kernels are the runtime's, bit for bit
         )
     )
