@@ -24,8 +24,17 @@ from typing import Callable
 
 import pytest
 
-import irgen.pipeline
-from irgen.verify import format_table, verify_output
+if not os.environ.get("IRGEN_CACHE_DIR"):  # before irgen reads it; child processes inherit it
+    import atexit
+    import shutil
+    import tempfile
+
+    _SESSION_CACHE = tempfile.mkdtemp(prefix="irgen-test-cache-")
+    os.environ["IRGEN_CACHE_DIR"] = _SESSION_CACHE
+    atexit.register(shutil.rmtree, _SESSION_CACHE, True)
+
+import irgen.pipeline  # noqa: E402
+from irgen.verify import format_table, verify_output  # noqa: E402
 
 _run = irgen.pipeline.run
 VERIFIED = {"outputs": 0, "seconds": 0.0}

@@ -249,7 +249,9 @@ def _irgen_child(cwd: Path, cache: Path, *argv: str) -> subprocess.CompletedProc
     return proc
 
 
-@pytest.mark.parametrize("edited", ["the class's module", "a module it imports"])
+@pytest.mark.parametrize("edited", [
+    # four fresh irgen processes each; a module the class imports is the harder case to key
+    pytest.param("the class's module", marks=pytest.mark.slow), "a module it imports"])
 def test_changed_model_class_code_is_never_served_from_the_cache(edited, tmp_path, cache):
     """``.pth`` + ``--model-class mod:Net``, each run a fresh ``irgen`` process (as users run it)."""
     torch = pytest.importorskip("torch")

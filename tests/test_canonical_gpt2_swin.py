@@ -126,7 +126,8 @@ def _run_and_verify(model: Path, x: Path, out: Path, capsys) -> dict:
     return ir
 
 
-@pytest.mark.parametrize("name", list(MODELS))
+# GPT-2 (transformers, the dynamo exporter; 8-17 s) is slow, as the zoo's gpt2 cases are
+@pytest.mark.parametrize("name", [pytest.param(n, marks=[pytest.mark.slow] if n == "gpt2" else []) for n in MODELS])
 def test_onnx_and_pt2_give_the_same_layer_ops(name, tmp_path, capsys):
     onnx_path, pt2_path, x = _export(name, tmp_path)
     ir_onnx = _run_and_verify(onnx_path, x, tmp_path / "out_onnx", capsys)

@@ -39,6 +39,8 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "vendor_plugin"
 
 
+# The tests that need this venv are marked slow: building it and running irgen there is
+# outside the default suite's time budget; the default suite keeps the import check at the end.
 @pytest.fixture(scope="module")
 def venv(tmp_path_factory) -> Path:
     """A fresh venv seeing this interpreter's packages, with the example installed from a copy."""
@@ -85,6 +87,7 @@ def _tensor_records(ir: dict):
         yield from (layer.get("params") or {}).values()
 
 
+@pytest.mark.slow  # the venv
 def test_the_plugin_lists_its_scheme_backend_and_serializer(venv, tmp_path):
     entries = json.loads(irgen(venv, "plugins", "--json", cwd=tmp_path).stdout)
     acme = [e for e in entries if e.get("dist") == "irgen-acme"]
@@ -93,6 +96,7 @@ def test_the_plugin_lists_its_scheme_backend_and_serializer(venv, tmp_path):
     assert acme[0]["registered"] == {"quantizer": ["acme-qdq"], "backend": ["acme-npu"], "serializer": ["acme-header"]}
 
 
+@pytest.mark.slow  # the venv
 def test_run_then_verify_pass_with_the_plugins_scheme_backend_and_serializer(venv, outputs):
     out = outputs["acme"]
     ir = json.loads((out / "ir.json").read_text())
@@ -119,6 +123,7 @@ def test_run_then_verify_pass_with_the_plugins_scheme_backend_and_serializer(ven
     assert sum("source" in layer["checks"] for layer in result["layers"]) >= 9
 
 
+@pytest.mark.slow  # the venv
 def test_the_data_files_are_raw_bin_with_the_generic_backends_values(outputs):
     acme = json.loads((outputs["acme"] / "ir.json").read_text())
     generic = json.loads((outputs["generic"] / "ir.json").read_text())
@@ -140,6 +145,7 @@ def test_the_data_files_are_raw_bin_with_the_generic_backends_values(outputs):
     assert not list(outputs["acme"].glob("activations/*.npy")) and not list(outputs["acme"].glob("parameters/*.npy"))
 
 
+@pytest.mark.slow  # the venv
 def test_the_header_describes_every_layer_and_compiles(outputs, tmp_path):
     ir = json.loads((outputs["acme"] / "ir.json").read_text())
     header = outputs["acme"] / "acme_layers.h"
@@ -185,6 +191,7 @@ print(json.dumps(checked))
 """
 
 
+@pytest.mark.slow  # the venv
 def test_the_plugins_recompute_reproduces_each_layer_it_registers(venv, outputs):
     """verify falls back to ``fused_ops`` where a recompute raises: this calls the plugin's own directly."""
     r = subprocess.run([str(venv), "-c", RECOMPUTE_SCRIPT, str(outputs["acme"])], capture_output=True, text=True,
@@ -196,6 +203,7 @@ def test_the_plugins_recompute_reproduces_each_layer_it_registers(venv, outputs)
     assert all(ok for _, ok in checked.values()), checked
 
 
+@pytest.mark.slow  # the venv
 def test_the_scheme_refuses_an_asymmetric_model_and_the_backend_a_float_one(venv, models, tmp_path):
     r = irgen(venv, "run", str(models["asym"]), "-o", str(tmp_path / "a"), "--quantizer", "acme-qdq", cwd=tmp_path,
               check=False)

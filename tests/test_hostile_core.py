@@ -314,6 +314,8 @@ def _verifies(out: Path) -> bool:
     return proc.returncode == 0
 
 
+@pytest.mark.slow  # irgen processes killed at random points; by default: the disk-full tests above and
+# test_stale_partial_folder_of_a_dead_process_is_removed below (a dead run's leftovers)
 def test_sigkill_at_random_points_leaves_a_verifiable_or_absent_output(tmp_path) -> None:
     """SIGKILL anywhere: OUT is complete (it verifies) or absent; the next run needs no --force
     and removes the dead run's hidden folder; with --force the old OUT survives whole."""

@@ -237,6 +237,7 @@ def test_corpus_runs_payloads_under_plain_torch(base, tmp_path):
         assert marker.exists(), f"{name}: torch did not run the payload; the case tests nothing"
 
 
+@pytest.mark.slow  # 12 irgen processes, each importing torch; by default each payload is refused in-process
 def test_payloads_refused_by_irgen_run(base, tmp_path):
     """Each hostile .pt2 (and pickled .pth): exit 2, one line naming the file, no payload run."""
     cases = {name: build_case(name, base, tmp_path) for name in PAYLOAD_CASES}

@@ -208,6 +208,7 @@ def test_calibration_with_tflite_file_is_refused(tmp_path, capsys):
                        tmp_path / "out", "--calibration")
 
 
+@pytest.mark.slow  # 20-30 s; by default, test_int8_with_calibration_is_bit_exact on smaller models
 def test_keras_applications_mobilenet_v2_int8_is_bit_exact(tmp_path):
     """A real architecture, not one written for these tests: ``keras.applications``
     MobileNetV2 (alpha 0.35, 48x48, seeded weights and batch-norm statistics;

@@ -22,8 +22,11 @@ from irgen.cli import main as irgen_main  # noqa: E402
 
 LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 
-# measured wall time of `irgen run` on 2 cores (see the report); > ~30 s -> slow
-FAST = {"light_bvlc_alexnet", "light_shufflenet", "light_squeezenet", "light_zfnet512"}
+# measured wall time of `irgen run` on 2 cores (see the report); > ~30 s -> slow. Of the fast ones
+# (alexnet, zfnet512, shufflenet, squeezenet: 4-10 s each) the default suite keeps squeezenet (fire
+# modules: 1x1 and 3x3 branches concatenated); the plain conv stacks and the channel shuffle
+# (test_float_zoo_patterns' shuffle_unit and test_qdq_spans' shuffle run by default) are slow too
+FAST = {"light_squeezenet"}
 RTOL = {"light_densenet121": 2e-3}
 # Dropout / unfolded BatchNorm return a tuple in Relax; the consumer's input record is left without
 # a file (name t_rNN, producer "input") -- known irgen bug, see test below

@@ -35,8 +35,9 @@ CASES = [
     pytest.param(("small_cnn", 3), id="small_cnn-O3"),
     pytest.param(("mlp", 0), id="mlp-O0"),
     pytest.param(("mlp", 3), id="mlp-O3"),
-    pytest.param(("resnet18", 0), id="resnet18-O0"),
-    pytest.param(("resnet18", 3), id="resnet18-O3"),
+    # the ResNet-18-sized CNN is slow, as in the torch frontend's tests
+    pytest.param(("resnet18", 0), id="resnet18-O0", marks=pytest.mark.slow),
+    pytest.param(("resnet18", 3), id="resnet18-O3", marks=pytest.mark.slow),
 ]
 
 

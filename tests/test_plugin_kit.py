@@ -345,6 +345,7 @@ def kit(tmp_path_factory, onnx_models):
     return {"dir": d, "py": py, "projects": projects, "results": results, "parsed": parsed}
 
 
+@pytest.mark.slow  # the kit fixture builds a fresh venv
 def test_generated_plugins_are_listed_by_irgen_plugins(kit):
     rows = {r["name"]: r for r in json.loads(kit["results"][0]["out"])}
     for kind, name in KIT.items():
@@ -356,6 +357,7 @@ def test_generated_plugins_are_listed_by_irgen_plugins(kit):
         assert any(line.split()[:3] == [kind, name, name] for line in text), text
 
 
+@pytest.mark.slow  # the kit fixture builds a fresh venv
 def test_generated_plugins_take_effect_in_irgen_run_and_verify_passes(kit):
     d = kit["dir"]
     verdicts = {job: json.loads(kit["results"][k]["out"]) for job, k in (("fe", 3), ("q", 5), ("be", 7))}
@@ -381,6 +383,7 @@ def test_generated_plugins_take_effect_in_irgen_run_and_verify_passes(kit):
         [(layer["name"], layer["op"]) for layer in be["layers"]]
 
 
+@pytest.mark.slow  # the kit fixture builds a fresh venv
 def test_generated_plugins_pass_their_own_tests_in_the_venv(kit):
     tests = [str(p / "tests") for p in kit["projects"].values()]
     r = subprocess.run([str(kit["py"]), "-m", "pytest", "-q", "-p", "no:cacheprovider", "--import-mode=importlib",

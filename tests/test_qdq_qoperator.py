@@ -96,8 +96,9 @@ def quantized(name: str, per_channel: bool, folder: Path) -> tuple[Path, np.ndar
     return out, x
 
 
-@pytest.mark.parametrize("name,per_channel", [("attention", False), ("attention", True), ("cnn", False),
-                                              ("cnn", True), ("squeeze", False)])
+@pytest.mark.parametrize("name,per_channel", [  # each model once by default; the other weight setting is slow
+    ("attention", False), pytest.param("attention", True, marks=pytest.mark.slow),
+    pytest.param("cnn", False, marks=pytest.mark.slow), ("cnn", True), ("squeeze", False)])
 def test_qoperator_against_onnxruntime(name, per_channel, tmp_path, capsys):
     path, x = quantized(name, per_channel, tmp_path)
     ops = {n.op_type for n in onnx.load(str(path)).graph.node}

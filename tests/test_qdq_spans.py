@@ -221,13 +221,14 @@ def quantized(name: str, setting: str, folder: Path) -> tuple[Path, np.ndarray]:
     return out, np.random.default_rng(99).standard_normal(shape).astype(np.float32)
 
 
-# each case takes ~10 s: the default suite runs every pattern quantized with default options and
-# the transformer and the channel split in all three settings; the rest is marked slow
-# (16-bit activations: the transformer and the linear attention, whose pad value quantize_static quantizes)
+# each case takes 1-5 s: the default suite runs every pattern quantized with default options and
+# each other setting once: per-channel on the channel split, quant_pre_process on the transformer,
+# 16-bit activations on the transformer and the linear attention (whose pad value quantize_static
+# quantizes), 4-bit weights on the shared Linear; the rest is marked slow
 CASES = [pytest.param(n, s, id=f"{n}-{s}", marks=[] if s == "default"
-                      or (n in ("transformer", "shuffle") and s not in ("a16", "w4"))
-                      or (s in ("a16", "w4") and n in ("transformer", "linear_attention"))
-                      or (s == "w4" and n == "shared") else [pytest.mark.slow])
+                      or (n, s) in {("shuffle", "per_channel"), ("transformer", "pre_process"),
+                                    ("transformer", "a16"), ("linear_attention", "a16"), ("shared", "w4")}
+                      else [pytest.mark.slow])
          for n in sorted(MODELS) for s in SETTINGS
          # (shared after quant_pre_process starts with a QuantizeLinear irgen moves before the Gemm's
          # input reshape: a layer with no source tensor, which this test's every-layer check cannot take)

@@ -105,8 +105,11 @@ def _golden_vs_ort(model: Path, out: Path, ir: dict, x: np.ndarray, input_name: 
     np.testing.assert_array_equal(got, y)
 
 
-@pytest.mark.parametrize("per_channel", [False, True], ids=["default", "per_channel"])
-@pytest.mark.parametrize("name", sorted(MODELS))
+# each model once by default (the attention per tensor, the embedding per channel); the rest is slow
+@pytest.mark.parametrize("name,per_channel", [
+    pytest.param(n, pc, id=f"{n}-{'per_channel' if pc else 'default'}",
+                 marks=[] if (n, pc) in {("attention", False), ("embedding", True)} else [pytest.mark.slow])
+    for n in sorted(MODELS) for pc in (False, True)])
 def test_transformer_against_onnxruntime(name, per_channel, tmp_path, capsys):
     path, x = quantized(name, per_channel, tmp_path)
     input_name = MODELS[name][1]

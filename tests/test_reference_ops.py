@@ -334,8 +334,12 @@ def run_and_check(model, shape, tmp: Path, fmt: str, opt: int = 3, unseen: int =
     return ir
 
 
-@pytest.mark.parametrize("fmt", ["onnx", "pt2"])
-@pytest.mark.parametrize("name", ["mlp_ops", "attention", "resize", "embedding", "conv1d_transpose2d"])
+# every model from ONNX; from .pt2 (its source check runs torch in a child process, 3-5 s) the
+# MLP's ops and the attention by default, the rest slow
+@pytest.mark.parametrize("name,fmt", [
+    pytest.param(n, f, id=f"{n}-{f}",
+                 marks=[pytest.mark.slow] if f == "pt2" and n not in ("mlp_ops", "attention") else [])
+    for n in ["mlp_ops", "attention", "resize", "embedding", "conv1d_transpose2d"] for f in ["onnx", "pt2"]])
 def test_model(name, fmt, tmp_path):
     model, shape, ops = _models()[name]
     # attention's steps have no source tensor: ONNX's unscaled q·kᵀ; .pt2's kᵀ, q·kᵀ, × scale, softmax
@@ -390,7 +394,7 @@ class Encoder(nn.Module):
         return self.ln(x)
 
 
-@pytest.mark.parametrize("fmt", ["onnx", "pt2"])
+@pytest.mark.parametrize("fmt", ["onnx", pytest.param("pt2", marks=pytest.mark.slow)])  # .pt2: test_model's attention
 def test_transformer_encoder(fmt, tmp_path):
     torch.manual_seed(0)
     model = Encoder().eval()

@@ -131,6 +131,7 @@ def test_pool_sweep_writes_what_single_runs_write(zoo, pool_sweep, tmp_path):
 
 
 @needs_ray
+@pytest.mark.slow  # a local Ray cluster; the default suite sweeps with the process pool
 def test_ray_sweep_writes_what_the_pool_writes(zoo, pool_sweep, ray_instance, tmp_path):
     t0 = time.perf_counter()
     summary = sweep(zoo, tmp_path / "out", ray="local")
@@ -161,7 +162,7 @@ def _flaky_sweep(tmp_path: Path, plugin_file, executor: str, capsys) -> tuple[in
     return code, summary
 
 
-@pytest.mark.parametrize("executor", ["pool", pytest.param("ray", marks=needs_ray)])
+@pytest.mark.parametrize("executor", ["pool", pytest.param("ray", marks=[needs_ray, pytest.mark.slow])])
 def test_killed_worker_and_failing_job(executor, tmp_path, plugin_file, capsys, request):
     """One worker is SIGKILLed mid-sweep: its job is tried again and succeeds, the jobs running
     beside it are not charged; a job that always fails is reported after two attempts; the rest

@@ -48,14 +48,32 @@ def _inputs(path, shape, n: int) -> list[np.ndarray]:
     return xs
 
 
-@pytest.fixture(scope="module", params=["small_cnn", "mlp", "classifier", "gated_cnn", "attention_cnn", "leaky_minmax",
-                                        "gelu_mlp"])
+#: runs16 by model: a test that picks its model (indirect parametrization) gets the runs
+#: already made instead of pytest setting the module fixture up again for it
+_RUNS16: dict[str, tuple] = {}
+
+
+#: The default suite runs the models the tests below pick (a CNN, the tables, the batch matmul) on
+#: the first N_INPUTS_DEFAULT inputs (the rounding ties, then larger values); the ``MODEL-6`` cases,
+#: all slow, run every model (the MLPs and the leaky/min/max model too) on N_INPUTS.
+#: test_int16_gelu_table_gives_every_code_as_the_interpreter checks the GELU table by default.
+N_INPUTS_DEFAULT = 3
+MODELS16 = ("small_cnn", "mlp", "classifier", "gated_cnn", "attention_cnn", "leaky_minmax", "gelu_mlp")
+CASES16 = [*(n for n in MODELS16 if n in ("small_cnn", "gated_cnn", "attention_cnn")),
+           *(pytest.param(f"{n}-{N_INPUTS}", marks=pytest.mark.slow) for n in MODELS16)]
+
+
+@pytest.fixture(scope="module", params=CASES16)
 def runs16(request, tmp_path_factory, host):
-    """(model path, [(input, OUT)]) for N_INPUTS inputs, at opt levels 3 and 0 in turn."""
-    folder = tmp_path_factory.mktemp(f"x16_{request.param}")
-    path, _ = tflite_models.export(request.param, folder, "int16x8")
-    shape = tuple(tflite_models.BUILDERS[request.param](tflite_models._tf())[1])
-    return path, run_each(host, path, folder, _inputs(path, shape, N_INPUTS))
+    """(model path, [(input, OUT)]) for N_INPUTS_DEFAULT inputs, or the number the case names, at
+    opt levels 3 and 0 in turn."""
+    if request.param not in _RUNS16:
+        name, _, n = request.param.partition("-")
+        folder = tmp_path_factory.mktemp(f"x16_{request.param}")
+        path, _ = tflite_models.export(name, folder, "int16x8")
+        shape = tuple(tflite_models.BUILDERS[name](tflite_models._tf())[1])
+        _RUNS16[request.param] = path, run_each(host, path, folder, _inputs(path, shape, int(n or N_INPUTS_DEFAULT)))
+    return _RUNS16[request.param]
 
 
 def test_every_int16_activation_equals_the_interpreter(runs16):
@@ -67,7 +85,7 @@ def test_every_int16_activation_equals_the_interpreter(runs16):
         checked += assert_layers_equal(out, ir, tflite_models.tflite_reference(path, x), path.name)
         inner = [l for l in ir["layers"] if l["quant"]["kind"] not in ("quantize", "dequantize")]
         assert inner and all(l["outputs"][0]["dtype"] == "int16" for l in inner)
-    assert checked >= N_INPUTS * 3
+    assert checked >= len(runs) * 3
 
 
 def test_layers_recompute_from_quant_and_parameters(runs16):

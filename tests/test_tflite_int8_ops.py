@@ -216,13 +216,23 @@ def host():
     return PluginHost().load()
 
 
-@pytest.fixture(scope="module", params=sorted(MODELS))
+#: The default suite runs each model on N_INPUTS_DEFAULT inputs (one at opt level 3, one at 0),
+#: except the three with the most kernels to build (SLOW); the ``MODEL-4`` cases, all slow, run
+#: every model on N_INPUTS.
+N_INPUTS_DEFAULT = 2
+SLOW = {"layer_norm", "concat_batch_norm", "subtract"}
+CASES = [*(n for n in sorted(MODELS) if n not in SLOW),
+         *(pytest.param(f"{n}-{N_INPUTS}", marks=pytest.mark.slow) for n in sorted(MODELS))]
+
+
+@pytest.fixture(scope="module", params=CASES)
 def runs(request, tmp_path_factory, host):
-    name = request.param
-    folder = tmp_path_factory.mktemp(f"int8_{name}")
+    name, _, n = request.param.partition("-")
+    folder = tmp_path_factory.mktemp(f"int8_{request.param}")
     path, _ = tflite_models.export(name, folder, "int8")
     shape = tuple(MODELS[name][0](tflite_models._tf())[1])
-    xs = [np.random.default_rng(2000 + k).integers(-128, 128, shape).astype(np.int8) for k in range(N_INPUTS)]
+    xs = [np.random.default_rng(2000 + k).integers(-128, 128, shape).astype(np.int8)
+          for k in range(int(n or N_INPUTS_DEFAULT))]
     return name, path, run_each(host, path, folder, xs)
 
 

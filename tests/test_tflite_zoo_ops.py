@@ -120,7 +120,8 @@ def models(tmp_path_factory):
     return made
 
 
-@pytest.mark.parametrize("quant,opt_level", [("int8", 3), ("int8", 0), ("float", 3)])
+@pytest.mark.parametrize("quant,opt_level", [("int8", 3), pytest.param("int8", 0, marks=pytest.mark.slow),
+                                             ("float", 3)])
 def test_outputs_slices_and_tokens_dense(quant, opt_level, models, tmp_path, host):
     path, x, ref = models[quant]
     ir, out = _run_verify(host, path, x, tmp_path, opt_level)

@@ -223,11 +223,15 @@ def test_pickled_module_allowed_with_flag(tmp_path):
     [
         ([], ["--model-class"]),
         (["--model-class", "torch_classes"], ["package.module:Class"]),
-        (["--model-class", "no_such_module_xyz:Net"], ["no_such_module_xyz", "importable"]),
-        (["--model-class", "torch_classes:Nope"], ["Nope"]),
-        (["--model-class", "torch_classes:NotAModule"], ["nn.Module"]),
+        # each case is an irgen process importing torch: the default suite keeps the option missing,
+        # malformed, and with bad --model-args; the ones that import the class are slow
+        pytest.param(["--model-class", "no_such_module_xyz:Net"], ["no_such_module_xyz", "importable"],
+                     marks=pytest.mark.slow),
+        pytest.param(["--model-class", "torch_classes:Nope"], ["Nope"], marks=pytest.mark.slow),
+        pytest.param(["--model-class", "torch_classes:NotAModule"], ["nn.Module"], marks=pytest.mark.slow),
         (["--model-class", "torch_classes:Net", "--model-args", "{bad"], ["--model-args"]),
-        (["--model-class", "torch_classes:Net", "--model-args", '{"depth": 3}'], ["depth"]),
+        pytest.param(["--model-class", "torch_classes:Net", "--model-args", '{"depth": 3}'], ["depth"],
+                     marks=pytest.mark.slow),
     ],
     ids=["missing", "no-colon", "no-module", "no-class", "not-a-module", "bad-json", "bad-kwarg"],
 )

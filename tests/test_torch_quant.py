@@ -239,8 +239,13 @@ def _lsb(got: np.ndarray, exp: np.ndarray, layer: dict) -> np.ndarray:
     return d
 
 
-CASES = [pytest.param(p, id=f"{p[0]}-O{p[1]}") for p in [("ref_pc", 3), ("ref_pt", 3), ("qat", 3), ("ref_pc", 0), ("qat", 0)]]
-CASES += [pytest.param((f"{m}-{f}", 3), id=f"{m}-{f}", marks=[pytest.mark.slow] if m == "resnet18" else [])
+#: the default suite has each flow once (per-channel PTQ at both opt levels, QAT, the float models'
+#: PTQ, fake quant called directly); their variants and the ResNet-18-sized CNN are slow
+SLOW = {("ref_pt", 3), ("qat", 0), ("small_cnn-qat", 3), ("small_cnn-qatref", 3), ("mlp-qat", 3)}
+CASES = [pytest.param(p, id=f"{p[0]}-O{p[1]}", marks=[pytest.mark.slow] if p in SLOW else [])
+         for p in [("ref_pc", 3), ("ref_pt", 3), ("qat", 3), ("ref_pc", 0), ("qat", 0)]]
+CASES += [pytest.param((f"{m}-{f}", 3), id=f"{m}-{f}",
+                       marks=[pytest.mark.slow] if m == "resnet18" or (f"{m}-{f}", 3) in SLOW else [])
           for m, f in [("small_cnn", "ptq"), ("small_cnn", "qat"), ("small_cnn", "qatref"), ("mlp", "ptq"),
                        ("mlp", "qat"), ("resnet18", "ptq"), ("resnet18", "qat")]]
 CASES += [pytest.param(("fq_direct", 3), id="fq_direct")]
@@ -437,7 +442,7 @@ def _refused(tmp_path, capsys, model, x, *needles):
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("flow", ["ptq", "qat"])
+@pytest.mark.parametrize("flow", ["ptq", pytest.param("qat", marks=pytest.mark.slow)])
 def test_reduce_range_of_the_default_mappings(tmp_path, capsys, flow):
     """torch's default mappings (``get_default_qconfig_mapping()``, x86) quantize activations with
     ``reduce_range``: uint8 values clamped to [0, 127]. irgen refused them ("not the full uint8
@@ -530,6 +535,7 @@ class _FloatTail(nn.Module):
         return nn.functional.linear(xd, wd, self.b)
 
 
+@pytest.mark.slow  # another float span (test_float_spans_as_torch_runs_them runs by default)
 def test_a_float_linear_on_a_dequantized_weight_at_the_end(tmp_path, capsys):
     """irgen refused it ("constant ... is dequantized for a float op that is not quantized"): the
     weight is dequantized as torch does, float32(w - zp) * scale, and the Linear is a float layer;
@@ -843,6 +849,7 @@ class _ClassToken(nn.Module):
         return self.fc(torch.cat([token, self.c(x).flatten(2).transpose(1, 2)], dim=1))
 
 
+@pytest.mark.slow  # test_add_of_a_quantized_constant runs by default
 def test_concat_of_a_quantized_constant(tmp_path, capsys):
     """torchvision ViT-B/16 PTQ: the class token, quantized at import and folded by TVM, left the
     concatenation one input for two in verify's recompute; its integers are in the record now."""
@@ -869,6 +876,7 @@ class _PoolsAndBiases(nn.Module):
         return self.o(torch.softmax(torch.maximum(self.c(x), bias), dim=-1)) + nn.functional.interpolate(y, size=(8, 8))
 
 
+@pytest.mark.slow  # another float span (test_float_spans_as_torch_runs_them runs by default)
 def test_pools_and_biases_as_torch_runs_them(tmp_path, capsys):
     """torchvision AlexNet/VGG PTQ: the 6x6 adaptive pool was taken for a global one (verify:
     "shape [1, 256, 1, 1] != golden [1, 256, 6, 6]"); Swin V2-T PTQ: a float span read a quantized
@@ -901,6 +909,7 @@ class _TimmParts(nn.Module):
         return self.o(self.pool((a @ v).reshape(1, 4, 8, 8)[..., :7, :7]))
 
 
+@pytest.mark.slow  # another float span (test_float_spans_as_torch_runs_them runs by default)
 def test_timm_parts_as_torch_runs_them(tmp_path, capsys):
     """timm DeiT-Tiny, LeViT-128S and ResNet18-D under FX PTQ: "cannot realize tuple" (the
     unbind), then verify recomputed the last of the three items instead of the span's one;
@@ -960,6 +969,7 @@ class _Fire(nn.Module):
         return self.n(torch.cat([torch.relu(self.e1(y)), torch.relu(self.e3(y))], 1))
 
 
+@pytest.mark.slow  # another float span (test_float_spans_as_torch_runs_them runs by default)
 def test_a_float_span_that_reads_one_tensor_through_two_dequantizes(tmp_path, capsys):
     """torchao's PT2E Arm quantizer leaves the Fire module's expand convs unquantized between the
     squeeze's quantize and the concat's, and gives each conv its own dequantize of the squeezed
@@ -990,7 +1000,7 @@ class _PoolFormerBlock(nn.Module):
         return self.fc(y + self.scale * (self.pool(n) - n))
 
 
-@pytest.mark.parametrize("quantizer", ["pt2e", "pt2e-arm"])
+@pytest.mark.parametrize("quantizer", ["pt2e", pytest.param("pt2e-arm", marks=pytest.mark.slow)])
 def test_group_norm_in_a_float_span(tmp_path, capsys, quantizer):
     """torchao's PT2E quantizers leave PoolFormer's GroupNorm float between quantized tensors, so
     it is part of a float span, which irgen computes in float64; TVM's group_norm has no float64

@@ -95,7 +95,8 @@ def _branches_model(folder: Path, per_channel: bool) -> tuple[Path, Path]:
     return q, folder / "x.npy"
 
 
-@pytest.mark.parametrize("per_channel", [False, True], ids=["default", "per_channel"])
+@pytest.mark.parametrize("per_channel", [False, pytest.param(True, marks=pytest.mark.slow)],
+                         ids=["default", "per_channel"])
 def test_qdq_concat_of_differently_scaled_inputs(tmp_path, capsys, per_channel):
     model, x = _branches_model(tmp_path, per_channel)
     out = tmp_path / "out"
@@ -255,6 +256,7 @@ def _keras_int8(folder: Path, tiny_logits: bool) -> Path:
     return path
 
 
+@pytest.mark.slow  # three verifies, each a crashing and a falling-back TensorFlow child (15-45 s)
 def test_tflite_source_check_falls_back_when_the_reference_kernels_abort(tmp_path, capsys):
     model = _keras_int8(tmp_path, tiny_logits=True)
     out = tmp_path / "out"

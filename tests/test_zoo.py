@@ -2,7 +2,7 @@
 each through ``irgen run`` then ``irgen verify`` in every mode, the source check actually run
 against the source framework's own runtime (onnxruntime, the TFLite interpreter, torch).
 
-The default suite keeps one model per family; ``-m slow`` runs the whole zoo.
+The default suite runs a few cheap cases (DEFAULT); ``-m slow`` runs the whole zoo.
 """
 
 from __future__ import annotations
@@ -13,22 +13,16 @@ import zoo
 
 pytest.importorskip("onnxruntime")
 
-# one model per family in the default suite; the rest behind the slow mark
+# The default suite runs a few cheap cases (2-7 s each), one per frontend and kind of flow: a
+# float ONNX transformer, a transformers decoder from .pt2, an ORT QDQ int8 transformer and a PT2E
+# quantized one. Every other case is slow: the CNNs take 8-50 s each, and each scheme and format
+# has its own default tests on smaller models (test_qdq_spans, test_torch_quant, test_tflite_int8,
+# test_keras_frontend, test_float_zoo_patterns, ...).
 DEFAULT = {
-    "mobilenet_v3_small-qdq",       # torchvision CNN, ORT QDQ (HardSwish, squeeze-excite, no pre-processing)
-    "shufflenet_v2_x0_5-qdq-pc",    # channel split / shuffle, per-channel
-    "vit-qdq-pre",                  # int8 attention after quant_pre_process
     "bert-onnx",                    # transformer encoder, float ONNX
-    "vit-pt2",                      # transformer, .pt2
-    "mobilenet_v3_small-ptq",       # torch FX PTQ, torch's default mapping (reduce_range), .pt2
-    "mobilenet_v3_small-pt2e",      # torchao PT2E, x86 quantizer (uint8, per-channel weights), .pt2
-    "resnet18-pt2e-arm",            # torchao PT2E, Arm quantizer (int8 activations, per-tensor weights), .pt2
-    "MobileNetV3Small-tflite-int8", # keras.applications, TFLite converter full-int8
-    "MobileNetV2-keras",            # .keras float
+    "vit-qdq-pre",                  # ORT QDQ, int8 attention after quant_pre_process
+    "vit-pt2e-arm",                 # torchao PT2E, Arm quantizer (int8 activations, per-tensor weights), .pt2
     "hf_llama-pt2",                 # transformers decoder (RMSNorm, rotary positions, GQA, cache concat), .pt2
-    "hf_wav2vec2-qdq",              # transformers audio encoder (1-D convolutions), ORT QDQ
-    "hf_roberta-qdq-mm",            # quantize_static at the MatMuls only: float embeddings, LayerNorms, residuals
-    "vit-qdq-a16",                  # 16-bit activations: every span in float, as ORT runs it
 }
 
 
