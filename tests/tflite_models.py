@@ -204,14 +204,16 @@ def export(name: str, folder: Path, quant: str = "float") -> tuple[Path, np.ndar
     with the converter's default float input and output: a QUANTIZE first, a
     DEQUANTIZE last); ``int8-pertensor`` (``int8`` with one weight scale per tensor);
     ``int16x8`` (16-bit activations, int8 weights, float interface);
-    ``dynamic`` (dynamic-range: float activations, int8 weights). Returns the path
+    ``dynamic`` (dynamic-range: float activations, int8 weights); ``int8-offset`` (``int8``
+    with every buffer's data stored after the flatbuffer at an offset, the layout of models
+    over 2 GB that Google's ai-edge-quantizer writes for every model). Returns the path
     and a seeded input for it (float32, or int8 quantized with the input tensor's
     scale and zero point).
     """
     tf = _tf()
     model, shape = build(name)
     conv = tf.lite.TFLiteConverter.from_keras_model(model)
-    if quant in ("int8", "int8-floatio", "int8-pertensor", "int16x8", "dynamic"):
+    if quant in ("int8", "int8-floatio", "int8-pertensor", "int8-offset", "int16x8", "dynamic"):
         conv.optimizations = [tf.lite.Optimize.DEFAULT]
     if quant.startswith("int8") or quant == "int16x8":
         samples = [np.random.default_rng(SEED + 1 + i).standard_normal(shape).astype(np.float32) for i in range(20)]
@@ -232,16 +234,39 @@ def export(name: str, folder: Path, quant: str = "float") -> tuple[Path, np.ndar
     elif quant != "float" and quant != "dynamic":
         raise ValueError(quant)
     data = conv.convert()
+    if quant == "int8-offset":
+        data = buffers_after_the_flatbuffer(data)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}_{quant}.tflite"
     path.write_bytes(data)
     x = np.random.default_rng(SEED + 100).standard_normal(shape).astype(np.float32)
-    if quant in ("int8", "int8-pertensor"):
+    if quant in ("int8", "int8-pertensor", "int8-offset"):
         det = tf.lite.Interpreter(model_content=data).get_input_details()[0]
         scale, zp = det["quantization"]
         x = np.clip(np.round(x / scale) + zp, -128, 127).astype(np.int8)
     return path, x
+
+
+def buffers_after_the_flatbuffer(data: bytes) -> bytes:
+    """``data`` with every non-empty buffer's bytes moved after the flatbuffer (``offset`` from
+    the file's start, ``size``; 16-byte aligned), as models over 2 GB and ai-edge-quantizer's
+    are stored. The offsets are known once the flatbuffer's length is: packed twice, the
+    second time with the same field sizes."""
+    from tensorflow.lite.tools import flatbuffer_utils
+
+    model = flatbuffer_utils.convert_bytearray_to_object(data)
+    moved = [(b, bytes(bytearray(b.data))) for b in model.buffers if b.data is not None and len(b.data)]
+    for b, _ in moved:
+        b.data, b.offset, b.size = None, 1 << 40, 1 << 40  # placeholders the size of the real values
+    head = len(flatbuffer_utils.convert_object_to_bytearray(model))
+    tail, at = b"", (head + 15) // 16 * 16
+    for b, raw in moved:
+        b.offset, b.size = at + len(tail), len(raw)
+        tail += raw + b"\0" * (-len(raw) % 16)
+    packed = flatbuffer_utils.convert_object_to_bytearray(model)
+    assert len(packed) == head
+    return packed + b"\0" * (at - head) + tail
 
 
 def tflite_reference(model_path, inputs) -> dict[str, np.ndarray]:

@@ -52,13 +52,17 @@ def _load_model(path: Path, limit: int | None = None):
 
 
 def _parse_model(buf: bytes, label: str, limit: int | None = None):
-    """The ``tflite.Model`` in ``buf``, checked (:func:`tflite_check.check_model`);
-    ``label`` names it in errors (a path); ``limit`` is ``--max-tensor-bytes``."""
+    """The ``tflite.Model`` in ``buf``, checked (:func:`tflite_check.check_model`), read as
+    the TFLite interpreter reads it (:mod:`irgen_tensorflow.external`: buffers stored after
+    the flatbuffer, operator codes); ``label`` names it in errors (a path); ``limit`` is
+    ``--max-tensor-bytes``."""
     import tflite
 
+    from irgen_tensorflow.external import as_interpreted
+
     try:
-        check_model(buf, limit, label)
-        return tflite.Model.GetRootAsModel(buf, 0)
+        outside = check_model(buf, limit, label)
+        return as_interpreted(buf, outside)
     except Unreadable as err:
         raise IrgenError(f"{label}: not a readable TFLite model ({err})") from None
     except IrgenError:

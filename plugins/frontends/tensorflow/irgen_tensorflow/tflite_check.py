@@ -8,8 +8,14 @@ quantization, sparsity, operators and the header of their option tables,
 buffers) with bounds checks, then checks what the bytes mean: every tensor,
 operator-code, buffer and subgraph index in range, names in UTF-8, no negative
 dimension, constant data of the size its shape says, buffer ``offset``/``size``
-(models over 2 GB) inside the file, and every tensor's size under
-``--max-tensor-bytes``.
+inside the file, and every tensor's size under ``--max-tensor-bytes``.
+
+A buffer may hold its data after the flatbuffer instead of inside it (``offset`` and
+``size``, from the start of the file: the format of models over 2 GB, which Google's
+ai-edge-quantizer writes for every model). The TFLite interpreter reads such a buffer
+when it has no inline data and its offset is over 1; so does irgen
+(:mod:`irgen_tensorflow.external`), once this check has found its bytes inside the file
+and their count equal to what the tensor's shape says.
 
 A structural fault raises :class:`Unreadable` (the caller turns it into
 ``<file>: not a readable TFLite model (...)``); a size over the limit raises
@@ -145,8 +151,9 @@ def _shape_text(shape) -> str:
     return str(tuple(int(d) for d in shape))
 
 
-def check_model(buf: bytes, limit: int | None, where: str) -> None:
-    """Check the flatbuffer ``buf`` (see the module doc). ``where`` prefixes size errors."""
+def check_model(buf: bytes, limit: int | None, where: str) -> dict[int, tuple[int, int]]:
+    """Check the flatbuffer ``buf`` (see the module doc). ``where`` prefixes size errors.
+    Returns the buffers whose data lies after the flatbuffer: index -> (offset, size)."""
     r = _Reader(buf)
     if len(buf) < 8:
         raise Unreadable(f"{len(buf)} bytes, too short for a flatbuffer")
@@ -164,17 +171,20 @@ def check_model(buf: bytes, limit: int | None, where: str) -> None:
         r.scalar(oc, 3, "<i", 0, f"operator code {i}")
         n_codes += 1
 
-    # buffers: (data length, external offset/size) by index
+    # buffers: data length by index (inline, or stored after the flatbuffer: external)
     buffers: list[int] = []
+    external: dict[int, tuple[int, int]] = {}
     for i, b in enumerate(r.tables(model, 4, "buffer")):
-        _, length = r.vector(b, 0, 1, f"buffer {i} data")
+        start, length = r.vector(b, 0, 1, f"buffer {i} data")
         offset = r.scalar(b, 1, "<Q", 0, f"buffer {i}")
         size = r.scalar(b, 2, "<Q", 0, f"buffer {i}")
         if offset > 1 or size:
             if offset + size > len(buf):
                 raise Unreadable(f"buffer {i}: offset {offset} + size {size} points past the end of the file "
                                  f"({len(buf)} bytes)")
-            length = -1  # data outside the flatbuffer proper
+        if i and not start and offset > 1:  # no inline data: the interpreter reads offset/size (buffer 0: no data)
+            external[i] = (offset, size)
+            length = size
         buffers.append(length)
     r.string(model, 3, "the model description")
 
@@ -182,20 +192,21 @@ def check_model(buf: bytes, limit: int | None, where: str) -> None:
     if not subgraphs:
         raise Unreadable("the model has no subgraph")
     for s, sg in enumerate(subgraphs):
-        _check_subgraph(r, s, sg, n_codes, buffers, len(subgraphs), limit, where)
+        _check_subgraph(r, s, sg, n_codes, buffers, external, len(subgraphs), limit, where)
     if r.vector(subgraphs[0], 3, 4, "subgraph 0 operators")[1] < 1:
         raise Unreadable("the main subgraph has no operators")
+    return external
 
 
-def _check_subgraph(r: _Reader, s: int, sg: _Table, n_codes: int, buffers: list[int], n_subgraphs: int,
-                    limit: int | None, where: str) -> None:
+def _check_subgraph(r: _Reader, s: int, sg: _Table, n_codes: int, buffers: list[int],
+                    external: dict[int, tuple[int, int]], n_subgraphs: int, limit: int | None, where: str) -> None:
     """Check subgraph ``s``: its name, each of its tensors (:func:`_check_tensor`), the tensor
     indices of its inputs and outputs, and each of its operators (:func:`_check_operator`)."""
     at = f"subgraph {s}"
     r.string(sg, 4, f"{at} name")
     n = 0
     for t, tensor in enumerate(r.tables(sg, 0, f"{at} tensor")):
-        _check_tensor(r, tensor, t, at, buffers, limit, where)
+        _check_tensor(r, tensor, t, at, buffers, external, limit, where)
         n += 1
     for k in r.ints(sg, 1, f"{at} inputs"):
         _check_index(k, n, at, f"{at} input")
@@ -214,8 +225,8 @@ def _check_index(i: int, n: int, at: str, what: str, optional: bool = False) -> 
         raise Unreadable(f"{what}: tensor index {i} out of range ({at} has {n} tensors)")
 
 
-def _check_tensor(r: _Reader, tensor: _Table, t: int, at: str, buffers: list[int], limit: int | None,
-                  where: str) -> None:
+def _check_tensor(r: _Reader, tensor: _Table, t: int, at: str, buffers: list[int],
+                  external: dict[int, tuple[int, int]], limit: int | None, where: str) -> None:
     """Read tensor ``t`` of subgraph ``at`` (shape, type, buffer, name, quantization, sparsity,
     shape signature), then check what it says (:func:`_check_tensor_data`)."""
     tat = f"{at} tensor {t}"
@@ -235,7 +246,7 @@ def _check_tensor(r: _Reader, tensor: _Table, t: int, at: str, buffers: list[int
         _read_sparsity(r, sparsity, tat)
     signature = r.ints(tensor, 7, f"{tat} shape signature")
     label = f"tensor {name!r}" if name else f"tensor {t} of {at}"
-    _check_tensor_data(label, shape, signature, ttype, buf_idx, sparsity is not None, buffers, limit, where)
+    _check_tensor_data(label, shape, signature, ttype, buf_idx, sparsity is not None, buffers, external, limit, where)
 
 
 def _read_sparsity(r: _Reader, sparsity: _Table, tat: str) -> None:
@@ -252,10 +263,11 @@ def _read_sparsity(r: _Reader, sparsity: _Table, tat: str) -> None:
 
 
 def _check_tensor_data(label: str, shape: list[int], signature: list[int], ttype: int, buf_idx: int, sparse: bool,
-                       buffers: list[int], limit: int | None, where: str) -> None:
+                       buffers: list[int], external: dict[int, tuple[int, int]], limit: int | None,
+                       where: str) -> None:
     """What a tensor's fields say: no negative dimension (below -1 in the signature), a known
-    type, its buffer in range and inside the flatbuffer, a size under ``limit``, and constant
-    data of the size its shape says (a sparse tensor's aside)."""
+    type, its buffer in range, a size under ``limit``, and constant data of the size its shape
+    says (a sparse tensor's aside), inline or after the flatbuffer (``external``)."""
     if any(d < 0 for d in shape):
         raise Unreadable(f"{label}: negative dimension in shape {_shape_text(shape)}")
     if any(d < -1 for d in signature):
@@ -267,14 +279,13 @@ def _check_tensor_data(label: str, shape: list[int], signature: list[int], ttype
         raise Unreadable(f"{label}: buffer index {buf_idx} out of range (the model has {len(buffers)} buffers)")
     check_tensor_size(f"{where}: {label}", shape, _SIZE_DTYPE.get(dtype, dtype), limit)
     data = buffers[buf_idx] if buffers else 0
-    if data == -1:
-        raise Unreadable(f"{label}: its data lies outside the flatbuffer (buffer {buf_idx} offset/size, a model "
-                         "over 2 GB), which TVM's TFLite importer cannot read")
-    if data > 0 and not sparse and dtype in _ITEMSIZE:
+    outside = external.get(buf_idx)
+    if (data > 0 or outside is not None) and not sparse and dtype in _ITEMSIZE:
         need = math.prod(shape) * _ITEMSIZE[dtype]
         if data != need:
-            raise Unreadable(f"{label}: its buffer holds {data} bytes, its shape {_shape_text(shape)} {dtype} "
-                             f"needs {need}")
+            where_data = f" (stored outside the flatbuffer, at offset {outside[0]})" if outside is not None else ""
+            raise Unreadable(f"{label}: its buffer{where_data} holds {data} bytes, its shape {_shape_text(shape)} "
+                             f"{dtype} needs {need}")
 
 
 def _check_operator(r: _Reader, op: _Table, oat: str, n_codes: int, n: int, at: str) -> None:

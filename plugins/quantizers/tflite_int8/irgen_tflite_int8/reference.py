@@ -36,6 +36,14 @@ def tflite_softmax(x, table, out_scale: float, out_zero_point: int, lo: int, hi:
     return np.clip(r.astype(np.int64) + int(out_zero_point), lo, hi).astype(dtype)
 
 
+def _int32(acc: np.ndarray) -> np.ndarray:
+    """``acc`` (int64) as TFLite's 8-bit kernels hold it: an int32 that wraps around. A bias the
+    quantizer saturated (ai-edge-quantizer writes ``-2**31`` when a tiny input scale puts it out
+    of range) plus the products overflows there, and the interpreter (and the realized graph,
+    int32 too) goes on with the wrapped value."""
+    return ((acc.astype(np.int64) + (1 << 31)) % (1 << 32) - (1 << 31)).astype(np.int64)
+
+
 def recompute_requantized(layer: dict[str, Any], inputs: list[np.ndarray], params: dict[str, np.ndarray]) -> np.ndarray:
     """TFLite's integer kernels from a ``quant`` record (the scheme's ``"*"`` recompute): conv2d,
     depthwise_conv2d, dense, add, mean, avg_pool2d, concatenate, softmax (its table is parameter
@@ -48,6 +56,8 @@ def recompute_requantized(layer: dict[str, Any], inputs: list[np.ndarray], param
     rq = qr.get("requant") or {}
     if kind in ("conv2d", "depthwise_conv2d", "dense"):
         acc = accumulate(layer, inputs, params)
+        if str(qr["inputs"][0]["dtype"]) in ("int8", "uint8"):
+            acc = _int32(acc)  # the 8-bit kernels' accumulator, bias added: int32, wrapping as the CPU does
         axis = rq["axis"]
         if rq["rounding"] == FLOAT64:
             y = rescale_float64(acc, per_axis(rq["scale"], axis, acc.ndim))
