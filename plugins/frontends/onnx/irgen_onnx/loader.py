@@ -35,6 +35,15 @@ def q(name: Any, width: int = 80) -> str:
     return text if len(text) <= width else text[: width - 4] + "...'"
 
 
+def unique_name(used: set[str], base: str) -> str:
+    """``base``, or ``base_1``, ``base_2``... the first not in ``used``; added to ``used``."""
+    name, k = base, 1
+    while name in used:
+        name, k = f"{base}_{k}", k + 1
+    used.add(name)
+    return name
+
+
 def esc(name: Any, width: int = 80) -> str:
     """A name from the model on one line, unquoted: control characters escaped, cut to ``width``."""
     text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(name))

@@ -9,10 +9,13 @@ from typing import Any
 from irgen.plugin import UnsupportedOpsError
 
 from . import checks, loader
+from .constants import fold_quantization_constants
 from .fold import (INVENTED, explicit_auto_pads, fold_4bit_weights, fold_requantized_weights,
                    fold_shape_computations, fuse_erf_gelu, quantize_inputs_first, standard_8bit_qdq)
 from .inline import inline_constant_ifs
 from .loader import all_graphs
+from .order import sort_graphs
+from .propagate import propagate_qdq
 
 
 def prepare(path: Path, options: dict[str, Any], for_tvm: bool = True):
@@ -22,11 +25,14 @@ def prepare(path: Path, options: dict[str, Any], for_tvm: bool = True):
     bomb would be allocated while importing): the file and its external data
     (:mod:`.loader`), the graph's structure and tensors, ``onnx.checker``, the
     ops TVM knows, ``--input-shape``, and the size of every tensor whose shape
-    is known statically (:mod:`.checks`). ``If`` nodes with a constant
+    is known statically (:mod:`.checks`). Nodes out of topological order are sorted
+    as ONNX Runtime sorts them (:mod:`.order`). ``If`` nodes with a constant
     condition are replaced by their branch (:mod:`.inline`). ``for_tvm=False``
     (ONNX Runtime, which runs any op and any If) skips the op check and keeps
     an If with a condition computed at run time. For TVM, values computed from the
-    fixed input shapes are folded to constants, ``auto_pad`` becomes explicit ``pads``
+    fixed input shapes are folded to constants, and so are the constant subgraphs that end in a
+    Q/DQ operand, as ONNX Runtime folds them (:mod:`.constants`), Q/DQ pairs are propagated
+    past data movements as ONNX Runtime propagates them (:mod:`.propagate`), ``auto_pad`` becomes explicit ``pads``
     and the erf form of GELU becomes one ``Gelu`` node (:mod:`.fold`)."""
     path = Path(path)
     limit = checks.default_limit(options)
@@ -35,6 +41,7 @@ def prepare(path: Path, options: dict[str, Any], for_tvm: bool = True):
         if node.doc_string == INVENTED:
             node.doc_string = ""
     checks.check_structure(model, path)
+    sort_graphs(model, path)  # as ONNX Runtime sorts on load; before anything that walks the nodes in order
     checks.check_tensors(model, path, limit)
     if for_tvm:
         from .qoperator import to_qdq
@@ -48,9 +55,11 @@ def prepare(path: Path, options: dict[str, Any], for_tvm: bool = True):
     if for_tvm:
         fold_4bit_weights(model)  # first: a 4-bit constant may feed the shape arithmetic
         standard_8bit_qdq(model)
+        fold_quantization_constants(model, path, limit)  # Clip/Identity/Q... of initializers, as ORT folds them
         fold_shape_computations(model, specs)
         fold_requantized_weights(model)
         quantize_inputs_first(model)
+        propagate_qdq(model)  # Q/DQ pairs moved past MaxPool, Reshape..., as ORT's QDQPropagationTransformer
         explicit_auto_pads(model, specs)
         fuse_erf_gelu(model)
     return model, specs

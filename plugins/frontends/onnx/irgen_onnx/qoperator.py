@@ -30,7 +30,7 @@ import numpy as np
 
 from irgen.plugin import IrgenError
 
-from .loader import tensor_array
+from .loader import tensor_array, unique_name
 
 _DOMAINS = ("", "ai.onnx", "com.microsoft")
 
@@ -71,11 +71,7 @@ class _Rewriter:
         self.qconsts[n.output[0]] = ((q - z) * s).astype(np.float32)
 
     def fresh(self, base: str) -> str:
-        name, k = base, 1
-        while name in self.used:
-            name, k = f"{base}_{k}", k + 1
-        self.used.add(name)
-        return name
+        return unique_name(self.used, base)
 
     def value(self, name: str) -> np.ndarray | None:
         if name in self.inits:
