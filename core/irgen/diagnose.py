@@ -140,7 +140,8 @@ def _mac(m: Mismatch, q: dict) -> tuple[Callable[[int], np.ndarray], int, np.nda
         axis = x.ndim - 1
     else:
         attrs = {**(m.layer.get("attrs") or {}), "out_dtype": "int64"}
-        acc = lambda factor: reference.conv2d(x - factor * zx, w, attrs)  # noqa: E731
+        conv = reference.conv3d if w.ndim == 5 else reference.conv2d
+        acc = lambda factor: conv(x - factor * zx, w, attrs)  # noqa: E731
         axis = str(attrs.get("out_layout") or attrs.get("data_layout") or "NCHW").index("C")
     bias = m.params.get("bias")
     if bias is None:
@@ -206,7 +207,8 @@ def _requant(m: Mismatch, q: dict, pre: np.ndarray) -> Requant:
 
 #: quant record kind -> the model of its requantization
 MODELS: dict[str, Callable[[Mismatch, dict], Requant | None]] = {
-    "conv2d": _mac_model, "depthwise_conv2d": _mac_model, "dense": _mac_model, "add": _add_model}
+    **dict.fromkeys(("conv2d", "depthwise_conv2d", "conv3d", "depthwise_conv3d", "dense"), _mac_model),
+    "add": _add_model}
 
 
 def requant_model(m: Mismatch) -> Requant | None:

@@ -87,7 +87,8 @@ def form_graph(host, imported: ImportedModel, be: Backend, quantizer: str | None
         from irgen.canonical import canonicalize
         from irgen.graph import fold_data_movement
 
-        mod = flatten_tuples(static_shapes(mod), imported.provenance)
+        # an item no one reads (max_pool2d_with_indices' indices) is dead once its tuple is gone
+        mod = drop_dead_bindings(flatten_tuples(static_shapes(mod), imported.provenance))
         mod = canonicalize(fold_data_movement(mod), imported.provenance)
     func, bindings = main_bindings(fold_constants(mod))
     check_gather_indices(bindings, imported.provenance)  # indices folding made constant
@@ -109,7 +110,8 @@ def name_layers(graph: FormedGraph, imported: ImportedModel) -> LayerNames:
     layer_names: dict[int, str] = {}
     merged = imported.provenance.merged
     for layer in graph.layers:
-        src = next((prov[m] for m in layer.members if m in prov), None)
+        # a tuple result's items (a batch norm's [0]) are its outputs, not members: they carry the node
+        src = next((prov[m] for m in [*layer.members, *layer.outputs] if m in prov), None)
         if graph.quant:  # a quantized layer is named after its compute node, not a (de)quantize node
             folded = [n for m in layer.members for n in [*merged.get(m, []), m] if n in prov]
             src = next((prov[n] for n in folded if "quant" not in prov[n][1].lower()), src)
@@ -223,6 +225,8 @@ def _call_check(be: Backend, view: dict[str, Any]) -> list[str]:
 def param_layout(rec: dict, role: str, arr: np.ndarray) -> str | None:
     if role == "weight" and rec["op"] in ("conv2d", "depthwise_conv2d", "conv2d_transpose") and arr.ndim == 4:
         return str(rec["attrs"].get("kernel_layout", "OIHW"))
+    if role == "weight" and rec["op"] in ("conv3d", "depthwise_conv3d", "conv3d_transpose") and arr.ndim == 5:
+        return str(rec["attrs"].get("kernel_layout", "OIDHW"))
     if role == "weight" and rec["op"] == "dense":
         return "IO"  # the graph computes x @ W
     if role == "bias" and arr.ndim == 1:

@@ -474,6 +474,10 @@ def _name_after_conv(provenance: Provenance, conv_vars: list[str], norm_vars: li
         provenance.layer_names[norm] = provenance.layer_names.get(conv, conv)
 
 
+#: the convolutions a batch norm after them folds into, with their (data, kernel) layouts
+_FOLDABLE_CONVS = {"relax.nn.conv2d": ("NCHW", "OIHW"), "relax.nn.conv3d": ("NCDHW", "OIDHW")}
+
+
 def fold_batch_norm(mod: tvm.IRModule, provenance: Provenance) -> tvm.IRModule:
     """Fold inference batch norms that follow a convolution into its weight and bias.
 
@@ -519,18 +523,20 @@ def fold_batch_norm(mod: tvm.IRModule, provenance: Provenance) -> tvm.IRModule:
             if j is None or len(users.get(inner.name, [])) != 1:
                 continue
         conv = bindings[j]
-        if conv.op != "relax.nn.conv2d" or not isinstance(conv.value.args[1], Constant):
+        layouts = _FOLDABLE_CONVS.get(conv.op or "")
+        if layouts is None or not isinstance(conv.value.args[1], Constant):
             continue
         cattrs = conv.value.attrs
-        if str(cattrs.data_layout) != "NCHW" or str(cattrs.kernel_layout) != "OIHW" or int(b.value.attrs.axis) != 1:
+        if (str(cattrs.data_layout), str(cattrs.kernel_layout)) != layouts or int(b.value.attrs.axis) != 1:
             continue
         eps = float(b.value.attrs.epsilon)
         w = const_np(conv.value.args[1])
         g, bt, m, v = (const_np(x) for x in (gamma, beta, mean, var))
         scale = (g / np.sqrt(v + np.asarray(eps, dtype=v.dtype))).astype(w.dtype)
-        new_w = (w * scale.reshape(-1, 1, 1, 1)).astype(w.dtype)
+        spatial = (1,) * (w.ndim - 2)
+        new_w = (w * scale.reshape((-1, 1) + spatial)).astype(w.dtype)  # one scale per output channel
         b0 = bias.reshape(-1) if bias is not None else np.zeros_like(m)
-        new_b = ((b0 - m) * scale + bt).astype(w.dtype).reshape(1, -1, 1, 1)
+        new_b = ((b0 - m) * scale + bt).astype(w.dtype).reshape((1, -1) + spatial)
         replace[j] = relax.Call(conv.value.op, [conv.value.args[0], relax.const(new_w)], conv.value.attrs, conv.value.ty_args)
         replace[out_idx] = relax.op.add(conv.var, relax.const(new_b))
         drop.update(chain)

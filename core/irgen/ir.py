@@ -13,13 +13,15 @@ from irgen.api import Provenance
 from irgen.canonical import is_roll, rotation
 from irgen.graph import Binding, Constant, attrs_to_dict, const_view, tensor_type, to_json
 from irgen.layers import Layer
-from irgen.ops import (CANONICAL_OPS, COMPOUND_OPS, LAYER_OP_NAMES, SOURCE_OP_NAMES, quant_op,  # noqa: F401  (re-exported)
-                       quantized_roll, short_op, source_op_name)
+from irgen.quant import MAC_KINDS
+from irgen.ops import (CANONICAL_OPS, COMPOUND_OPS, LAYER_OP_NAMES, MULTI_STEP_OPS, OP_NAMES,  # noqa: F401  (re-exported)
+                       SOURCE_OP_NAMES, quant_op, quantized_roll, short_op, source_op_name)
 
 from irgen.schema import IR_VERSION  # noqa: E402,F401  (defined beside the schema, re-exported)
 
 _ACTIVATIONS = {"relax.nn.relu", "relax.clip", "relax.sigmoid", "relax.tanh", "relax.nn.gelu", "relax.nn.silu"}
-_WEIGHTED = {"relax.nn.conv2d", "relax.nn.conv1d", "relax.nn.conv2d_transpose", "relax.matmul"}
+_WEIGHTED = {"relax.nn.conv2d", "relax.nn.conv1d", "relax.nn.conv2d_transpose", "relax.nn.conv3d",
+             "relax.nn.conv3d_transpose", "relax.matmul"}
 
 
 
@@ -71,9 +73,9 @@ def _depthwise(attrs: dict[str, Any], data: Binding | None) -> bool:
     if groups <= 1:
         return False
     t = tensor_type(data.value.args[0]) if data is not None and isinstance(data.value, relax.Call) else None
-    if t is None or len(t[0]) != 4:
+    if t is None or len(t[0]) not in (4, 5):
         return False
-    layout = str(attrs.get("data_layout") or "NCHW")
+    layout = str(attrs.get("data_layout") or ("NCHW" if len(t[0]) == 4 else "NCDHW"))
     return t[0][layout.index("C")] == groups
 
 
@@ -314,7 +316,7 @@ def _layer_params(members: list[Binding], anchor: Binding, quant: dict[str, Any]
                     if arr.size <= 1:
                         continue
                 elif quant is not None and role != "table" and (
-                    quant.get("kind") not in ("conv2d", "depthwise_conv2d", "dense")
+                    quant.get("kind") not in MAC_KINDS
                     or role not in ("weight", "bias") or role in arrays
                 ):
                     continue
@@ -371,7 +373,9 @@ def _layer_source(layer: Layer, provenance: Provenance) -> dict[str, list[str]]:
     nodes: list[str] = []
     op_types: list[str] = []
     tensors: list[str] = []
-    for m in layer.members:
+    # a tuple result's items (a batch norm's [0]) are outputs, not members: their node too
+    items = [o for o in layer.outputs if o not in layer.members]
+    for m in [*layer.members, *items]:
         for name in [*provenance.merged.get(m, []), m]:
             if name in provenance.by_var:
                 node, op_type, tensor = provenance.by_var[name]
@@ -422,13 +426,14 @@ def _layer_op(layer: Layer, members: list[Binding], anchor: Binding, attrs: dict
         # dynamic-range kernel: the input quantized at run time, the result scaled back): that op
         w = weighted[0]
         op = CANONICAL_OPS.get(short_op(w), short_op(w))
-        if op == "conv2d" and _depthwise({**attrs, **_conv_groups(w)}, w):
-            op = "depthwise_conv2d"
-    if op == "conv2d" and _depthwise(attrs, by_name.get(layer.anchor)):
-        op = "depthwise_conv2d"
-    if quant is None and len(members) > 1 and len(set(nodes)) == 1 and source_op_name(op_types[0]) in COMPOUND_OPS:
+        if op in ("conv2d", "conv3d") and _depthwise({**attrs, **_conv_groups(w)}, w):
+            op = f"depthwise_{op}"
+    if op in ("conv2d", "conv3d") and _depthwise(attrs, by_name.get(layer.anchor)):
+        op = f"depthwise_{op}"
+    if quant is None and len(members) > 1 and len(set(nodes)) == 1 and source_op_name(op_types[0]) in MULTI_STEP_OPS:
         # one source op that the importer wrote as several steps (ONNX HardSigmoid: multiply,
-        # add, clip): the layer is that op, whatever step the fusion rule anchored on
+        # add, clip; torch's resize with its own coordinates): the layer is that op, whatever
+        # step the fusion rule anchored on
         op = source_op_name(op_types[0])
         attrs = {k: v for k, v in attrs.items() if k != "activation"}
     return op, attrs

@@ -267,7 +267,8 @@ def _absorb_item_views(layers, bindings, users, provenance, assigned, idx):
     return kept, {m: layer.index for layer in kept for m in layer.members}
 
 
-_COMPUTE = {"relax.nn.conv2d", "relax.nn.conv1d", "relax.nn.conv2d_transpose", "relax.matmul"}
+_COMPUTE = {"relax.nn.conv2d", "relax.nn.conv1d", "relax.nn.conv2d_transpose", "relax.nn.conv3d",
+            "relax.nn.conv3d_transpose", "relax.matmul"}
 
 
 def cut_layers(bindings: list[Binding], provenance: Provenance, main_output: relax.Expr) -> list[Layer]:

@@ -191,10 +191,15 @@ def quantize_linear(x, scale, zero_point, dtype: str, bounds: tuple[int, int] | 
     return (np.rint(f).astype(np.int64) + zero_point).astype(dtype)
 
 
+#: the ``quant.kind`` of an integer convolution or dense layer: an accumulator of ``(x - zp_x) * w``
+#: (plus bias) and a requantization (:func:`accumulate`, :func:`requant_scales`)
+MAC_KINDS = frozenset({"conv2d", "depthwise_conv2d", "conv3d", "depthwise_conv3d", "dense"})
+
+
 def requant_scales(qr: dict[str, Any]):
     """``(s_x, s_w per channel, s_y)`` of a conv/dense ``quant`` record (float64), or None when the
     record is of another kind or lacks them."""
-    if qr.get("kind") not in ("conv2d", "depthwise_conv2d", "dense") or not qr.get("inputs") or not qr.get("weight"):
+    if qr.get("kind") not in MAC_KINDS or not qr.get("inputs") or not qr.get("weight"):
         return None
     try:
         s_x = float(np.asarray(qr["inputs"][0]["scale"]).reshape(-1)[0])
@@ -223,12 +228,13 @@ def requant_scale_mismatch(layer: dict[str, Any], expected=None) -> str | None:
 
 def accumulate(layer: dict[str, Any], inputs: list[np.ndarray], params: dict[str, np.ndarray]) -> np.ndarray:
     """The int64 accumulator of a quantized conv/dense layer: ``sum((x - zp_x) * w) + bias``."""
-    from irgen.reference import conv2d
+    from irgen.reference import conv2d, conv3d
 
     qr = layer["quant"]
     x = inputs[0].astype(np.int64) - int(np.asarray(qr["inputs"][0]["zero_point"]).reshape(-1)[0])
     w = params["weight"].astype(np.int64)
-    acc = x @ w if qr["kind"] == "dense" else conv2d(x, w, {**layer["attrs"], "out_dtype": "int64"})
+    conv = conv3d if w.ndim == 5 else conv2d
+    acc = x @ w if qr["kind"] == "dense" else conv(x, w, {**layer["attrs"], "out_dtype": "int64"})
     if "bias" in params:
         acc = acc + per_axis(params["bias"].reshape(-1).astype(np.int64), qr["requant"]["axis"], acc.ndim)
     return acc

@@ -53,16 +53,6 @@ def _pair(v: Any, n: int = 2) -> tuple[int, ...]:
     return tuple(int(v) for _ in range(n))
 
 
-def _pad4(v: Any) -> tuple[int, int, int, int]:
-    """Relax 2-D padding -> (top, left, bottom, right)."""
-    p = _pair(v, 2) if not isinstance(v, (list, tuple)) or len(v) in (1, 2) else tuple(int(x) for x in v)
-    if len(p) == 2:
-        return p[0], p[1], p[0], p[1]
-    if len(p) == 4:
-        return p  # type: ignore[return-value]
-    raise ValueError(f"bad padding {v!r}")
-
-
 def _acc_dtype(dtype: np.dtype) -> np.dtype:
     return np.dtype(np.float64) if dtype.kind in "fc" else np.dtype(np.int64)
 
@@ -73,16 +63,26 @@ def _check_layout(attrs: dict, key: str, want: str) -> None:
         raise NotImplementedError(f"{key}={v} (only {want})")
 
 
-def _windows(x: np.ndarray, kh: int, kw: int, sh: int, sw: int, dh: int, dw: int, oh: int, ow: int) -> np.ndarray:
-    """(N, C, H, W) padded -> (N, C, oh, ow, kh, kw) strided view."""
-    n, c, h, w = x.shape
-    s = x.strides
+def _windows(x: np.ndarray, kernel, strides, dilation, out) -> np.ndarray:
+    """(N, C, *spatial) padded -> (N, C, *out, *kernel) strided view (any number of spatial axes)."""
+    st = x.strides
+    sp = st[2:]
     return np.lib.stride_tricks.as_strided(
         x,
-        shape=(n, c, oh, ow, kh, kw),
-        strides=(s[0], s[1], s[2] * sh, s[3] * sw, s[2] * dh, s[3] * dw),
+        shape=(*x.shape[:2], *out, *kernel),
+        strides=(st[0], st[1], *(a * s for a, s in zip(sp, strides)), *(a * d for a, d in zip(sp, dilation))),
         writeable=False,
     )
+
+
+def _spatial_pads(v: Any, nd: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Relax padding of ``nd`` spatial axes (1, ``nd`` or ``2 * nd`` values) -> (before, after)."""
+    p = _pair(v, nd)
+    if len(p) == nd:
+        return p, p
+    if len(p) == 2 * nd:
+        return p[:nd], p[nd:]
+    raise ValueError(f"bad padding {v!r}")
 
 
 # ----------------------------------------------------------------- ops
@@ -94,41 +94,57 @@ def _perm(src: str, dst: str) -> list[int]:
 
 def conv2d(x: np.ndarray, w: np.ndarray, attrs: dict) -> np.ndarray:
     """2-D convolution in any data/kernel layout (computed in NCHW/OIHW)."""
-    dl = str(attrs.get("data_layout") or "NCHW")
-    kl = str(attrs.get("kernel_layout") or "OIHW")
+    return _conv_layouts(x, w, attrs, "NCHW", "OIHW")
+
+
+def conv3d(x: np.ndarray, w: np.ndarray, attrs: dict) -> np.ndarray:
+    """3-D convolution in any data/kernel layout (computed in NCDHW/OIDHW)."""
+    return _conv_layouts(x, w, attrs, "NCDHW", "OIDHW")
+
+
+def _conv_layouts(x: np.ndarray, w: np.ndarray, attrs: dict, data: str, kernel: str) -> np.ndarray:
+    """A convolution whose layouts are permutations of ``data`` / ``kernel`` (its canonical ones)."""
+    nd = len(data) - 2
+    dl = str(attrs.get("data_layout") or data)
+    kl = str(attrs.get("kernel_layout") or kernel)
     ol = str(attrs.get("out_layout") or dl)
-    if sorted(dl) != sorted("NCHW") or sorted(kl) != sorted("OIHW") or sorted(ol) != sorted("NCHW"):
-        raise NotImplementedError(f"conv2d layouts {dl}/{kl}/{ol}")
-    x = np.transpose(x, _perm(dl, "NCHW"))
-    w = np.transpose(w, _perm(kl, "OIHW"))
-    sh, sw = _pair(attrs.get("strides", [1, 1]))
-    dh, dw = _pair(attrs.get("dilation", [1, 1]))
-    pt, pl, pb, pr = _pad4(attrs.get("padding", [0, 0, 0, 0]))
-    g = int(attrs.get("groups", 1))
+    if sorted(dl) != sorted(data) or sorted(kl) != sorted(kernel) or sorted(ol) != sorted(data):
+        raise NotImplementedError(f"conv{nd}d layouts {dl}/{kl}/{ol}")
+    x = np.transpose(x, _perm(dl, data))
+    w = np.transpose(w, _perm(kl, kernel))
     out_dtype = np.dtype(attrs.get("out_dtype") or np.result_type(x.dtype, w.dtype))
+    before, after = _spatial_pads(attrs.get("padding", [0] * nd), nd)
+    y = _conv(x, w, _pair(attrs.get("strides", [1] * nd), nd), _pair(attrs.get("dilation", [1] * nd), nd),
+              before, after, int(attrs.get("groups", 1)), out_dtype)
+    return np.transpose(y, _perm(data, ol))
+
+
+def _conv(x: np.ndarray, w: np.ndarray, strides, dilation, before, after, g: int, out_dtype: np.dtype) -> np.ndarray:
+    """Convolution of ``x`` (N, C, *spatial) with ``w`` (O, C / g, *kernel), accumulated in float64
+    (integers in int64), cast to ``out_dtype``."""
+    nd = x.ndim - 2
     acc = _acc_dtype(out_dtype)
-    n, c, h, wd = x.shape
-    o, ci, kh, kw = w.shape
+    n, c = x.shape[:2]
+    o, ci = w.shape[:2]
+    kernel = w.shape[2:]
     if c != ci * g or o % g:
-        raise ValueError(f"conv2d shapes {x.shape} x {w.shape} with groups={g}")
+        raise ValueError(f"conv{nd}d shapes {x.shape} x {w.shape} with groups={g}")
     exact_in_float = False
     if acc.kind == "i" and x.size and w.size:
         # integer sums whose every partial sum stays below 2**53 are exact in float64,
         # where the product runs on BLAS instead of numpy's slow integer matmul
-        bound = float(np.abs(x).max()) * float(np.abs(w).max()) * ci * kh * kw
+        bound = float(np.abs(x).max()) * float(np.abs(w).max()) * ci * int(np.prod(kernel))
         exact_in_float = bound < 2.0**53
     work = np.dtype(np.float64) if exact_in_float else acc
-    xp = np.pad(x.astype(work), ((0, 0), (0, 0), (pt, pb), (pl, pr)))
-    oh = (h + pt + pb - dh * (kh - 1) - 1) // sh + 1
-    ow = (wd + pl + pr - dw * (kw - 1) - 1) // sw + 1
-    cols = _windows(xp, kh, kw, sh, sw, dh, dw, oh, ow)  # n, c, oh, ow, kh, kw
-    cols = cols.reshape(n, g, ci, oh, ow, kh, kw)
-    wg = w.astype(work).reshape(g, o // g, ci, kh, kw)
-    y = np.einsum("ngcyxhw,gochw->ngoyx", cols, wg, optimize=True)
+    xp = np.pad(x.astype(work), ((0, 0), (0, 0), *zip(before, after)))
+    out = tuple((xp.shape[2 + i] - dilation[i] * (kernel[i] - 1) - 1) // strides[i] + 1 for i in range(nd))
+    cols = _windows(xp, kernel, strides, dilation, out).reshape(n, g, ci, *out, *kernel)
+    wg = w.astype(work).reshape(g, o // g, ci, *kernel)
+    sp, kk = "zyx"[-nd:], "DHW"[-nd:]
+    y = np.einsum(f"ngc{sp}{kk},goc{kk}->ngo{sp}", cols, wg, optimize=True)
     if exact_in_float:
         y = y.astype(acc)  # whole numbers, exactly
-    y = y.reshape(n, o, oh, ow).astype(out_dtype)
-    return np.transpose(y, _perm("NCHW", ol))
+    return y.reshape(n, o, *out).astype(out_dtype)
 
 
 def conv1d(x: np.ndarray, w: np.ndarray, attrs: dict) -> np.ndarray:
@@ -144,87 +160,103 @@ def conv1d(x: np.ndarray, w: np.ndarray, attrs: dict) -> np.ndarray:
 
 
 def conv2d_transpose(x: np.ndarray, w: np.ndarray, attrs: dict) -> np.ndarray:
-    """2-D transposed convolution (NCHW data, IOHW kernel: TVM's importers' layout): every
-    input pixel scatters ``x * w`` into the output at ``stride * position + dilation *
-    kernel offset``, then the padding is cut off (``output_padding`` extends the far end)."""
-    dl, kl = str(attrs.get("data_layout") or "NCHW"), str(attrs.get("kernel_layout") or "IOHW")
-    if dl != "NCHW" or kl != "IOHW" or str(attrs.get("out_layout") or dl) != "NCHW":
-        raise NotImplementedError(f"conv2d_transpose layouts {dl}/{kl}")
-    sh, sw = _pair(attrs.get("strides", [1, 1]))
-    dh, dw = _pair(attrs.get("dilation", [1, 1]))
-    pt, pl, pb, pr = _pad4(attrs.get("padding", [0, 0, 0, 0]))
-    oph, opw = _pair(attrs.get("output_padding", [0, 0]))
+    """2-D transposed convolution (NCHW data, IOHW kernel: TVM's importers' layout)."""
+    return _conv_transpose(x, w, attrs, "NCHW", "IOHW")
+
+
+def conv3d_transpose(x: np.ndarray, w: np.ndarray, attrs: dict) -> np.ndarray:
+    """3-D transposed convolution (NCDHW data, IODHW kernel)."""
+    return _conv_transpose(x, w, attrs, "NCDHW", "IODHW")
+
+
+def _conv_transpose(x: np.ndarray, w: np.ndarray, attrs: dict, data: str, kernel: str) -> np.ndarray:
+    """A transposed convolution: every input pixel scatters ``x * w`` into the output at
+    ``stride * position + dilation * kernel offset``, then the padding is cut off
+    (``output_padding`` extends the far end)."""
+    nd = len(data) - 2
+    dl, kl = str(attrs.get("data_layout") or data), str(attrs.get("kernel_layout") or kernel)
+    if dl != data or kl != kernel or str(attrs.get("out_layout") or dl) != data:
+        raise NotImplementedError(f"conv{nd}d_transpose layouts {dl}/{kl}")
+    strides = _pair(attrs.get("strides", [1] * nd), nd)
+    dilation = _pair(attrs.get("dilation", [1] * nd), nd)
+    before, after = _spatial_pads(attrs.get("padding", [0] * nd), nd)
+    extra = _pair(attrs.get("output_padding", [0] * nd), nd)
     g = int(attrs.get("groups", 1))
     out_dtype = np.dtype(attrs.get("out_dtype") or np.result_type(x.dtype, w.dtype))
     acc = _acc_dtype(out_dtype)
-    n, c, h, wd = x.shape
-    ci, og, kh, kw = w.shape
+    n, c, *size = x.shape
+    ci, og, *k = w.shape
     if c != ci or c % g:
-        raise ValueError(f"conv2d_transpose shapes {x.shape} x {w.shape} with groups={g}")
-    full_h, full_w = (h - 1) * sh + dh * (kh - 1) + 1 + oph, (wd - 1) * sw + dw * (kw - 1) + 1 + opw
-    y = np.zeros((n, g, og, full_h, full_w), acc)
-    xg = x.astype(acc).reshape(n, g, c // g, h, wd)
-    wg = w.astype(acc).reshape(g, c // g, og, kh, kw)
-    for i in range(kh):
-        for j in range(kw):
-            contrib = np.einsum("ngchw,gco->ngohw", xg, wg[:, :, :, i, j])
-            y[:, :, :, i * dh: i * dh + (h - 1) * sh + 1: sh, j * dw: j * dw + (wd - 1) * sw + 1: sw] += contrib
-    y = y.reshape(n, g * og, full_h, full_w)[:, :, pt: full_h - pb, pl: full_w - pr]
+        raise ValueError(f"conv{nd}d_transpose shapes {x.shape} x {w.shape} with groups={g}")
+    full = [(size[i] - 1) * strides[i] + dilation[i] * (k[i] - 1) + 1 + extra[i] for i in range(nd)]
+    y = np.zeros((n, g, og, *full), acc)
+    xg = x.astype(acc).reshape(n, g, c // g, *size)
+    wg = w.astype(acc).reshape(g, c // g, og, *k)
+    for offset in np.ndindex(*k):
+        contrib = np.einsum("ngc...,gco->ngo...", xg, wg[(slice(None),) * 3 + offset])
+        at = tuple(slice(offset[i] * dilation[i], offset[i] * dilation[i] + (size[i] - 1) * strides[i] + 1, strides[i])
+                   for i in range(nd))
+        y[(slice(None),) * 3 + at] += contrib
+    y = y.reshape(n, g * og, *full)[(slice(None),) * 2 + tuple(slice(before[i], full[i] - after[i]) for i in range(nd))]
     return y.astype(out_dtype)
 
 
-def _pool2d(x: np.ndarray, attrs: dict, kind: str) -> np.ndarray:
-    layout = str(attrs.get("layout") or "NCHW")
+def _pool(x: np.ndarray, attrs: dict, kind: str, canonical: str) -> np.ndarray:
+    """Max or average pooling in a layout that permutes ``canonical`` (NCHW, NCDHW)."""
+    layout = str(attrs.get("layout") or canonical)
     out_layout = str(attrs.get("out_layout") or layout)
-    if sorted(layout) != sorted("NCHW") or sorted(out_layout) != sorted("NCHW"):
-        raise NotImplementedError(f"pool2d layouts {layout}/{out_layout}")
-    y = _pool2d_nchw(np.transpose(x, _perm(layout, "NCHW")), attrs, kind)
-    return np.transpose(y, _perm("NCHW", out_layout))
+    if sorted(layout) != sorted(canonical) or sorted(out_layout) != sorted(canonical):
+        raise NotImplementedError(f"pool{len(canonical) - 2}d layouts {layout}/{out_layout}")
+    y = _pool_nc(np.transpose(x, _perm(layout, canonical)), attrs, kind)
+    return np.transpose(y, _perm(canonical, out_layout))
 
 
-def _pool2d_nchw(x: np.ndarray, attrs: dict, kind: str) -> np.ndarray:
-    kh, kw = _pair(attrs["pool_size"])
-    sh, sw = _pair(attrs.get("strides", [1, 1]))
-    dh, dw = _pair(attrs.get("dilation", [1, 1]))
-    pt, pl, pb, pr = _pad4(attrs.get("padding", [0, 0, 0, 0]))
+def _pool_out(size: int, k: int, s: int, d: int, p0: int, p1: int, ceil: bool) -> tuple[int, int]:
+    """One spatial axis of a pooling: its output size, and how far the last window reaches past
+    the padding (ceil mode)."""
+    eff = d * (k - 1) + 1
+    span = size + p0 + p1 - eff
+    if ceil:
+        o = -(-span // s) + 1
+        # the last window must start inside the input or the left padding
+        if (o - 1) * s >= size + p0:
+            o -= 1
+    else:
+        o = span // s + 1
+    return o, max(0, (o - 1) * s + eff - (size + p0 + p1))
+
+
+def _pool_nc(x: np.ndarray, attrs: dict, kind: str) -> np.ndarray:
+    """Pooling of ``x`` (N, C, *spatial)."""
+    nd = x.ndim - 2
+    k = _pair(attrs["pool_size"], nd)
+    st = _pair(attrs.get("strides", [1] * nd), nd)
+    dil = _pair(attrs.get("dilation", [1] * nd), nd)
+    before, after = _spatial_pads(attrs.get("padding", [0] * (2 * nd)), nd)
     ceil = bool(attrs.get("ceil_mode", False))
-    n, c, h, w = x.shape
-
-    def out_size(size: int, k: int, s: int, d: int, p0: int, p1: int) -> tuple[int, int]:
-        eff = d * (k - 1) + 1
-        span = size + p0 + p1 - eff
-        if ceil:
-            o = -(-span // s) + 1
-            # the last window must start inside the input or the left padding
-            if (o - 1) * s >= size + p0:
-                o -= 1
-        else:
-            o = span // s + 1
-        extra = max(0, (o - 1) * s + eff - (size + p0 + p1))
-        return o, extra
-
-    oh, eh = out_size(h, kh, sh, dh, pt, pb)
-    ow, ew = out_size(w, kw, sw, dw, pl, pr)
-    pads = ((0, 0), (0, 0), (pt, pb + eh), (pl, pr + ew))
+    size = x.shape[2:]
+    outs = [_pool_out(size[i], k[i], st[i], dil[i], before[i], after[i], ceil) for i in range(nd)]
+    out, over = tuple(o for o, _ in outs), [e for _, e in outs]
+    pads = ((0, 0), (0, 0), *((before[i], after[i] + over[i]) for i in range(nd)))
     if kind == "max":
         fill = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
         xp = np.pad(x, pads, constant_values=fill)
-        return _windows(xp, kh, kw, sh, sw, dh, dw, oh, ow).max(axis=(4, 5)).astype(x.dtype)
+        return _windows(xp, k, st, dil, out).max(axis=tuple(range(2 + nd, 2 + 2 * nd))).astype(x.dtype)
     # a float window is summed in x's own type, row by row, as TVM's kernel does: a quantized
     # layer's float step (a quantized average pool computed in float) must round exactly as the golden data did
     acc = x.dtype if x.dtype.kind == "f" else _acc_dtype(x.dtype)
     xp = np.pad(x.astype(acc), pads)
-    win = _windows(xp, kh, kw, sh, sw, dh, dw, oh, ow)
-    s = np.zeros(win.shape[:4], acc)
-    for i in range(kh):
-        for j in range(kw):
-            s += win[..., i, j]
+    win = _windows(xp, k, st, dil, out)
+    s = np.zeros(win.shape[:2 + nd], acc)
+    for offset in np.ndindex(*k):
+        s += win[(Ellipsis, *offset)]
     if attrs.get("count_include_pad", False):
         # padding counts, the ceil-mode overhang beyond it does not
-        ones = np.pad(np.ones((1, 1, h + pt + pb, w + pl + pr), acc), ((0, 0), (0, 0), (0, eh), (0, ew)))
+        ones = np.pad(np.ones((1, 1, *(size[i] + before[i] + after[i] for i in range(nd))), acc),
+                      ((0, 0), (0, 0), *((0, e) for e in over)))
     else:
-        ones = np.pad(np.ones((1, 1, h, w), acc), pads)
-    cnt = _windows(ones, kh, kw, sh, sw, dh, dw, oh, ow).sum(axis=(4, 5))
+        ones = np.pad(np.ones((1, 1, *size), acc), pads)
+    cnt = _windows(ones, k, st, dil, out).sum(axis=tuple(range(2 + nd, 2 + 2 * nd)))
     y = s / np.maximum(cnt, 1).astype(acc)
     return y.astype(x.dtype)
 
@@ -291,25 +323,25 @@ def sum_in_order(x: np.ndarray, axis=None, keepdims: bool = False) -> np.ndarray
     return total if keepdims else np.squeeze(total, axis=ax)
 
 
-def _adaptive_avg_pool2d(x: np.ndarray, attrs: dict) -> np.ndarray:
-    _check_layout(attrs, "layout", "NCHW")
+def _adaptive_avg_pool(x: np.ndarray, attrs: dict, canonical: str) -> np.ndarray:
+    """Adaptive average pooling of ``x`` (N, C, *spatial): output cell ``i`` of an axis of size
+    ``n`` averages ``[floor(i n / o), ceil((i + 1) n / o))``."""
+    _check_layout(attrs, "layout", canonical)
+    nd = x.ndim - 2
     out = attrs.get("output_size")
-    n, c, h, w = x.shape
-    oh, ow = (h, w) if out is None else _pair(out)
+    size = x.shape[2:]
+    out = size if out is None else _pair(out, nd)
     acc = np.float32 if x.dtype == np.float32 else np.float64
-    y = np.empty((n, c, oh, ow), acc)
-    for i in range(oh):
-        h0, h1 = (i * h) // oh, -((-(i + 1) * h) // oh)
-        for j in range(ow):
-            w0, w1 = (j * w) // ow, -((-(j + 1) * w) // ow)
-            # the window summed in row-major order in the tensor's float type, then / count, as
-            # TVM's kernel does (a float64 mean differed by one LSB after the quantize of torch's
-            # quantized MobileNetV2's global pool)
-            total = np.zeros((n, c), acc)
-            for r in range(h0, h1):
-                for k in range(w0, w1):
-                    total = total + x[:, :, r, k].astype(acc)
-            y[:, :, i, j] = total / acc((h1 - h0) * (w1 - w0))
+    y = np.empty(x.shape[:2] + tuple(out), acc)
+    for cell in np.ndindex(*out):
+        bounds = [((cell[a] * size[a]) // out[a], -((-(cell[a] + 1) * size[a]) // out[a])) for a in range(nd)]
+        # the window summed in row-major order in the tensor's float type, then / count, as
+        # TVM's kernel does (a float64 mean differed by one LSB after the quantize of torch's
+        # quantized MobileNetV2's global pool)
+        total = np.zeros(x.shape[:2], acc)
+        for at in np.ndindex(*(hi - lo for lo, hi in bounds)):
+            total = total + x[(slice(None), slice(None), *(lo + d for (lo, _), d in zip(bounds, at)))].astype(acc)
+        y[(slice(None), slice(None), *cell)] = total / acc(np.prod([hi - lo for lo, hi in bounds]))
     return y.astype(x.dtype)
 
 
@@ -411,31 +443,6 @@ def _lrn(args, attrs):
     for k in range(size):
         acc += np.take(sqp, range(k, k + x.shape[axis]), axis=axis)
     return (xd / np.power(bias + alpha / size * acc, beta)).astype(x.dtype)
-
-
-def _avg_pool3d(args, attrs):
-    """NCDHW average pool (TVM lowers ONNX LRN to square -> expand_dims -> avg_pool3d -> squeeze ...)."""
-    (x,) = args
-    _check_layout(attrs, "layout", "NCDHW")
-    _check_layout(attrs, "out_layout", "NCDHW")
-    k = _pair(attrs["pool_size"], 3)
-    st = _pair(attrs.get("strides", [1, 1, 1]), 3)
-    if any(d != 1 for d in _pair(attrs.get("dilation", [1, 1, 1]), 3)) or attrs.get("ceil_mode"):
-        raise NotImplementedError("avg_pool3d with dilation or ceil_mode")
-    p = _pair(attrs.get("padding", [0] * 6), 3)
-    if len(p) == 3:
-        p = p + p
-    pads = ((0, 0), (0, 0)) + tuple((p[i], p[i + 3]) for i in range(3))
-    acc = _acc_dtype(x.dtype)
-    xp = np.pad(x.astype(acc), pads)
-    win = np.lib.stride_tricks.sliding_window_view(xp, k, axis=(2, 3, 4))[:, :, :: st[0], :: st[1], :: st[2]]
-    total = win.sum(axis=(-3, -2, -1))
-    if attrs.get("count_include_pad", False):
-        cnt = float(np.prod(k))
-    else:
-        ones = np.pad(np.ones((1, 1) + x.shape[2:], acc), pads)
-        cnt = np.lib.stride_tricks.sliding_window_view(ones, k, axis=(2, 3, 4))[:, :, :: st[0], :: st[1], :: st[2]].sum(axis=(-3, -2, -1))
-    return (total / cnt).astype(x.dtype)
 
 
 def _dropout(args, attrs):
@@ -685,16 +692,21 @@ def _cubic_taps(c: np.ndarray, size: int, alpha: np.float32, exclude: bool):
     return w, taps
 
 
+def _resize_input(args, attrs, canonical: str):
+    """(data, data in the ``canonical`` layout, its own layout, method, coordinate transformation
+    mode) of a resize."""
+    x = np.asarray(args[0])
+    layout = str(attrs.get("layout") or canonical)
+    if sorted(layout) != sorted(canonical):
+        raise NotImplementedError(f"resize{len(canonical) - 2}d layout {layout}")
+    return (x, np.transpose(x, _perm(layout, canonical)), layout, str(attrs.get("method") or "linear"),
+            str(attrs.get("coordinate_transformation_mode") or "half_pixel"))
+
+
 def _resize2d(args, attrs):
     """relax.image.resize2d (topi.image.resize2d): nearest_neighbor, linear or cubic,
     coordinates in float32, source indices clamped to the image."""
-    x = np.asarray(args[0])
-    layout = str(attrs.get("layout") or "NCHW")
-    if sorted(layout) != sorted("NCHW"):
-        raise NotImplementedError(f"resize2d layout {layout}")
-    method = str(attrs.get("method") or "linear")
-    mode = str(attrs.get("coordinate_transformation_mode") or "half_pixel")
-    xn = np.transpose(x, _perm(layout, "NCHW"))
+    x, xn, layout, method, mode = _resize_input(args, attrs, "NCHW")
     h, w = xn.shape[2:]
     oh, ow = _pair(_shape(args[1]) if not isinstance(args[1], (int, float)) else args[1])
     cy, cx = _resize_coord(oh, h, mode, (0, 0)), _resize_coord(ow, w, mode, (0, 0))
@@ -736,6 +748,42 @@ def _resize2d(args, attrs):
         raise NotImplementedError(f"resize2d method {method!r}")
     y = y.astype(str(attrs.get("out_dtype") or x.dtype))
     return np.transpose(y, _perm("NCHW", layout))
+
+
+def _resize3d(args, attrs):
+    """relax.image.resize3d (topi.image.resize3d): nearest_neighbor or linear (trilinear: along
+    x, then y, then z), coordinates in float32, source indices clamped to the volume."""
+    x, xn, layout, method, mode = _resize_input(args, attrs, "NCDHW")
+    if mode == "tf_crop_and_resize":
+        raise NotImplementedError("resize3d coordinate_transformation_mode 'tf_crop_and_resize'")
+    size = xn.shape[2:]
+    out = _pair(_shape(args[1]), 3)
+    coords = [_resize_coord(out[a], size[a], mode, (0, 0)) for a in range(3)]
+
+    def gather(idx):  # the voxels at (z, y, x) index vectors, clamped
+        iz, iy, ix = (np.clip(i, 0, size[a] - 1) for a, i in enumerate(idx))
+        return xn[:, :, iz][:, :, :, iy][:, :, :, :, ix]
+
+    if method == "nearest_neighbor":
+        rounding = str(attrs.get("rounding_method") or "")
+        y = gather([_nearest(c, rounding, mode).astype(np.int64) for c in coords])
+    elif method == "linear":
+        base = [np.floor(c) for c in coords]
+        t = [(c - b).astype(np.float32) for c, b in zip(coords, base)]
+        base = [b.astype(np.int64) for b in base]
+        tz, ty, tx = t[0][:, None, None], t[1][None, :, None], t[2][None, None, :]
+
+        def lerp(a, b, w):
+            return a * (np.float32(1.0) - w) + b * w
+
+        p = {(k, j, i): gather([base[0] + k, base[1] + j, base[2] + i]).astype(np.float32)
+             for k in (0, 1) for j in (0, 1) for i in (0, 1)}
+        planes = [lerp(lerp(p[k, 0, 0], p[k, 0, 1], tx), lerp(p[k, 1, 0], p[k, 1, 1], tx), ty) for k in (0, 1)]
+        y = lerp(planes[0], planes[1], tz)
+    else:
+        raise NotImplementedError(f"resize3d method {method!r}")
+    y = y.astype(str(attrs.get("out_dtype") or x.dtype))
+    return np.transpose(y, _perm("NCDHW", layout))
 
 
 def _attention(args, attrs):
@@ -956,6 +1004,8 @@ OPS: dict[str, Callable[[list[Any], dict], Any]] = {
     "relax.nn.conv2d": lambda args, attrs: conv2d(args[0], args[1], attrs),
     "relax.nn.conv1d": lambda args, attrs: conv1d(args[0], args[1], attrs),
     "relax.nn.conv2d_transpose": lambda args, attrs: conv2d_transpose(args[0], args[1], attrs),
+    "relax.nn.conv3d": lambda args, attrs: conv3d(args[0], args[1], attrs),
+    "relax.nn.conv3d_transpose": lambda args, attrs: conv3d_transpose(args[0], args[1], attrs),
     "relax.matmul": lambda args, attrs: _matmul(args[0], args[1], attrs),
     "relax.add": _binary(np.add),
     "relax.subtract": _binary(np.subtract),
@@ -971,9 +1021,12 @@ OPS: dict[str, Callable[[list[Any], dict], Any]] = {
     "relax.sqrt": _unary_f(np.sqrt),
     "relax.rsqrt": _unary_f(lambda x: 1.0 / np.sqrt(x)),
     "relax.exp": _unary_f(np.exp),
-    "relax.nn.max_pool2d": lambda args, attrs: _pool2d(args[0], attrs, "max"),
-    "relax.nn.avg_pool2d": lambda args, attrs: _pool2d(args[0], attrs, "avg"),
-    "relax.nn.adaptive_avg_pool2d": lambda args, attrs: _adaptive_avg_pool2d(args[0], attrs),
+    "relax.nn.max_pool2d": lambda args, attrs: _pool(args[0], attrs, "max", "NCHW"),
+    "relax.nn.avg_pool2d": lambda args, attrs: _pool(args[0], attrs, "avg", "NCHW"),
+    "relax.nn.max_pool3d": lambda args, attrs: _pool(args[0], attrs, "max", "NCDHW"),
+    "relax.nn.avg_pool3d": lambda args, attrs: _pool(args[0], attrs, "avg", "NCDHW"),
+    "relax.nn.adaptive_avg_pool2d": lambda args, attrs: _adaptive_avg_pool(args[0], attrs, "NCHW"),
+    "relax.nn.adaptive_avg_pool3d": lambda args, attrs: _adaptive_avg_pool(args[0], attrs, "NCDHW"),
     "relax.mean": lambda args, attrs: _mean(args[0], attrs),
     "relax.sum": lambda args, attrs: _reduce(np.sum, args[0], attrs),
     "relax.max": lambda args, attrs: _reduce(np.max, args[0], attrs),
@@ -1008,6 +1061,7 @@ OPS: dict[str, Callable[[list[Any], dict], Any]] = {
     "relax.nn.attention": _attention,
     "relax.nn.attention_bias": _attention,
     "relax.image.resize2d": _resize2d,
+    "relax.image.resize3d": _resize3d,
     "relax.dynamic_strided_slice": _dynamic_strided_slice,
     "relax.cumsum": _cumsum,
     "relax.cumprod": lambda args, attrs: _cumsum(args, attrs, np.cumprod),
@@ -1066,7 +1120,6 @@ OPS: dict[str, Callable[[list[Any], dict], Any]] = {
     "relax.nn.softmax": lambda args, attrs: _softmax(args[0], int(attrs.get("axis", -1))),
     "relax.nn.batch_norm": lambda args, attrs: _batch_norm(*args[:5], attrs),
     "relax.nn.local_response_norm": _lrn,
-    "relax.nn.avg_pool3d": _avg_pool3d,
     "relax.nn.dropout": _dropout,
     "relax.floor": lambda args, attrs: np.floor(args[0]),
     "relax.round": lambda args, attrs: np.rint(args[0]),  # half to even, as TVM's round on CPU
@@ -1193,3 +1246,4 @@ def load_layer_inputs(out_dir: str | Path, layer: dict) -> list[np.ndarray]:
 
 def load_ir(out_dir: str | Path) -> dict:
     return read_ir(out_dir)
+

@@ -17,11 +17,13 @@ ELEMENTWISE = frozenset({"relax.add", "relax.subtract", "relax.multiply"})
 RULES = [
     FusionRule(
         "conv_bias_act",
-        frozenset({"relax.nn.conv2d", "relax.nn.conv1d", "relax.nn.conv2d_transpose", "relax.matmul"}),
+        frozenset({"relax.nn.conv2d", "relax.nn.conv1d", "relax.nn.conv2d_transpose", "relax.nn.conv3d",
+                   "relax.nn.conv3d_transpose", "relax.matmul"}),
         (BIAS, ACTIVATIONS),
     ),
     FusionRule("eltwise_act", ELEMENTWISE, (ACTIVATIONS,)),
-    FusionRule("pool", frozenset({"relax.nn.max_pool2d", "relax.nn.avg_pool2d"}), ()),
+    FusionRule("pool", frozenset({"relax.nn.max_pool2d", "relax.nn.avg_pool2d", "relax.nn.max_pool3d",
+                                  "relax.nn.avg_pool3d"}), ()),
 ]
 
 

@@ -188,29 +188,193 @@ def _nearest_index(n_in: int, n_out: int, scale) -> "np.ndarray":
     return np.minimum(np.floor(np.arange(n_out, dtype=np.float32) * s).astype(np.int64), n_in - 1)
 
 
+def _upsample_args(node, spatial: list[int], names: tuple[str, ...]):
+    """(output size, scale per axis or None) of an ``upsample_*`` node: ``.vec`` (``output_size``,
+    then ``scale_factors``) or ``.default`` (``output_size``, then one ``scales_*`` per axis:
+    ``names``), the linear modes with ``align_corners`` before the scales."""
+    import numpy as np
+
+    size = _arg(node, 1, "output_size", None)
+    k = 2 if "nearest" in str(node.target) else 3
+    if str(node.target).endswith(".vec"):
+        sf = _arg(node, k, "scale_factors", None)
+        scales = [None] * len(spatial) if sf is None else [float(v) for v in sf]
+    else:
+        scales = [_arg(node, k + i, n, None) for i, n in enumerate(names)]
+    out = [int(v) for v in size] if size else [int(np.floor(d * s)) for d, s in zip(spatial, scales)]
+    return out, scales
+
+
 def convert_upsample_nearest(imp, node):
-    # aten::upsample_nearest2d.vec(x, output_size?, scale_factors?) / .default(x, output_size, scales_h?, scales_w?).
+    # aten::upsample_nearest2d/3d.vec(x, output_size?, scale_factors?) / .default(x, output_size, scales_*?).
     # TVM 0.27 imports it as a half-pixel resize that rounds: torch's floor(dst * in / out) picks other
     # rows when the size is no multiple of the input's. Such an axis is a gather of torch's own rows.
     import numpy as np
     from tvm import relax
 
     x = imp.env[node.args[0]]
-    h, w = (int(d) for d in x.ty.shape.values[2:])
-    size = _arg(node, 1, "output_size", None)
-    if str(node.target).endswith(".vec"):
-        sf = _arg(node, 2, "scale_factors", None)
-        scales = [None, None] if sf is None else [float(v) for v in sf]
-    else:
-        scales = [_arg(node, 2, "scales_h", None), _arg(node, 3, "scales_w", None)]
-    out = [int(v) for v in size] if size else [int(np.floor(d * s)) for d, s in zip((h, w), scales)]
-    idx = [_nearest_index(n, o, s) for n, o, s in zip((h, w), out, scales)]
-    if all(o % n == 0 and np.array_equal(i, np.arange(o) // (o // n)) for n, o, i in zip((h, w), out, idx)):
-        # an integer factor on both axes: TVM's resize picks the same rows (each inside its pixel)
-        return relax.op.image.resize2d(x, out, layout="NCHW", method="nearest_neighbor",
-                                       coordinate_transformation_mode="asymmetric", rounding_method="floor")
-    y = imp.block_builder.emit(relax.op.take(x, relax.const(idx[0]), axis=2))
-    return relax.op.take(y, relax.const(idx[1]), axis=3)
+    spatial = [int(d) for d in x.ty.shape.values[2:]]
+    out, scales = _upsample_args(node, spatial, ("scales_d", "scales_h", "scales_w")[-len(spatial):])
+    idx = [_nearest_index(n, o, s) for n, o, s in zip(spatial, out, scales)]
+    if all(o % n == 0 and np.array_equal(i, np.arange(o) // (o // n)) for n, o, i in zip(spatial, out, idx)):
+        # an integer factor on every axis: TVM's resize picks the same rows (each inside its pixel)
+        resize = relax.op.image.resize2d if len(spatial) == 2 else relax.op.image.resize3d
+        return resize(x, out, layout="NCHW" if len(spatial) == 2 else "NCDHW", method="nearest_neighbor",
+                      coordinate_transformation_mode="asymmetric", rounding_method="floor")
+    for axis, i in enumerate(idx[:-1]):
+        x = imp.block_builder.emit(relax.op.take(x, relax.const(i), axis=2 + axis))
+    return relax.op.take(x, relax.const(idx[-1]), axis=1 + len(spatial))
+
+
+def convert_upsample_linear(imp, node):
+    # aten::upsample_trilinear3d.vec(x, output_size?, align_corners, scale_factors?) /
+    # .default(x, output_size, align_corners, scales_d?, scales_h?, scales_w?) (no converter in TVM 0.27),
+    # aten::upsample_bilinear2d.vec (TVM's): half-pixel coordinates, or align_corners, as TVM's resize
+    # computes them, unless a scale factor is given that is not the output size over the input's
+    # (1.5 on 3 rows: 4 rows, sampled at (dst + 0.5) / 1.5 - 0.5, not (dst + 0.5) * 3 / 4 - 0.5): then
+    # torch's own coordinates (_torch_linear_resize)
+    from tvm import relax
+
+    x = imp.env[node.args[0]]
+    spatial = [int(d) for d in x.ty.shape.values[2:]]
+    out, scales = _upsample_args(node, spatial, ("scales_d", "scales_h", "scales_w")[-len(spatial):])
+    corners = bool(_arg(node, 2, "align_corners", False))
+    if not corners and any(s and float(s) != o / n for n, o, s in zip(spatial, out, scales)):
+        return _torch_linear_resize(imp, x, spatial, out, scales)
+    if len(spatial) == 2:
+        return imp._upsample_bilinear2d(node)
+    return relax.op.image.resize3d(x, out, layout="NCDHW", method="linear",
+                                   coordinate_transformation_mode="align_corners" if corners else "half_pixel")
+
+
+def _torch_linear_source(n_in: int, n_out: int, scale):
+    """torch's two source rows and their weights for each output row along one axis of a linear
+    upsampling without align_corners (``area_pixel_compute_source_index``, float32):
+    ``max((dst + 0.5) * r - 0.5, 0)``, ``r = float32(1 / scale)`` or ``n_in / n_out``."""
+    import numpy as np
+
+    r = np.float32(1.0 / float(scale)) if scale else np.float32(n_in) / np.float32(n_out)
+    src = np.maximum((np.arange(n_out, dtype=np.float32) + np.float32(0.5)) * r - np.float32(0.5), np.float32(0))
+    i0 = src.astype(np.int64)
+    w1 = (src - i0.astype(np.float32)).astype(np.float32)
+    return i0, np.minimum(i0 + 1, n_in - 1), (np.float32(1) - w1).astype(np.float32), w1
+
+
+def _torch_linear_resize(imp, x, spatial: list[int], out: list[int], scales):
+    """A linear upsampling as torch's CPU kernel computes it: along W, then H (then D), each output
+    row ``w0 * x[i0] + w1 * x[i1]`` (gathers, products by constant weights, a sum), the nesting of
+    its ``interpolate`` recursion."""
+    from tvm import relax
+
+    bb = imp.block_builder
+    rank = 2 + len(spatial)
+    y = x
+    for a in reversed(range(len(spatial))):
+        i0, i1, w0, w1 = _torch_linear_source(spatial[a], out[a], scales[a])
+        shape = [out[a] if k == 2 + a else 1 for k in range(rank)]
+        lo, hi = (bb.emit(relax.op.multiply(bb.emit(relax.op.take(y, relax.const(i), axis=2 + a)),
+                                            relax.const(w.reshape(shape)))) for i, w in ((i0, w0), (i1, w1)))
+        y = relax.op.add(lo, hi)
+        if a:
+            y = bb.emit(y)
+    return y
+
+
+def convert_conv_transpose3d(imp, node):
+    # aten::conv_transpose3d.input(x, weight, bias?, stride, padding, output_padding, groups, dilation), and
+    # aten::convolution with transposed=True over 5-D data: no converter in TVM 0.27 (its
+    # convolution stops on "Unsupported transposed convolution dimensionality: 5")
+    from tvm import relax
+
+    args = imp.retrieve_args(node)
+    conv = str(node.target).startswith("aten.convolution")
+    if conv and (not (args[6] if len(args) > 6 else False) or len(imp.shape_of(args[0])) != 5):
+        return imp._convolution(node)  # TVM's own for every other convolution
+    x, weight = args[0], args[1]
+    bias = args[2] if len(args) > 2 else None
+    stride = args[3] if len(args) > 3 else 1
+    padding = args[4] if len(args) > 4 else 0
+    if conv:  # (stride, padding, dilation, transposed, output_padding, groups)
+        dilation, output_padding, groups = args[5], args[7], args[8]
+    else:  # (stride, padding, output_padding, groups, dilation)
+        output_padding = args[5] if len(args) > 5 else 0
+        groups = args[6] if len(args) > 6 else 1
+        dilation = args[7] if len(args) > 7 else 1
+    y = relax.op.nn.conv3d_transpose(x, weight, strides=stride, padding=padding, output_padding=output_padding,
+                                     dilation=dilation, groups=groups, data_layout="NCDHW", kernel_layout="IODHW")
+    if bias is None:
+        return y
+    y = imp.block_builder.emit(y)
+    return relax.op.add(y, relax.op.reshape(bias, (1, -1, 1, 1, 1)))
+
+
+def convert_max_pool_with_indices(imp, node):
+    # aten::max_pool{2,3}d_with_indices(x, kernel, stride, padding, dilation, ceil_mode) -> (values, indices)
+    # (a pool with return_indices=True; core-ATen decompositions of every max pool): TVM 0.27 pairs the pool
+    # with zeros_like(pool) as the indices, a placeholder that reads the pool, which then is no item of the
+    # tuple alone and its layer has no source tensor. Here the placeholder reads nothing (dropped unread),
+    # and the item read (the values, the layer's output) names the layer as the pool node would be named;
+    # indices the graph reads (max_unpool) are refused: irgen computes only the values.
+    from tvm import relax
+
+    from .translate import module_path_name
+
+    if any(u.args[1] != 0 and u.users for u in node.users):
+        raise IrgenError(f"{imp.ctx.where}: node {node.name!r} ({node.target}): the graph reads the pool's indices "
+                         f"(a max_unpool?); irgen computes only the pooled values")
+    for item in node.users:
+        imp.ctx.provenance.layer_names[item.name] = module_path_name(node)
+    pool = imp._max_pool3d if "max_pool3d" in str(node.target) else imp._max_pool2d
+    y = pool(node)
+    return imp.block_builder.emit(relax.Tuple([y, relax.op.zeros(imp.shape_of(y), "int64")]))
+
+
+def convert_adaptive_max_pool(imp, node):
+    # aten::adaptive_max_pool{2,3}d(x, output_size) -> (values, indices): no converter in TVM 0.27.
+    # Each output size a whole factor of the input's (global max pooling: 1) is a max pool with
+    # kernel = stride = input / output, as torch's ONNX exporter writes it; the indices as for
+    # max_pool_with_indices (unread, or refused)
+    from tvm import relax
+
+    from .translate import module_path_name
+
+    x = imp.env[node.args[0]]
+    spatial = [int(d) for d in x.ty.shape.values[2:]]
+    out = [int(v) for v in node.args[1]]
+    out = out * len(spatial) if len(out) == 1 else out
+    if any(u.args[1] != 0 and u.users for u in node.users) or any(n % o for n, o in zip(spatial, out)):
+        raise IrgenError(f"{imp.ctx.where}: node {node.name!r} ({node.target}): only the values of an adaptive max "
+                         f"pool to whole factors of the input's size are supported (input {spatial}, output {out})")
+    for item in node.users:
+        imp.ctx.provenance.layer_names[item.name] = module_path_name(node)
+    k = [n // o for n, o in zip(spatial, out)]
+    pool = relax.op.nn.max_pool2d if len(spatial) == 2 else relax.op.nn.max_pool3d
+    y = imp.block_builder.emit(pool(x, pool_size=k, strides=k, layout="NCHW" if len(spatial) == 2 else "NCDHW"))
+    return imp.block_builder.emit(relax.Tuple([y, relax.op.zeros(imp.shape_of(y), "int64")]))
+
+
+def convert_where_scalar(imp, node):
+    # aten::where.ScalarOther(cond, self, other: Scalar), .ScalarSelf(cond, self: Scalar, other),
+    # .Scalar(cond, self: Scalar, other: Scalar): no converters in TVM 0.27 (T5's attention bias).
+    # torch's type promotion: a scalar of a higher category (bool < integer < float) than the tensor
+    # gives that category's default type (int64, float32), else the tensor's; two scalars: their
+    # category's default (bool, int64, float32)
+    from tvm import relax
+
+    cond = imp.env[node.args[0]]
+    values = [imp.env.get(a, a) if hasattr(a, "op") else a for a in node.args[1:3]]
+    tensors = [v for v in values if isinstance(v, relax.Expr)]
+    category = max(0 if isinstance(v, bool) else 1 if isinstance(v, int) else 2
+                   for v in values if not isinstance(v, relax.Expr))
+    dtype = ("bool", "int64", "float32")[category]
+    if tensors:
+        have = str(tensors[0].ty.dtype)
+        if category <= (0 if have == "bool" else 1 if have.startswith(("int", "uint")) else 2):
+            dtype = have
+        tensors = [t if dtype == have else relax.op.astype(t, dtype) for t in tensors]
+    it = iter(tensors)
+    ops = [next(it) if isinstance(v, relax.Expr) else relax.const(v, dtype) for v in values]
+    return relax.op.where(cond, *ops)
 
 
 def convert_t(imp, node):
@@ -465,7 +629,15 @@ CONVERTERS: dict[str, Callable[[Any, Any], Any]] = {
     "div_.Tensor": convert_div_inplace,
     "cat.default": convert_cat,
     "_weight_norm.default": convert_weight_norm,
-    **dict.fromkeys(("upsample_nearest2d.vec", "upsample_nearest2d.default"), convert_upsample_nearest),
+    **dict.fromkeys(("upsample_nearest2d.vec", "upsample_nearest2d.default", "upsample_nearest3d.vec",
+                     "upsample_nearest3d.default"), convert_upsample_nearest),
+    **dict.fromkeys(("upsample_trilinear3d.vec", "upsample_trilinear3d.default", "upsample_bilinear2d.vec"),
+                    convert_upsample_linear),
+    **dict.fromkeys(("conv_transpose3d.input", "convolution.default"), convert_conv_transpose3d),
+    **dict.fromkeys(("where.ScalarOther", "where.ScalarSelf", "where.Scalar"), convert_where_scalar),
+    **dict.fromkeys(("max_pool2d_with_indices.default", "max_pool3d_with_indices.default"),
+                    convert_max_pool_with_indices),
+    **dict.fromkeys(("adaptive_max_pool2d.default", "adaptive_max_pool3d.default"), convert_adaptive_max_pool),
     **dict.fromkeys(("quantize_per_tensor.default", "quantize_per_tensor.tensor", "quantize_per_channel.default"),
                     convert_quantize),
     **dict.fromkeys(("dequantize_per_tensor.default", "dequantize_per_tensor.tensor", "dequantize_per_channel.default"),

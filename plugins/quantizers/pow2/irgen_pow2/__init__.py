@@ -24,7 +24,8 @@ __version__ = "0.1.0"
 
 #: verify's recompute: the qdq realization's kinds as ONNX Runtime computes them (so pow2 outputs
 #: verify without the qdq scheme registered), the shifted convolutions and dense layers
-RECOMPUTE = {**irgen_qdq.RECOMPUTE, **{kind: recompute_shifted for kind in ("conv2d", "depthwise_conv2d", "dense")}}
+RECOMPUTE = {**irgen_qdq.RECOMPUTE, **{kind: recompute_shifted for kind in ("conv2d", "depthwise_conv2d", "conv3d",
+                                                                          "depthwise_conv3d", "dense")}}
 
 
 def _qdq_spans(qg):

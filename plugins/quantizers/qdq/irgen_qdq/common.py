@@ -13,8 +13,12 @@ from .torch_ref import torch_quantize
 
 SCHEME = "qdq"
 
-_MOVE = ("relax.nn.max_pool2d", "relax.reshape", "relax.permute_dims", "relax.flatten", "relax.squeeze",
-         "relax.expand_dims", "relax.take", "relax.strided_slice")
+_MOVE = ("relax.nn.max_pool2d", "relax.nn.max_pool3d", "relax.reshape", "relax.permute_dims", "relax.flatten",
+         "relax.squeeze", "relax.expand_dims", "relax.take", "relax.strided_slice")
+#: the convolutions realized as an integer accumulation (beside ``relax.matmul``)
+_CONVS = ("relax.nn.conv2d", "relax.nn.conv3d")
+#: the record kinds of an integer convolution or dense layer (its accumulator, then a requantization)
+MAC_KINDS = ("conv2d", "depthwise_conv2d", "conv3d", "depthwise_conv3d", "dense")
 _UNARY = {"relax.sigmoid": lambda v: np.float32(1) / (np.float32(1) + np.exp(-v)), "relax.tanh": np.tanh,
           "relax.nn.relu": lambda v: np.maximum(v, np.float32(0))}
 

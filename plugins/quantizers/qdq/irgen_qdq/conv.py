@@ -122,14 +122,17 @@ def _realize_conv(qg, qb, comp, bias_b, acts, out, requant=None):
 
 
 def _accumulator(qg, comp, xs, w: np.ndarray):
-    """``(kind, channel axis, int32 accumulator)`` of ``comp`` (a conv2d or a matmul) on the
-    offset input ``xs`` and the integer weights ``w``: ``dense``, ``conv2d`` or ``depthwise_conv2d``."""
+    """``(kind, channel axis, int32 accumulator)`` of ``comp`` (a conv2d, a conv3d or a matmul) on
+    the offset input ``xs`` and the integer weights ``w``: ``dense``, ``conv2d``, ``depthwise_conv2d``,
+    ``conv3d`` or ``depthwise_conv3d``."""
     relax, op, _, _ = _ops()
     a = comp.value.attrs
     if comp.op == "relax.matmul":
         return "dense", -1, qg.emit(op.matmul(xs, relax.const(w), out_dtype="int32"))
-    kind = "depthwise_conv2d" if int(a.groups) > 1 and int(a.groups) == w.shape[0] else "conv2d"
-    acc = qg.emit(op.nn.conv2d(
+    conv, kind = (op.nn.conv3d, "conv3d") if comp.op == "relax.nn.conv3d" else (op.nn.conv2d, "conv2d")
+    if int(a.groups) > 1 and int(a.groups) == w.shape[0]:
+        kind = f"depthwise_{kind}"
+    acc = qg.emit(conv(
         xs, relax.const(w), strides=list(a.strides), padding=list(a.padding), dilation=list(a.dilation),
         groups=int(a.groups), data_layout=str(a.data_layout), kernel_layout=str(a.kernel_layout),
         out_layout=str(a.out_layout), out_dtype="int32"))

@@ -10,8 +10,8 @@ import numpy as np
 
 #: the data movements a ``lut`` record may name: the table is applied, then the move (the layer's
 #: last op, with its attributes) moves the integers
-MOVES = frozenset({"nn.max_pool2d", "reshape", "permute_dims", "flatten", "squeeze", "expand_dims", "take",
-                   "strided_slice"})
+MOVES = frozenset({"nn.max_pool2d", "nn.max_pool3d", "reshape", "permute_dims", "flatten", "squeeze", "expand_dims",
+                   "take", "strided_slice"})
 
 
 def move_after_table(layer: dict[str, Any], t: np.ndarray, inputs: list[np.ndarray],

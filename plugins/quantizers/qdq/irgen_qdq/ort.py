@@ -55,41 +55,49 @@ def ort_softmax(x, table, y_scale: float, y_zero_point: int, dtype: str) -> np.n
 
 
 def pool_windows(hw, p: dict):
-    """The windows of a 2-D average pool (``p`` as a layer's ``quant.pool`` records it) over an
-    ``hw`` input: kernel, strides, output size, the padding that makes every window whole (in
-    ceil mode zeros past the declared padding, as ONNX Runtime and torch size the output: the
-    last window starts inside the input or its leading padding) and each output's count, float32
-    [oh, ow], as ONNX Runtime's QLinearAveragePool divides: the input's values in the window, or
-    the whole kernel when padding counts (past the padding too, where its float AveragePool
-    would not count the part past it: measured on ORT 1.32, tests/test_qdq_exporter_patterns.py)."""
-    (kh, kw), (sh, sw), (pt, pl, pb, pr) = p["size"], p["strides"], p["padding"]
-    (h, w), out = hw, []
-    for n, k, s, lead, trail in ((h, kh, sh, pt, pb), (w, kw, sw, pl, pr)):
-        span = n + lead + trail - k
+    """The windows of a 2-D or 3-D average pool (``p`` as a layer's ``quant.pool`` records it) over
+    an input of spatial size ``hw`` (H, W or D, H, W): kernel, strides, output size, the padding
+    that makes every window whole (all leading pads, then all trailing: in ceil mode zeros past the
+    declared padding, as ONNX Runtime and torch size the output: the last window starts inside the
+    input or its leading padding) and each output's count, float32 [*out], as ONNX Runtime's
+    QLinearAveragePool divides: the input's values in the window, or the whole kernel when
+    padding counts (past the padding too, where its float AveragePool would not count the part
+    past it: measured on ORT 1.32, tests/test_qdq_exporter_patterns.py)."""
+    nd = len(hw)
+    k, st, pads = tuple(p["size"]), tuple(p["strides"]), tuple(p["padding"])
+    lead, trail = pads[:nd], pads[nd:]
+    out, extra = [], []
+    for n, kk, s, a, b in zip(hw, k, st, lead, trail):
+        span = n + a + b - kk
         o = (-(-span // s) if p.get("ceil_mode") else span // s) + 1
-        if p.get("ceil_mode") and (o - 1) * s >= n + lead:
+        if p.get("ceil_mode") and (o - 1) * s >= n + a:
             o -= 1
         out.append(o)
-    (oh, ow) = out
-    eh, ew = max(0, (oh - 1) * sh + kh - (h + pt + pb)), max(0, (ow - 1) * sw + kw - (w + pl + pr))
+        extra.append(max(0, (o - 1) * s + kk - (n + a + b)))
+    out = tuple(out)
+    trail = tuple(b + e for b, e in zip(trail, extra))
     if p["count_include_pad"]:
-        count = np.full((oh, ow), np.float32(kh * kw))
+        count = np.full(out, np.float32(np.prod(k)))
     else:
-        one = np.pad(np.ones((h, w), np.float32), ((pt, pb + eh), (pl, pr + ew)))
-        count = np.zeros((oh, ow), np.float32)
-        for i in range(kh):
-            for j in range(kw):
-                count = count + one[i:i + sh * (oh - 1) + 1:sh, j:j + sw * (ow - 1) + 1:sw]
-    return (kh, kw), (sh, sw), (oh, ow), (pt, pl, pb + eh, pr + ew), count
+        one = np.pad(np.ones(tuple(hw), np.float32), tuple(zip(lead, trail)))
+        count = np.zeros(out, np.float32)
+        for offset in np.ndindex(*k):
+            count = count + one[_window(offset, st, out)]
+    return k, st, out, lead + trail, count
+
+
+def _window(offset, strides, out) -> tuple:
+    """The strided slices of the spatial axes that pick window offset ``offset`` of every output."""
+    return tuple(slice(i, i + s * (o - 1) + 1, s) for i, s, o in zip(offset, strides, out))
 
 
 def avg_pool_in_order(deq: np.ndarray, p: dict) -> np.ndarray:
-    """NCHW average pool in float32: each window's in-bounds values added in row-major order, / count
-    (:func:`pool_windows`)."""
-    (kh, kw), (sh, sw), (oh, ow), (pt, pl, pb, pr), count = pool_windows(deq.shape[2:], p)
-    x = np.pad(deq.astype(np.float32), ((0, 0), (0, 0), (pt, pb), (pl, pr)))
-    total = np.zeros((*x.shape[:2], oh, ow), np.float32)
-    for i in range(kh):
-        for j in range(kw):
-            total = total + x[:, :, i:i + sh * (oh - 1) + 1:sh, j:j + sw * (ow - 1) + 1:sw]
+    """NCHW (NCDHW) average pool in float32: each window's in-bounds values added in row-major
+    order, / count (:func:`pool_windows`)."""
+    nd = deq.ndim - 2
+    k, st, out, pads, count = pool_windows(deq.shape[2:], p)
+    x = np.pad(deq.astype(np.float32), ((0, 0), (0, 0), *zip(pads[:nd], pads[nd:])))
+    total = np.zeros((*x.shape[:2], *out), np.float32)
+    for offset in np.ndindex(*k):
+        total = total + x[(slice(None), slice(None), *_window(offset, st, out))]
     return total / count

@@ -33,7 +33,7 @@ def recompute_torch(layer: dict[str, Any], inputs: list[np.ndarray], params: dic
     kind, out, rq = qr["kind"], qr["output"], qr.get("requant") or {}
     info = np.iinfo(out["dtype"])
     lo, hi = qr.get("clamp") or out.get("range") or (int(info.min), int(info.max))
-    if kind in ("conv2d", "depthwise_conv2d", "dense"):
+    if kind in ("conv2d", "depthwise_conv2d", "conv3d", "depthwise_conv3d", "dense"):
         acc = accumulate(layer, inputs, params)
         axis = rq["axis"]
         f = acc.astype(np.float32) * per_axis(np.asarray(rq["scale"], np.float32), axis, acc.ndim)
@@ -44,13 +44,13 @@ def recompute_torch(layer: dict[str, Any], inputs: list[np.ndarray], params: dic
            for x, i in zip(inputs, qr["inputs"])]
     if kind == "global_avg_pool_float":  # a float32 sum in row-major order (as TVM's reduction), / count
         flat = deq[0].reshape(*deq[0].shape[:2], -1)
-        m = (sum_in_order(flat, axis=2) / np.float32(flat.shape[2])).reshape(*flat.shape[:2], 1, 1)
+        m = (sum_in_order(flat, axis=2) / np.float32(flat.shape[2])).reshape(*flat.shape[:2], *[1] * (deq[0].ndim - 2))
         return torch_quantize(m, out["scale"], int(out["zero_point"]), lo, hi, out["dtype"])
     if kind == "add":  # dequantize, float32 add, (relu: the clamp), quantize
         return torch_quantize(deq[0] + deq[1], out["scale"], int(out["zero_point"]), lo, hi, out["dtype"])
     if kind == "mul":  # dequantize, float32 multiply, quantize
         return torch_quantize(deq[0] * deq[1], out["scale"], int(out["zero_point"]), lo, hi, out["dtype"])
-    if kind == "avg_pool2d":  # torch's CPU kernel: the window's in-bounds values summed in row-major order, / count
+    if kind in ("avg_pool2d", "avg_pool3d"):  # torch's CPU kernel: the window's in-bounds values in row order, / count
         return torch_quantize(avg_pool_in_order(deq[0], qr["pool"]), out["scale"], int(out["zero_point"]),
                               lo, hi, out["dtype"])
     if kind == "quantize":
