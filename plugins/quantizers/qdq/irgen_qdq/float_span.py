@@ -13,7 +13,7 @@ import numpy as np
 
 from irgen.plugin import IrgenError
 
-from .common import SCHEME, _dequantized, _is_torch, _offset, _ops
+from .common import SCHEME, _is_torch, _offset, _ops
 from .operands import _args, _const_array, _dequantized_constant, constant_tensor, quantized_constant
 from .torch_ref import torch_quantize
 from .torch_spans import _rx_torch_quantize
@@ -33,8 +33,8 @@ def recompute_float(layer, inputs, params=None) -> np.ndarray:
 
     qr = layer["quant"]
     out = qr["output"]
-    deq = [((x.astype(np.int32) - int(i["zero_point"])).astype(np.float32) * np.float32(i["scale"])).astype(np.float64)
-           for x, i in zip(inputs, qr["inputs"])]
+    deq = [((x.astype(np.int32) - along(i["zero_point"], i, x.ndim, np.int32)).astype(np.float32)
+            * along(i["scale"], i, x.ndim, np.float32)).astype(np.float64) for x, i in zip(inputs, qr["inputs"])]
     prog = qr["program"]
     # the span's value: the program's last op, or the one ``result`` names (an item of a split)
     y = run_layer({"name": layer.get("name", "?"), "fused_ops": prog, "results": [qr.get("result") or f"op:{len(prog) - 1}"]},
@@ -43,7 +43,18 @@ def recompute_float(layer, inputs, params=None) -> np.ndarray:
     if qr.get("reference") == "torch":
 
         return torch_quantize(y, out["scale"], int(out["zero_point"]), *qr["clamp"], out["dtype"])
-    return quantize_linear(y, np.float32(out["scale"]), int(out["zero_point"]), out["dtype"])
+    return quantize_linear(y, along(out["scale"], out, y.ndim, np.float32), along(out["zero_point"], out, y.ndim,
+                                                                                   np.int64), out["dtype"])
+
+
+def along(values, rec: dict, ndim: int, dtype):
+    """A record's scale or zero point as a scalar, or per channel shaped along its ``axis`` (NNCF
+    quantizes a depthwise convolution's input per channel)."""
+    from irgen.plugin import per_axis
+
+    v = np.asarray(values, dtype)
+    return v.reshape(-1)[0].item() if v.size == 1 and v.dtype.kind in "iu" else v.reshape(-1)[0] if v.size == 1 \
+        else per_axis(v, int(rec["axis"]), ndim)
 
 
 def realize_float(qg, qb, last, out):
@@ -62,12 +73,12 @@ def realize_float(qg, qb, last, out):
     new, refs, inputs = _dequantized_inputs(qg, acts, consts, order, tensor)
     start = len(qg._pending)
     e = _folding(qg.emit)
+    torch = _is_torch(qg)
     for b in order:
         new[b.name] = _float64_op(e, b, new, tensor)
     program = _program(qg._pending[start:], refs)
     result = refs.get(getattr(new[last.name], "name", None), f"op:{len(program) - 1}")
     y = e(op.astype(new[last.name], "float32"))
-    torch = _is_torch(qg)
     expr, rule = _quantized_result(qg, e, y, out, torch)
     ops = "+".join(b.op.removeprefix("relax.") for b in order if b.op)
     rec = {"scheme": SCHEME, "kind": "float", "realization": "float", "op": ops,
@@ -116,7 +127,7 @@ def _span_members(qg, last, tensor: str):
                 if isinstance(pb.value.args[0], Constant):
                     consts.setdefault(pb.name, _dequantized_constant(qg, pb))
                 elif pb.name not in [d for _, _, d in acts]:
-                    d = _dequantized(qg, a)
+                    d = dequantized_activation(qg, a)
                     if d is None:
                         raise IrgenError(f"{SCHEME}: an input of {tensor!r} is not a dequantized integer tensor")
                     c = constant_tensor(qg, d[0])
@@ -132,6 +143,30 @@ def _span_members(qg, last, tensor: str):
     return set(members), acts, consts, dqs
 
 
+def dequantized_activation(qg, expr):
+    """``(int var, QTensor, dq name)`` when ``expr`` is the dequantize of an activation, its
+    parameters per tensor or per channel (a float span dequantizes either), else None."""
+    from tvm import relax
+
+    from .common import _qparams
+
+    b = qg.producer(expr)
+    if b is None or b.op != "relax.dequantize" or not isinstance(b.value.args[0], relax.Var):
+        return None
+    src = b.value.args[0]
+    return src, _qparams(qg, b.value, src.name), b.name
+
+
+def rx_along(qt, values, ndim: int, dtype: str):
+    """``values`` (a QTensor's scale or zero point) as a Relax constant: a scalar, or per channel
+    along the QTensor's axis."""
+    from irgen.plugin import per_axis
+
+    _, _, q, _ = _ops()
+    v = np.asarray(values).reshape(-1)
+    return q.rx_const(v[0] if v.size == 1 else per_axis(v, int(qt.axis), ndim), dtype)
+
+
 def _dequantized_inputs(qg, acts, consts, order, tensor: str):
     """The span's dequantized activations as float64 Relax values, bound first and in the order
     the span's ops first read them (the layer's inputs follow it), and its constants as float64
@@ -141,7 +176,6 @@ def _dequantized_inputs(qg, acts, consts, order, tensor: str):
     from tvm import relax
     from tvm.relax import op
 
-    _, _, q, _ = _ops()
     e = qg.emit
     new: dict[str, object] = {}
     refs: dict[str, str] = {}
@@ -152,13 +186,16 @@ def _dequantized_inputs(qg, acts, consts, order, tensor: str):
         key = getattr(x, "name", None) or str(id(x))
         if key in seen:
             other, qo = seen[key]
-            if (qo.scale[0], qo.zero_point[0], qo.dtype) != (qx.scale[0], qx.zero_point[0], qx.dtype):
+            if not (np.array_equal(qo.scale, qx.scale) and np.array_equal(qo.zero_point, qx.zero_point)
+                    and qo.dtype == qx.dtype):
                 raise IrgenError(f"{SCHEME}: {key!r} is dequantized with two sets of parameters before {tensor!r}")
             new[d] = new[other]
             continue
         seen[key] = (d, qx)
-        f = e(op.multiply(e(op.astype(_offset(qg, x, int(qx.zero_point[0])), "float32")),
-                          q.rx_const(qx.scale[0], "float32")))
+        ndim = len(x.ty.shape.values)
+        xs = _offset(qg, x, int(qx.zero_point[0])) if qx.zero_point.size == 1 else \
+            e(op.subtract(e(op.astype(x, "int32")), rx_along(qx, qx.zero_point, ndim, "int32")))
+        f = e(op.multiply(e(op.astype(xs, "float32")), rx_along(qx, qx.scale, ndim, "float32")))
         new[d] = e(op.astype(f, "float64"))
         refs[new[d].name] = f"input:{len(inputs)}"
         inputs.append(qx)
@@ -233,14 +270,21 @@ def _quantized_result(qg, e, y, out, torch: bool):
     quantize_per_tensor or ONNX Runtime's QuantizeLinear (bound with ``e``)."""
     from tvm.relax import op
 
-    _, _, q, _ = _ops()
     if torch:
         return _rx_torch_quantize(qg, y, out), (
             "y = saturate(round_half_even(float32(program(float64(float32(x - zp_x) * s_x))) * float32(1 / s_y)) "
             "+ zp_y) (torch: dequantize_per_tensor, the float ops, quantize_per_tensor)")
     info = np.iinfo(out.dtype)
-    expr = q.rx_round_to_int(e, e(op.divide(y, q.rx_const(out.scale[0], "float32"))), int(out.zero_point[0]),
-                             int(info.min), int(info.max), out.dtype)
+    # MLAS's QuantizeLinear: x / s_y, clamped with max then min, rounded half to even, + zp_y; per
+    # channel (NNCF) each channel's. The max as ``where(f > low, f, low)``: a NaN (0/0 in a float
+    # span) becomes the type's minimum, in TVM and in numpy alike (``isnan`` fuses with no convolution)
+    ndim = len(y.ty.shape.values)
+    zp = np.broadcast_to(out.zero_point.reshape(-1), out.scale.shape).astype(np.int64)
+    f = e(op.divide(y, rx_along(out, out.scale, ndim, "float32")))
+    low = rx_along(out, int(info.min) - zp, ndim, "float32")
+    f = e(op.minimum(e(op.where(e(op.greater(f, low)), f, low)), rx_along(out, int(info.max) - zp, ndim, "float32")))
+    r = e(op.astype(e(op.round(f)), "int32"))
+    expr = op.astype(e(op.add(r, rx_along(out, zp, ndim, "int32"))), out.dtype)
     return expr, ("y = saturate(round_half_even(float32(program(float64(float32(x - zp_x) * s_x))) / s_y) + zp_y); "
                   "constants dequantized as float32(q - zp) * s (ONNX Runtime: DequantizeLinear, the float "
                   "ops, QuantizeLinear)")

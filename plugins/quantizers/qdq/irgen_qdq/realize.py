@@ -47,7 +47,11 @@ channel splits (Slice with shape-computed bounds), the items of a Split, a
 Gather of a quantized embedding table by token ids, and QLinearMatMul.
 
 The realizers are keyed by the compute op's kind (:data:`_REALIZERS`); each answers a span or
-declines it, and a span no realizer answers is a float span.
+declines it, and a span no realizer answers is a float span. So is a span ORT does not fuse
+into an integer kernel (:mod:`irgen_qdq.units`: integer types that differ, a Relu/Clip the
+quantize does not make redundant, a float input, an activation quantized per channel, as
+NNCF, Brevitas and Intel Neural Compressor write them), a Conv's float bias rounded first as
+ORT rounds it (:mod:`irgen_qdq.bias`).
 """
 
 from __future__ import annotations
@@ -57,10 +61,11 @@ from typing import Any
 
 from irgen.plugin import IrgenError
 
-from .common import SCHEME, _MOVE, _UNARY, _dequantized, _is_torch, _offset, _ops, _qparams
+from .bias import round_float_bias
+from .common import _CONVS, SCHEME, _MOVE, _UNARY, _dequantized, _is_torch, _offset, _ops, _qparams
 from .concat import _realize_concat
 from .conv import _realize_conv
-from .float_span import UnquantizedSource, realize_float
+from .float_span import UnquantizedSource, dequantized_activation, realize_float, rx_along
 from .kernels import (_or_float, _realize_add, _realize_move, _realize_mul, _realize_quantize, _realize_requantize,
                       _realize_softmax, _realize_table_chain, _realize_unary)
 from .operands import (_dequantized_constant, _float_operand, constant_value, elementwise_dag, operand,
@@ -69,6 +74,7 @@ from .pooling import _realize_avg_pool, _realize_global_avg
 from .tidy import drop_dead, drop_dead_items, retype, static_shape_of
 from .torch_spans import _TORCH_ONLY_UNARY
 from .transformer import gathered_table, realize_gather_table, realize_matmul, realize_slice, realize_split_item, split_item
+from .units import check_unfused, float_reason, per_channel
 
 
 def realize(qg, scheme: str = SCHEME, conv_requant=None) -> None:
@@ -119,10 +125,11 @@ def _realize_one(qg, b, conv_requant) -> bool:
     (a constant quantized at run time: its consumers take the integers)."""
     f = qg.producer(b.value.args[0])
     out = _qparams(qg, b.value, b.name, None)
-    if out.scale.size != 1:
-        raise IrgenError(f"{SCHEME}: activation {b.name!r} is quantized per channel; not supported")
     if not _is_torch(qg) and constant_value(qg, b.value.args[0]) is not None:
         return False  # a constant quantized at run time: its consumers take the integers (spans.quantized_constant)
+    if out.scale.size != 1 and (f is None or _is_torch(qg)):
+        # (ONNX: a span that quantizes per channel is a float span, see _realize_span_kinds)
+        raise IrgenError(f"{SCHEME}: activation {b.name!r} is quantized per channel; not supported")
     if f is None:
         names, expr, rec = _realize_quantize(qg, b, out)
         qg.replace(names, expr, rec)
@@ -141,7 +148,7 @@ def _activations(qg, f) -> tuple[list, Any]:
     acts, comp = [], f
     while comp is not None and comp.op in ("relax.nn.relu", "relax.clip") and qg.n_users(comp.name) == 1:
         p = qg.producer(comp.value.args[0])
-        if p is None or p.op not in ("relax.add", "relax.nn.conv2d", "relax.matmul", "relax.nn.relu", "relax.clip"):
+        if p is None or p.op not in ("relax.add", *_CONVS, "relax.matmul", "relax.nn.relu", "relax.clip"):
             break
         acts.insert(0, comp)
         comp = p
@@ -161,7 +168,7 @@ def _bias_add(qg, comp) -> tuple[Any, Any]:
         other_ok = (other is not None and other.op in ("relax.dequantize", "relax.reshape")) or (
             other is None and isinstance(operand, Constant)
             and (_is_torch(qg) or str(operand.ty.dtype) == "float32"))
-        if cand is not None and cand.op in ("relax.nn.conv2d", "relax.matmul") and other_ok \
+        if cand is not None and cand.op in (*_CONVS, "relax.matmul") and other_ok \
                 and qg.n_users(cand.name) == 1:
             return cand, comp
     return comp, None
@@ -171,7 +178,7 @@ def _span(qg, b, f, out, conv_requant) -> _Span:
     """The span quantize ``b`` of ``f``'s result ends (see :class:`_Span`)."""
     acts, comp = _activations(qg, f)
     comp, bias_b = _bias_add(qg, comp)
-    chain = None if bias_b is not None or comp.op in ("relax.nn.conv2d", "relax.matmul") \
+    chain = None if bias_b is not None or comp.op in (*_CONVS, "relax.matmul") or per_channel(qg, comp, out) \
         else elementwise_dag(qg, f)
     return _Span(qg, b, f, out, comp, acts, bias_b, chain, conv_requant, _is_torch(qg))
 
@@ -211,8 +218,12 @@ def _gather_table(s: _Span):
 
 def _conv(s: _Span):
     """Conv, Gemm, MatMul with a constant operand, with its bias and activations (or the float span)."""
-    return _or_float(s.qg, s.b, s.f, s.out,
-                     lambda qg_, b_, out_: _realize_conv(qg_, b_, s.comp, s.bias_b, s.acts, out_, s.conv_requant))
+    try:
+        return _realize_conv(s.qg, s.b, s.comp, s.bias_b, s.acts, s.out, s.conv_requant)
+    except IrgenError as e:
+        if s.torch or "no integer kernel" not in str(e):
+            raise
+        return _no_kernel(s)
 
 
 def _add(s: _Span):
@@ -290,13 +301,14 @@ _REALIZERS = {
     **{kind: (_kernel(_realize_unary),) for kind in _UNARY},  # Sigmoid, Tanh: lookup tables
     "relax.matmul": (_activation_matmul, _conv),
     "relax.take": (_gather_table, _float_fed, _kernel(_realize_move)),
-    "relax.nn.conv2d": (_conv,),
+    **dict.fromkeys(_CONVS, (_conv,)),
     "relax.add": (_add,),
     "relax.nn.relu": (_activation, _kernel(_realize_unary)),
     "relax.clip": (_activation, _kernel(_realize_unary)),
     "relax.mean": (_float_mean, _float_fed, _kernel(_realize_global_avg)),
-    "relax.nn.adaptive_avg_pool2d": (_float_fed, _kernel(_realize_global_avg)),
-    "relax.nn.avg_pool2d": (_float_fed, _kernel(_realize_avg_pool)),
+    **dict.fromkeys(("relax.nn.adaptive_avg_pool2d", "relax.nn.adaptive_avg_pool3d"),
+                    (_float_fed, _kernel(_realize_global_avg))),
+    **dict.fromkeys(("relax.nn.avg_pool2d", "relax.nn.avg_pool3d"), (_float_fed, _kernel(_realize_avg_pool))),
     "relax.concat": (_concat,),
     "relax.dynamic_strided_slice": (_slice,),
     "relax.nn.softmax": (_float_fed, _kernel(_realize_softmax)),
@@ -308,12 +320,16 @@ _REALIZERS = {
 
 def _no_kernel(s: _Span):
     """A span no realizer answers: dequantize, the float ops, quantize (ONNX: ORT has no integer
-    kernel for it; torch: its reference graph runs every op between them in float)."""
+    kernel for it; torch: its reference graph runs every op between them in float). A Conv's
+    float bias is first rounded as ORT rounds it (:func:`irgen_qdq.bias.round_float_bias`)."""
+    if round_float_bias(s):
+        s.f = s.qg.producer(s.b.value.args[0])  # the span's last binding, rebound
     return realize_float(s.qg, s.b, s.f, s.out)
 
 
-#: why an integer realizer declines a torch span whose operand is computed in float (a BatchNorm
-#: after a concatenation, a layer scale): torch runs the span in float, so the float span follows
+#: why an integer realizer declines a span whose operand is computed in float (torch: a BatchNorm
+#: after a concatenation, a layer scale; ONNX: :func:`_reads_float`): the runtime runs the span in
+#: float, so the float span follows
 _FLOAT_OPERAND = ("is not a dequantized integer tensor", "no integer kernel")
 
 
@@ -340,7 +356,7 @@ def _wide_activations(s: _Span) -> bool:
     if s.out.dtype in _WIDE:
         return True
     first = s.comp.value.args[0] if getattr(s.comp.value, "args", None) else None
-    d = _dequantized(s.qg, first) if first is not None else None
+    d = dequantized_activation(s.qg, first) if first is not None else None
     return d is not None and d[1].dtype in _WIDE
 
 
@@ -349,18 +365,34 @@ def _realize_span_kinds(s: _Span):
         # ORT's integer kernels are 8-bit: a 16-bit span is DequantizeLinear, the float op, QuantizeLinear
         # (a split item or a data movement stays a move of the integers, the same values)
         return _split_item(s) or _no_kernel(s)
+    if not s.torch and per_channel(s.qg, s.comp, s.out):
+        check_unfused(s)  # (ORT fuses some such units, then fails in the kernel)
+        return _no_kernel(s)  # NNCF's depthwise inputs: per-channel activations have no integer kernel in ORT
+    if not s.torch and float_reason(s) is not None:
+        return _no_kernel(s)  # a node unit ORT's selectors do not fuse (integer types that differ...)
     for realizer in (*_ANY_KIND, *_REALIZERS.get(s.comp.op, ())):
         try:
             found = realizer(s)
         except UnquantizedSource:
             raise
         except IrgenError as err:
-            if not s.torch or not any(w in str(err) for w in _FLOAT_OPERAND):
+            if not any(w in str(err) for w in _FLOAT_OPERAND) or not (s.torch or _reads_float(s)):
                 raise
             return _no_kernel(s)
         if found is not None:
             return found
     return _no_kernel(s)
+
+
+def _reads_float(s: _Span) -> bool:
+    """The span's compute op reads a float tensor that float ops compute (ONNX: quantizers that
+    leave a MaxPool, a Concat, a BatchNormalization or a residual Add unquantized, NNCF, Brevitas,
+    Intel Neural Compressor). ORT's selectors need a DequantizeLinear on every data input, so it
+    runs the node unit in float: so does irgen (:func:`_no_kernel`)."""
+    relax = _ops()[0]
+    args = s.comp.value.args if isinstance(s.comp.value, relax.Call) else []
+    fields = [f for a in args for f in (a.fields if isinstance(a, relax.Tuple) else [a])]
+    return any(_float_operand(s.qg, a) for a in fields)
 
 
 def _commit(qg, names: list[str], expr, rec) -> None:
@@ -384,10 +416,17 @@ def _still_read(qg, names: list[str], last: str) -> list[str]:
         drop -= keep
 
 
+def _per_channel(qg, b) -> bool:
+    """Dequantize ``b`` of a constant has a scale per channel."""
+    arr = b.value.args[0].value.numpy()
+    ax = int(b.value.attrs.axis) % max(arr.ndim, 1)
+    return _qparams(qg, b.value, b.name, arr.shape[ax] if arr.ndim else 1).scale.size != 1
+
+
 def _dequantize_rest(qg) -> None:
     """The dequantizes left (of activations or, in ONNX, per-tensor constants feeding float ops or
     the model output) in integer arithmetic; a quantize left is an error."""
-    relax, op, q, _ = _ops()
+    relax = _ops()[0]
     # what realized spans left unread: a dequantize a span read twice (hardswish's x and x * ...), a
     # split whose items are realized, shape computations of realized slices
     drop_dead(qg)
@@ -408,23 +447,36 @@ def _dequantize_rest(qg) -> None:
         if not isinstance(src, relax.Var):
             if qg.n_users(b.name) == 0:
                 continue
-            if _is_torch(qg):
+            if _is_torch(qg) or _per_channel(qg, b):
                 # a weight dequantized for a float op whose result is never quantized (PT2E's X86
-                # quantizer leaves the last Linear's output float): torch dequantizes it in float32,
-                # float32(w - zp) * scale per channel, and the float op reads those values
+                # quantizer leaves the last Linear's output float; NNCF and ``nncf.strip`` leave the
+                # classifier's Gemm float): the runtime dequantizes it in float32, float32(w - zp) *
+                # scale per channel (ORT's DequantizeLinear, torch's dequantize), and the float op
+                # reads those values: a float constant of the layer reading it
                 qg.replace([b.name], relax.const(_dequantized_constant(qg, b)))
                 continue
-        # a constant too (ONNX): ORT dequantizes it in float for the float op that reads it
-        # (EfficientViT-M's attention biases, gathered twice before their quantize)
-        qx = _qparams(qg, b.value, getattr(src, "name", b.name))
-        if qx.scale.size != 1:
-            raise IrgenError(f"{SCHEME}: constant {b.name!r} is dequantized per channel for a float op that is not "
-                             "quantized; not supported")
-        xs = _offset(qg, src, int(qx.zero_point[0]))
-        expr = op.multiply(qg.emit(op.astype(xs, "float32")), q.rx_const(qx.scale[0], "float32"))
-        rec = {"scheme": SCHEME, "kind": "dequantize", "inputs": [qx.record()],
-               "output": q.float_record(), "requant": {"rounding_rule": "y = float32(x - zp) * scale"}}
-        qg.replace([b.name], expr, rec)
+        # a per-tensor constant too (ONNX): ORT dequantizes it in float for the float op that reads
+        # it (EfficientViT-M's attention biases, gathered twice before their quantize)
+        _dequantize_layer(qg, b, src)
     left = [b for b in qg.bindings if b.op == "relax.dequantize" and qg.n_users(b.name) > 0]
     if left:
         raise IrgenError(f"{SCHEME}: dequantize at tensor {left[0].name!r} is left after folding")
+
+
+def _dequantize_layer(qg, b, src) -> None:
+    """Dequantize ``b`` of ``src`` as a layer: ``float32(x - zp) * scale``, per tensor, or per
+    channel along its axis (ONNX: NNCF quantizes an activation per channel, ORT's
+    DequantizeLinear dequantizes each channel with its own parameters)."""
+    _, op, q, _ = _ops()
+    qx = _qparams(qg, b.value, getattr(src, "name", b.name))
+    if qx.scale.size == 1:
+        xs = _offset(qg, src, int(qx.zero_point[0]))
+        scale = q.rx_const(qx.scale[0], "float32")
+    else:
+        ndim = len(src.ty.shape.values)
+        xs = qg.emit(op.subtract(qg.emit(op.astype(src, "int32")), rx_along(qx, qx.zero_point, ndim, "int32")))
+        scale = rx_along(qx, qx.scale, ndim, "float32")
+    expr = op.multiply(qg.emit(op.astype(xs, "float32")), scale)
+    rec = {"scheme": SCHEME, "kind": "dequantize", "inputs": [qx.record()],
+           "output": q.float_record(), "requant": {"rounding_rule": "y = float32(x - zp) * scale"}}
+    qg.replace([b.name], expr, rec)

@@ -17,8 +17,9 @@ import numpy as np
 from irgen.plugin import (accumulate, per_axis, quantize_linear, requant_scale_mismatch, requant_scales,
                           requantize_float, run_layer)
 
+from .common import MAC_KINDS
 from .concat import recompute_concat
-from .float_span import recompute_float
+from .float_span import along, recompute_float
 from .movement import MOVES, move_after_table
 from .ort import avg_pool_in_order, ort_softmax, quantize_value_ort
 from .torch_ref import recompute_torch
@@ -52,7 +53,7 @@ def recompute_ort(layer: dict[str, Any], inputs: list[np.ndarray], params: dict[
     out = qr["output"]
     zp_in = [int(np.asarray(i["zero_point"]).reshape(-1)[0]) for i in qr["inputs"]]
     rq = qr.get("requant") or {}
-    if kind in ("conv2d", "depthwise_conv2d", "dense"):
+    if kind in MAC_KINDS:
         acc = accumulate(layer, inputs, params)
         axis = rq["axis"]
         lo, hi = qr["clamp"]
@@ -70,7 +71,7 @@ def recompute_ort(layer: dict[str, Any], inputs: list[np.ndarray], params: dict[
         acc = np.sum(inputs[0].astype(np.int64), axis=tuple(qr["axes"]), keepdims=True) - zp_in[0] * rq["count"]
         lo, hi = qr["clamp"]
         return requantize_float(acc.astype(np.int32), np.float32(rq["scale"]), int(out["zero_point"]), lo, hi, out["dtype"])
-    elif kind == "avg_pool2d":
+    elif kind in ("avg_pool2d", "avg_pool3d"):
         p = qr["pool"]
         deq = (inputs[0].astype(np.int32) - zp_in[0]).astype(np.float32) * np.float32(qr["inputs"][0]["scale"])
         # the window's values summed in float32 in row-major order (TVM's avg_pool2d, ORT's
@@ -94,8 +95,9 @@ def recompute_ort(layer: dict[str, Any], inputs: list[np.ndarray], params: dict[
     elif kind == "quantize":
         return quantize_linear(inputs[0], np.float32(out["scale"]), int(out["zero_point"]), out["dtype"])
     elif kind == "dequantize":
-        i = qr["inputs"][0]
-        return (inputs[0].astype(np.int32) - int(i["zero_point"])).astype(np.float32) * np.float32(i["scale"])
+        i, x = qr["inputs"][0], inputs[0]  # per tensor, or per channel along its axis
+        return (x.astype(np.int32) - along(i["zero_point"], i, x.ndim, np.int32)).astype(np.float32) \
+            * along(i["scale"], i, x.ndim, np.float32)
     raise NotImplementedError(f"qdq quant kind {kind!r}")
 
 
