@@ -13,7 +13,7 @@ from irgen.api import Provenance
 from irgen.canonical import is_roll, rotation
 from irgen.graph import Binding, Constant, attrs_to_dict, const_view, tensor_type, to_json
 from irgen.layers import Layer
-from irgen.quant import MAC_KINDS
+from irgen.quant import KERNEL_OPS, MAC_KINDS
 from irgen.ops import (CANONICAL_OPS, COMPOUND_OPS, LAYER_OP_NAMES, MULTI_STEP_OPS, OP_NAMES,  # noqa: F401  (re-exported)
                        SOURCE_OP_NAMES, quant_op, quantized_roll, short_op, source_op_name)
 
@@ -335,6 +335,13 @@ def _fused_ops(members: list[Binding], ext: list[str], params: list[tuple[Consta
     refs = {n: f"input:{i}" for i, n in enumerate(ext)}
     ops = []
     for j, b in enumerate(members):
+        kernel = _kernel_op(b)
+        if kernel is not None:  # a scheme's TIR kernel of a Relax op (irgen.quant.QGraph.add_kernel)
+            op, attrs = kernel
+            ops.append({"op": OP_NAMES.get(op, op.removeprefix("relax.")), "relax_op": op, "attrs": attrs,
+                        "args": [arg_ref(a, refs, params) for a in b.value.args[1].fields]})
+            refs[b.name] = f"op:{j}"
+            continue
         ops.append(
             {
                 "op": short_op(b),
@@ -345,6 +352,14 @@ def _fused_ops(members: list[Binding], ext: list[str], params: list[tuple[Consta
         )
         refs[b.name] = f"op:{j}"
     return ops, refs
+
+
+def _kernel_op(b: Binding) -> tuple[str, dict[str, Any]] | None:
+    """(op, attributes) of a ``call_tir`` of a kernel a scheme added, else None."""
+    v = b.value
+    if b.op != "relax.call_tir" or not isinstance(v.args[0], tvm.ir.GlobalVar):
+        return None
+    return KERNEL_OPS.get(v.args[0].name_hint)
 
 
 def _layer_attrs(layer: Layer, members: list[Binding], anchor: Binding, ops: list[dict[str, Any]],

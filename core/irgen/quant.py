@@ -625,6 +625,11 @@ class QTensor:
         }
 
 
+#: a kernel :meth:`QGraph.add_kernel` added (its ``GlobalVar``'s name) -> (the Relax op it
+#: computes, its attributes): how ``fused_ops`` records a ``call_tir`` of it
+KERNEL_OPS: dict[str, tuple[str, dict[str, Any]]] = {}
+
+
 @dataclass
 class QGraph:
     """``main``'s bindings as a scheme edits them: what ``Quantizer.detect(qg)`` reads and
@@ -674,6 +679,7 @@ class QGraph:
         _, self.bindings = main_bindings(self.mod)
         self._pending: list = []
         self._count = 0
+        self._kernel_builder = None  # a BlockBuilder over ``mod`` once :meth:`add_kernel` added one
         #: binding name -> the names of the bindings :meth:`replace` folded into it (the span's
         #: quantize/dequantize and compute ops): the layer's ``source`` lists their nodes
         self.folded: dict[str, list[str]] = {}
@@ -686,11 +692,27 @@ class QGraph:
 
         from irgen.graph import Binding
 
-        expr = relax.BlockBuilder().normalize(expr)
+        expr = (self._kernel_builder or relax.BlockBuilder()).normalize(expr)
         var = relax.DataflowVar(f"iq{self._count}", expr.ty)
         self._count += 1
         self._pending.append(Binding(var.name, var, expr))
         return var
+
+    def add_kernel(self, func, name: str, op: str, attrs: dict[str, Any]):
+        """Add the TIR ``PrimFunc`` ``func`` to ``mod`` and return its ``GlobalVar``, for a
+        ``relax.call_tir`` bound with :meth:`emit`: a scheme's arithmetic that no Relax op has
+        (an accumulation order). The kernel computes the Relax op ``op`` with ``attrs`` (which
+        say how, e.g. ``accumulation``) on the call's tensor arguments: ``fused_ops`` records it
+        so, and the numpy reference must know those attributes. ``name`` names one computation:
+        a kernel of another shape or other attributes gets another name (a digest of both)."""
+        from tvm import relax
+
+        if self._kernel_builder is None:
+            self._kernel_builder = relax.BlockBuilder(self.mod)
+        gv = self._kernel_builder.add_func(func, name)
+        self.mod = self._kernel_builder.get()
+        KERNEL_OPS[gv.name_hint] = (op, attrs)
+        return gv
 
     def _index(self) -> None:
         """Recompute ``by_name`` and ``users`` from ``bindings``."""

@@ -1001,7 +1001,8 @@ def _take(args, attrs):
 
 
 OPS: dict[str, Callable[[list[Any], dict], Any]] = {
-    "relax.nn.conv2d": lambda args, attrs: conv2d(args[0], args[1], attrs),
+    "relax.nn.conv2d": lambda args, attrs: (conv2d_fma_blocked if attrs.get("accumulation") else conv2d)(
+        args[0], args[1], attrs),
     "relax.nn.conv1d": lambda args, attrs: conv1d(args[0], args[1], attrs),
     "relax.nn.conv2d_transpose": lambda args, attrs: conv2d_transpose(args[0], args[1], attrs),
     "relax.nn.conv3d": lambda args, attrs: conv3d(args[0], args[1], attrs),
@@ -1246,4 +1247,65 @@ def load_layer_inputs(out_dir: str | Path, layer: dict) -> list[np.ndarray]:
 
 def load_ir(out_dir: str | Path) -> dict:
     return read_ir(out_dir)
+
+
+# ------------------------------------------- a declared float32 accumulation (fused multiply-add)
+
+
+def fma32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """``round_to_float32(a * b + c)`` with one rounding, as a fused multiply-add computes it, for
+    float32 operands (broadcast). ``a * b`` is exact in float64; the sum is rounded to odd in
+    float64 (its error, found exactly by two-sum, decides the last bit), and a value rounded to
+    odd at 53 bits rounds to 24 bits as the exact sum would."""
+    p = np.asarray(a, np.float64) * np.asarray(b, np.float64)
+    c64 = np.asarray(c, np.float64)
+    s = p + c64
+    v = s - p
+    err = (p - (s - v)) + (c64 - v)  # s + err == p + c exactly
+    bits = s.view(np.int64)
+    inexact_even = (err != 0) & ((bits & 1) == 0)
+    toward = np.where((err > 0) == (s > 0), 1, -1)  # one ulp away from zero, or toward it
+    return np.where(inexact_even, bits + toward, bits).view(np.float64).astype(np.float32)
+
+
+def conv2d_fma_blocked(x: np.ndarray, w: np.ndarray, attrs: dict) -> np.ndarray:
+    """A float32 2-D convolution (NCHW/OIHW) in the accumulation order ``attrs["accumulation"]``
+    declares: per output, the products over ``k`` (the index of input channel, kernel row, kernel
+    column in that order, zeros where the window reads padding) are added by a chain of fused
+    multiply-adds from zero in blocks of ``k_block``, and the blocks' sums are added in order in
+    float32 (ONNX Runtime's MLAS convolutions: im2col, then SGEMM's K slices)."""
+    acc = attrs["accumulation"]
+    if (str(attrs.get("data_layout") or "NCHW"), str(attrs.get("kernel_layout") or "OIHW")) != ("NCHW", "OIHW") \
+            or acc.get("order") != "im2col" or not acc.get("fma"):
+        raise NotImplementedError(f"accumulation {acc}")
+    x, w = np.asarray(x, np.float32), np.asarray(w, np.float32)
+    g = int(attrs.get("groups", 1))
+    n, c, h, wd = x.shape
+    o, cg, kh, kw = w.shape
+    sh, sw = _pair(attrs.get("strides", [1, 1]))
+    dh, dw = _pair(attrs.get("dilation", [1, 1]))
+    pad = _pair(attrs.get("padding", [0, 0, 0, 0]), 4)
+    pt, pl, pb, pr = pad if len(pad) == 4 else (pad[0], pad[1], pad[0], pad[1])
+    xp = np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)))
+    oh, ow = (h + pt + pb - dh * (kh - 1) - 1) // sh + 1, (wd + pl + pr - dw * (kw - 1) - 1) // sw + 1
+    block = int(acc["k_block"])
+    y = np.empty((n, o, oh * ow), np.float32)
+    og = o // g
+    for b in range(n):
+        for gi in range(g):
+            cols = np.empty((cg, kh, kw, oh * ow), np.float32)
+            for i in range(kh):
+                for j in range(kw):
+                    win = xp[b, gi * cg:(gi + 1) * cg, i * dh:i * dh + sh * (oh - 1) + 1:sh, j * dw:j * dw + sw * (ow - 1) + 1:sw]
+                    cols[:, i, j] = win.reshape(cg, -1)
+            cols = cols.reshape(cg * kh * kw, -1)
+            wm = w[gi * og:(gi + 1) * og].reshape(og, -1)
+            total = None
+            for k0 in range(0, wm.shape[1], block):
+                part = np.zeros((og, cols.shape[1]), np.float32)
+                for k in range(k0, min(wm.shape[1], k0 + block)):
+                    part = fma32(wm[:, k:k + 1], cols[k:k + 1], part)
+                total = part if total is None else (total + part).astype(np.float32)
+            y[b, gi * og:(gi + 1) * og] = total
+    return y.reshape(n, o, oh, ow)
 

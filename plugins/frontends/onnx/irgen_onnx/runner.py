@@ -68,7 +68,11 @@ def session_options(quantized: bool, int8_kernels: bool = True, exact_u8s8: bool
     so = ort.SessionOptions()
     if not quantized:
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    elif int8_kernels:  # int8-activation Q/DQ groups run as integer kernels too (else ORT runs some in float on x86)
+    else:
+        # one intra-op thread: the float convolutions a QDQ model leaves (irgen_qdq.mlas) slice their
+        # K by the positions each thread gets, so their last bits would follow the CPU count
+        so.intra_op_num_threads = 1
+    if quantized and int8_kernels:  # int8-activation Q/DQ groups run as integer kernels too (else ORT runs some in float on x86)
         so.add_session_config_entry("session.qdqisint8allowed", "1")
     if exact_u8s8:
         so.add_session_config_entry(*EXACT_U8S8)

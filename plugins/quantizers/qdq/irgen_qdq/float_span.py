@@ -14,6 +14,7 @@ import numpy as np
 from irgen.plugin import IrgenError
 
 from .common import SCHEME, _is_torch, _offset, _ops
+from .mlas import KERNEL_OPS
 from .operands import _args, _const_array, _dequantized_constant, constant_tensor, quantized_constant
 from .torch_ref import torch_quantize
 from .torch_spans import _rx_torch_quantize
@@ -75,7 +76,8 @@ def realize_float(qg, qb, last, out):
     e = _folding(qg.emit)
     torch = _is_torch(qg)
     for b in order:
-        new[b.name] = _float64_op(e, b, new, tensor)
+        conv = None if torch else _mlas_conv(qg, e, b, new)
+        new[b.name] = conv if conv is not None else _float64_op(e, b, new, tensor)
     program = _program(qg._pending[start:], refs)
     result = refs.get(getattr(new[last.name], "name", None), f"op:{len(program) - 1}")
     y = e(op.astype(new[last.name], "float32"))
@@ -246,6 +248,29 @@ def _float64_op(e, b, new: dict, tensor: str):
     raise IrgenError(f"{SCHEME}: cannot realize {b.kind} before {tensor!r}")
 
 
+def _mlas_conv(qg, e, b, new: dict):
+    """A convolution of the span as ONNX Runtime's MLAS computes it in float32 (:mod:`.mlas`), as a
+    float64 value (exact); None where MLAS's order is not the one :mod:`.mlas` knows (the span then
+    computes it in float64)."""
+    from tvm.relax import op
+
+    from irgen.plugin import Constant
+
+    from . import mlas
+
+    if b.op != "relax.nn.conv2d":
+        return None
+    x, w = (_float64_arg(a, new) for a in b.value.args[:2])
+    if not isinstance(w, Constant):
+        return None
+    w64 = w.value.numpy()
+    w32 = w64.astype(np.float32)
+    if not np.array_equal(w32.astype(np.float64), w64) or not mlas.applies(b.value, x.ty.shape.values, w32.shape):
+        return None
+    y = mlas.emit_conv(qg, e, b.value, e(op.astype(x, "float32")), w32)
+    return e(op.astype(y, "float64"))
+
+
 def _program(bound, refs: dict[str, str]) -> list[dict]:
     """The program of the float ops as ``bound`` (the quant record's own copy of the arithmetic, in
     fused-ops form); ``refs`` gains each binding's ``"op:K"``."""
@@ -258,6 +283,9 @@ def _program(bound, refs: dict[str, str]) -> list[dict]:
         v = pb.value
         if isinstance(v, relax.TupleGetItem):
             program.append({"relax_op": "tgi", "attrs": {"index": int(v.index)}, "args": [refs[v.tuple_value.name]]})
+        elif isinstance(v, relax.Call) and str(v.op.name) == "relax.call_tir":  # a kernel of .mlas
+            name, attrs = KERNEL_OPS[v.args[0].name_hint]
+            program.append({"relax_op": name, "attrs": attrs, "args": [program_arg(a, refs) for a in v.args[1].fields]})
         else:
             program.append({"relax_op": str(v.op.name), "attrs": attrs_to_dict(v.attrs) if v.attrs is not None else {},
                             "args": [program_arg(a, refs) for a in op_args(v)]})
