@@ -41,6 +41,12 @@ So the module is also a script that builds one case in whichever venv has the to
     python tests/toolkits.py --run nncf-onnx-resnet18 --folder DIR      # irgen run + verify (irgen's venv)
 
 A builder whose toolkit is not importable raises :class:`ToolkitMissing`, naming the package.
+
+The committed fixtures (``tests/data/toolkits``, run by ``tests/test_toolkits.py``) are the small
+CNN :data:`FIXTURE_ARCH` (32x32) built by the settings of :data:`FIXTURES`, each the same way::
+
+    python tests/toolkits.py --fixtures nncf-onnx quark-a8w8 ...        # or 'all', in the toolkits' venv
+    python tests/toolkits.py --fixtures inc-qdq --fixture-dir DIR       # elsewhere (to compare bytes)
 """
 
 from __future__ import annotations
@@ -162,9 +168,9 @@ def _builder(tag: str, ext: str = "onnx", doc: str | None = None):
 
 
 def _torch_module(arch: str):
-    """The zoo's torchvision model (seed 0, batch norms randomized) in eval mode."""
+    """The zoo's torchvision model, or :func:`_tk_cnn` (seed 0, batch norms randomized), in eval mode."""
     _need("torch").manual_seed(0)
-    model, _ = zoo.TORCH_MODELS[arch]()
+    model, _ = (_tk_cnn if arch == FIXTURE_ARCH else zoo.TORCH_MODELS[arch])()
     return model.eval()
 
 
@@ -172,11 +178,101 @@ def _float_onnx(arch: str, folder: Path) -> tuple[Path, dict[str, np.ndarray]]:
     """The zoo's float ONNX export of ``arch`` (TorchScript exporter, opset 17, input ``x``)."""
     _need("torch")
     folder.mkdir(parents=True, exist_ok=True)
+    if arch == FIXTURE_ARCH:
+        onnx_path, feeds = folder / f"{arch}.onnx", _feeds(shape=(1, 3, FIXTURE_SIZE, FIXTURE_SIZE))
+        if not onnx_path.exists():
+            _export(_torch_module(arch), feeds, onnx_path)
+        return onnx_path, feeds
     onnx_path, _, feeds = zoo._torch_base(arch, folder)
     if not onnx_path.exists():
         raise RuntimeError(f"the float ONNX export of {arch} failed: "
                            f"{(folder / f'{arch}.onnx.error').read_text()[:300]}")
     return onnx_path, feeds
+
+
+# ------------------------------------------------------------------ the fixtures' architecture
+
+#: the small CNN of the committed fixtures (tests/data/toolkits), in torch and in Keras
+FIXTURE_ARCH = "tk_cnn"
+FIXTURE_SIZE = 32
+
+
+def _tk_cnn():
+    """A small CNN, ``(module, {input: shape})``: conv+BN+ReLU, max pool, a residual block (two
+    conv+BN, the add, a ReLU), a strided conv+BN+ReLU, a depthwise conv+BN+ReLU, global average pool,
+    linear; 32x32 inputs, about 3,000 weights, batch norms randomized (the zoo's ranges)."""
+    torch = _need("torch")
+    from torch import nn
+
+    def cbr(cin, cout, stride=1, groups=1, relu=True):
+        layers = [nn.Conv2d(cin, cout, 3, stride=stride, padding=1, groups=groups, bias=False), nn.BatchNorm2d(cout)]
+        return nn.Sequential(*layers, *([nn.ReLU()] if relu else []))
+
+    class TkCNN(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem, self.pool = cbr(3, 8), nn.MaxPool2d(2)
+            self.conv1, self.conv2, self.relu = cbr(8, 8), cbr(8, 8, relu=False), nn.ReLU()
+            self.down, self.dw = cbr(8, 16, stride=2), cbr(16, 16, groups=16)
+            self.gap, self.fc = nn.AdaptiveAvgPool2d(1), nn.Linear(16, 10)
+
+        def forward(self, x):
+            x = self.pool(self.stem(x))
+            x = self.relu(x + self.conv2(self.conv1(x)))
+            return self.fc(torch.flatten(self.gap(self.dw(self.down(x))), 1))
+
+    torch.manual_seed(0)
+    model = TkCNN()
+    zoo._randomize_bn(model)
+    return model.eval(), {"x": (1, 3, FIXTURE_SIZE, FIXTURE_SIZE)}
+
+
+def _keras_tk_cnn(tf):
+    """:func:`_tk_cnn` in Keras (NHWC, every layer named, weights and batch-norm statistics from
+    seeded numpy draws, so the same in any process)."""
+    layers, rng = tf.keras.layers, np.random.default_rng(0)
+
+    def cbr(x, name, filters, stride=1, depthwise=False, relu=True):
+        if depthwise:
+            x = layers.DepthwiseConv2D(3, padding="same", use_bias=False, name=f"{name}_dw")(x)
+        else:
+            x = layers.Conv2D(filters, 3, strides=stride, padding="same", use_bias=False, name=f"{name}_conv")(x)
+        x = layers.BatchNormalization(name=f"{name}_bn")(x)
+        return layers.ReLU(name=f"{name}_relu")(x) if relu else x
+
+    inp = layers.Input((FIXTURE_SIZE, FIXTURE_SIZE, 3), name="x")
+    x = layers.MaxPooling2D(2, name="pool")(cbr(inp, "stem", 8))
+    y = cbr(cbr(x, "conv1", 8), "conv2", 8, relu=False)
+    x = layers.ReLU(name="relu")(layers.Add(name="add")([x, y]))
+    x = cbr(cbr(x, "down", 16, stride=2), "dw", 16, depthwise=True)
+    x = layers.Dense(10, name="fc")(layers.GlobalAveragePooling2D(name="gap")(x))
+    model = tf.keras.Model(inp, x, name=FIXTURE_ARCH)
+    for layer in model.layers:
+        weights = layer.get_weights()
+        if isinstance(layer, layers.BatchNormalization):  # gamma, beta, mean, variance
+            lows, highs = (0.5, -0.2, -0.3, 0.5), (1.5, 0.2, 0.3, 2.0)
+            weights = [rng.uniform(lo, hi, w.shape) for w, lo, hi in zip(weights, lows, highs)]
+        elif weights:  # He-uniform kernels, small biases
+            fan_in = int(np.prod(weights[0].shape[:-1])) if len(weights[0].shape) > 1 else 1
+            weights = [rng.uniform(-1, 1, w.shape) * (np.sqrt(6 / fan_in) if w.ndim > 1 else 0.1) for w in weights]
+        layer.set_weights([w.astype(np.float32) for w in weights])
+    return model
+
+
+def _float_tflite(arch: str, folder: Path) -> tuple[Path, np.ndarray]:
+    """The TFLite converter's float model of a Keras architecture (the zoo's ``keras.applications``
+    ones, seed 0, or :func:`_keras_tk_cnn`) and its input (seed 1)."""
+    tf = _need("tensorflow")
+    if arch != FIXTURE_ARCH:
+        float_path, x, _ = zoo._keras(arch, "tflite", folder)
+        return float_path, x
+    float_path = folder / f"{arch}.float.tflite"
+    x = zoo._sample((1, FIXTURE_SIZE, FIXTURE_SIZE, 3), np.float32, 1)
+    if not float_path.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        with _quiet():
+            float_path.write_bytes(tf.lite.TFLiteConverter.from_keras_model(_keras_tk_cnn(tf)).convert())
+    return float_path, x
 
 
 # ------------------------------------------------------------------ NNCF
@@ -248,9 +344,10 @@ def _quark(config_name: str):
         from quark.onnx.quantization.config.config import Config
         from quark.onnx.quantization.config.custom_config import get_default_config
 
-        with _quiet():
+        # Quark writes quantized_info.csv into the current folder: the build folder's
+        with _quiet(), contextlib.chdir(folder):
             config = Config(global_quant_config=get_default_config(config_name))
-            ModelQuantizer(config).quantize_model(str(onnx_path), str(out), _reader(feeds))
+            ModelQuantizer(config).quantize_model(str(onnx_path.resolve()), str(out.resolve()), _reader(feeds))
         return feeds
 
     return _builder(f"quark-{config_name.lower()}",
@@ -420,7 +517,7 @@ def _aeq(recipe_name: str, tag: str):
         from ai_edge_quantizer import quantizer, recipe
 
         tf.keras.backend.clear_session()  # Keras numbers its layer names per process: the same names in any order
-        float_path, x, _ = zoo._keras(arch, "tflite", folder)  # keras.applications, seed 0, float TFLite
+        float_path, x = _float_tflite(arch, folder)
         signature = tf.lite.Interpreter(model_path=str(float_path)).get_signature_runner()
         name = next(iter(signature.get_input_details()))
         feeds = {name: x}
@@ -430,15 +527,21 @@ def _aeq(recipe_name: str, tag: str):
             if "static" in recipe_name:
                 calibration = qt.calibrate({"serving_default": _calibration(feeds)})
             qt.quantize(calibration).export_model(str(out), overwrite=True)
-        detail = tf.lite.Interpreter(model_path=str(out)).get_input_details()[0]
-        if np.dtype(detail["dtype"]).kind in "iu":  # static recipes: an integer input, no QUANTIZE op
-            scale, zp = detail["quantization"]
-            info = np.iinfo(detail["dtype"])
-            feeds = {name: np.clip(np.round(x / scale) + zp, info.min, info.max).astype(detail["dtype"])}
-        return feeds
+        return {name: _tflite_input(out, x)}
 
     return _builder(f"aeq-{tag}", "tflite",
                     doc=f"ai-edge-quantizer's recipe ``{recipe_name}`` on the TFLite converter's float model.")(make)
+
+
+def _tflite_input(path: Path, x: np.ndarray) -> np.ndarray:
+    """``x`` as the TFLite model's input takes it: quantized with its input's parameters when the
+    input is an integer (the static recipes write no QUANTIZE op), else as it is."""
+    detail = _need("tensorflow").lite.Interpreter(model_path=str(path)).get_input_details()[0]
+    if np.dtype(detail["dtype"]).kind not in "iu":
+        return x
+    scale, zp = detail["quantization"]
+    info = np.iinfo(detail["dtype"])
+    return np.clip(np.round(x / scale) + zp, info.min, info.max).astype(detail["dtype"])
 
 
 aeq_a8w8 = _aeq("static_wi8_ai8", "a8w8")
@@ -497,8 +600,69 @@ def cases() -> list[Case]:
     return [Case(setting, arch) for setting, (_, archs) in SETTINGS.items() for arch in archs]
 
 
+#: the settings with a committed fixture (:data:`FIXTURE_ARCH` built by the setting's builder, the
+#: file ``tests/data/toolkits/<setting>.<ext>``): each toolkit's export that irgen takes
+FIXTURES = ("nncf-onnx", "nncf-torch-strip", "quark-a8w8", "quark-xint8", "brevitas-qcdq", "brevitas-qonnx", "inc-qdq",
+            "aimet-qdq", "aeq-a8w8")
+FIXTURE_DIR = Path(__file__).resolve().parent / "data" / "toolkits"
+
+
+def fixture(setting: str, folder: Path = FIXTURE_DIR) -> Path:
+    """The committed fixture of ``setting``: ``<folder>/<setting>.onnx`` or ``.tflite``."""
+    return Path(folder) / f"{setting}.{'tflite' if setting.startswith('aeq-') else 'onnx'}"
+
+
+def fixture_input(setting: str, folder: Path = FIXTURE_DIR) -> np.ndarray:
+    """The input irgen and the runtime get for a fixture: the zoo's seed-1 sample, NCHW for the
+    ONNX ones; NHWC for the TFLite one, quantized as its integer input takes it (needs tensorflow)."""
+    if not setting.startswith("aeq-"):
+        return _feeds(shape=(1, 3, FIXTURE_SIZE, FIXTURE_SIZE))["x"]
+    return _tflite_input(fixture(setting, folder), zoo._sample((1, FIXTURE_SIZE, FIXTURE_SIZE, 3), np.float32, 1))
+
+
+def _inline_external_data(model: Path, dest: Path) -> None:
+    """An ONNX model whose weights lie in a file beside it (Intel Neural Compressor writes every
+    model so) saved to ``dest`` with them inside: one self-contained file a fixture."""
+    if model.suffix != ".onnx":
+        return
+    onnx = _need("onnx")
+    m = onnx.load(str(model), load_external_data=False)
+    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in m.graph.initializer):
+        onnx.save(onnx.load(str(model)), str(dest))  # loaded with its external data, saved without
+
+
+def build_fixtures(settings: list[str], folder: Path = FIXTURE_DIR) -> int:
+    """Build each setting's fixture in a process of its own (see :func:`build`), in a scratch
+    folder, and copy the model to :func:`fixture`; prints one JSON line a setting (its size and
+    sha256, or the error). Returns 0 when every one was built."""
+    import hashlib
+    import shutil
+    import tempfile
+
+    code = 0
+    for setting in settings:
+        with tempfile.TemporaryDirectory(prefix=f"irgen-fixture-{setting}-") as scratch:
+            p = subprocess.run([sys.executable, __file__, "--build", f"{setting}-{FIXTURE_ARCH}", "--out", scratch],
+                               capture_output=True, text=True)
+            lines = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+            if p.returncode or not lines or "model" not in lines[-1]:
+                print(json.dumps({"fixture": setting, "error": lines[-1].get("error") if lines else p.stderr[-500:]}))
+                code = 1
+                continue
+            dest = fixture(setting, folder)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(lines[-1]["model"], dest)
+            _inline_external_data(Path(lines[-1]["model"]), dest)
+        data = dest.read_bytes()
+        print(json.dumps({"fixture": setting, "file": str(dest), "bytes": len(data),
+                          "sha256": hashlib.sha256(data).hexdigest()}), flush=True)
+    return code
+
+
 def case(case_id: str) -> Case:
     found = [c for c in cases() if c.id == case_id]
+    if not found and case_id.endswith(f"-{FIXTURE_ARCH}") and case_id.removesuffix(f"-{FIXTURE_ARCH}") in SETTINGS:
+        found = [Case(case_id.removesuffix(f"-{FIXTURE_ARCH}"), FIXTURE_ARCH)]  # a fixture's case
     if not found:
         raise KeyError(f"no toolkit case {case_id!r} (python tests/toolkits.py --list)")
     return found[0]
@@ -571,10 +735,15 @@ def main(argv=None) -> int:
                     help="irgen run + verify on these cases (ids, settings, toolkits or architectures; 'all')")
     ap.add_argument("--folder", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "irgen-toolkits")
     ap.add_argument("--json", type=Path, help="with --run: write the summaries (without verify's JSON) here")
+    ap.add_argument("--fixtures", nargs="+", metavar="SETTING",
+                    help=f"build these settings' fixtures ({FIXTURE_ARCH}; 'all': {', '.join(FIXTURES)}) into "
+                         "--fixture-dir, each in a process of its own")
+    ap.add_argument("--fixture-dir", type=Path, default=FIXTURE_DIR, help="with --fixtures (default: %(default)s)")
     args = ap.parse_args(argv)
     if args.list:
         print("\n".join(c.id for c in cases()))
-    code = 0
+    code = build_fixtures(list(FIXTURES) if args.fixtures == ["all"] else args.fixtures, args.fixture_dir) \
+        if args.fixtures else 0
     if args.build and len(args.build) > 1:  # each case in a process of its own (see build())
         for case_id in args.build:
             code |= subprocess.run([sys.executable, __file__, "--build", case_id, "--out",

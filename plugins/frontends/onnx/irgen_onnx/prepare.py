@@ -16,6 +16,7 @@ from .inline import inline_constant_ifs
 from .loader import all_graphs
 from .order import sort_graphs
 from .propagate import propagate_qdq
+from .qonnx import lower_qonnx
 
 
 def prepare(path: Path, options: dict[str, Any], for_tvm: bool = True):
@@ -26,7 +27,8 @@ def prepare(path: Path, options: dict[str, Any], for_tvm: bool = True):
     (:mod:`.loader`), the graph's structure and tensors, ``onnx.checker``, the
     ops TVM knows, ``--input-shape``, and the size of every tensor whose shape
     is known statically (:mod:`.checks`). Nodes out of topological order are sorted
-    as ONNX Runtime sorts them (:mod:`.order`). ``If`` nodes with a constant
+    as ONNX Runtime sorts them (:mod:`.order`), and QONNX ``Quant`` nodes lowered to the
+    QuantizeLinear/DequantizeLinear they compute (:mod:`.qonnx`: neither TVM nor ONNX Runtime runs them). ``If`` nodes with a constant
     condition are replaced by their branch (:mod:`.inline`). ``for_tvm=False``
     (ONNX Runtime, which runs any op and any If) skips the op check and keeps
     an If with a condition computed at run time. For TVM, values computed from the
@@ -43,6 +45,7 @@ def prepare(path: Path, options: dict[str, Any], for_tvm: bool = True):
     checks.check_structure(model, path)
     sort_graphs(model, path)  # as ONNX Runtime sorts on load; before anything that walks the nodes in order
     checks.check_tensors(model, path, limit)
+    lower_qonnx(model, path)  # QONNX Quant -> Q/DQ, for TVM and ONNX Runtime alike (neither has a kernel for it)
     if for_tvm:
         from .qoperator import to_qdq
 
