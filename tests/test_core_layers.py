@@ -23,7 +23,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("plugin host", {"hookspecs", "plugins", "serializers"}),
     ("IR model, numpy reference, model inputs", {"reference", "runkey", "inputs"}),
     ("Relax passes and kernels", {
-        "graph", "canonical", "ops", "quant", "spill", "share", "schedule", "target", "vm", "parallel_build",
+        "graph", "canonical", "ops", "recurrent", "quant", "spill", "share", "schedule", "target", "vm", "parallel_build",
         "execute"}),
     ("layer forming and records", {"layers", "ir", "forming"}),
     ("compile and plan", {"plan", "cache", "compile"}),

@@ -29,6 +29,7 @@ from irgen import spill
 from irgen.api import Provenance
 from irgen.graph import (Binding, Constant, fold_constants, main_bindings, rebuild_main, substitute, tensor_type, users_of,
                          var_names)
+from irgen.recurrent import recurrent_kind
 
 # (replaced values by binding index, inserted bindings before an index, dropped indices)
 Changes = tuple[dict[int, relax.Expr], dict[int, list[Binding]], set[int]]
@@ -337,6 +338,11 @@ def _common_subexpressions(bindings: list[Binding], users: dict[str, list[int]],
         if b.kind not in ("call", "tgi"):
             continue
         value = substitute(b.value, vmap) if any(n in vmap for n in var_names(b.value)) else b.value
+        if b.name in provenance.by_var and recurrent_kind(provenance.by_var[b.name][1]):
+            # a step of a recurrent op is one layer: the same input row read by both directions stays in each
+            if value is not b.value:
+                replace[i] = value
+            continue
         key = tvm_ffi.structural_hash(value)
         same = next((var for v, var in seen.get(key, []) if tvm_ffi.structural_equal(v, value)), None)
         spill.release(*(a for a in getattr(value, "args", ()) if isinstance(a, Constant)))  # the hash read them

@@ -21,7 +21,7 @@ from irgen.compile import tvm_tensor
 from irgen.forming import param_layout, tensor_layouts
 from irgen.names import SafeNames
 from irgen.output import file_identity, OutputFolder, ParamsStreamWriter, Progress, sha256_file, write_manifest
-from irgen.plan import array, Plan
+from irgen.plan import array, Plan, Stored
 from irgen.plugins import call_plugin
 from irgen.safeio import npz_member
 from irgen.schema import IR_VERSION
@@ -204,11 +204,21 @@ def capture(folder: OutputFolder, plan: Plan, arrays: list[np.ndarray], write, p
 
 
 def _write_params(plan: Plan, write) -> dict[tuple[int, str], dict[str, Any]]:
-    """Write every layer's parameter files; their records by (layer index, role)."""
+    """Write every layer's parameter files; their records by (layer index, role). Layers of
+    one op that hold the same array in one role (the steps of a recurrent layer: one
+    weight for every step) share its file, each record under its own name, when files are
+    ``.npy`` or a backend's ``write_tensor`` (``--compress`` and ``store_tensor`` name a file's
+    tensors: one file per record there)."""
     param_namer = SafeNames()
     out: dict[tuple[int, str], dict[str, Any]] = {}
+    written: dict[tuple, dict[str, Any]] = {}
+    share = not getattr(write, "compress", False) and getattr(getattr(write, "be", None), "store_tensor", None) is None
     for i, (r, params) in enumerate(zip(plan.records, plan.params)):
         for role, value in params.items():  # one array read (from the compile cache) at a time
+            same = (str(value.path) if isinstance(value, Stored) else id(value), role, r["op"]) if share else None
+            if same in written:
+                out[(i, role)] = {**written[same], "name": f"{r['name']}.{role}"}
+                continue
             arr = array(value)
             stem = param_namer(f"{r['name']}.{role}")
             layout = param_layout(r, role, arr)
@@ -219,6 +229,8 @@ def _write_params(plan: Plan, write) -> dict[tuple[int, str], dict[str, Any]]:
             if fname in write.storage:
                 rec["storage"] = write.storage[fname]
             out[(i, role)] = rec
+            if same is not None:
+                written[same] = rec
             spill.release(arr)
     return out
 

@@ -17,6 +17,7 @@ from irgen.quant import KERNEL_OPS, MAC_KINDS
 from irgen.ops import (CANONICAL_OPS, COMPOUND_OPS, LAYER_OP_NAMES, MULTI_STEP_OPS, OP_NAMES,  # noqa: F401  (re-exported)
                        SOURCE_OP_NAMES, quant_op, quantized_roll, short_op, source_op_name)
 
+from irgen.recurrent import GATES, recurrent_kind
 from irgen.schema import IR_VERSION  # noqa: E402,F401  (defined beside the schema, re-exported)
 
 _ACTIVATIONS = {"relax.nn.relu", "relax.clip", "relax.sigmoid", "relax.tanh", "relax.nn.gelu", "relax.nn.silu"}
@@ -51,8 +52,22 @@ def _roll_attrs(members: list[Binding]) -> dict[str, Any]:
 
 
 
-# attributes of a layer a fusion rule formed (beside its anchor's), by the rule's op
-LAYER_ATTRS = {"attention": _attention_attrs}
+def _recurrent_attrs(kind: str):
+    """A recurrent cell step's attributes (docs/layer-ops.md): ``hidden_size``, ``gates`` (the
+    row blocks of its weights, in order) and ``clip`` (ONNX's cell clip, or None)."""
+
+    def attrs(members: list[Binding]) -> dict[str, Any]:
+        out = {"hidden_size": int(tensor_type(members[-1].var)[0][-1]), "gates": list(GATES[kind]), "clip": None}
+        clip = next((b for b in members if b.op == "relax.clip"), None)
+        if clip is not None:
+            out["clip"] = float(arg_ref(clip.value.args[2], {}, [])["value"])
+        return out
+
+    return attrs
+
+
+# attributes of a layer a fusion rule formed (beside its anchor's), by the rule's op; of a recurrent step
+LAYER_ATTRS = {"attention": _attention_attrs, **{k: _recurrent_attrs(k) for k in GATES}}
 
 # attributes a layer op implies beyond its Relax attrs (the GELU form)
 IMPLIED_ATTRS = {
@@ -399,7 +414,10 @@ def _layer_source(layer: Layer, provenance: Provenance) -> dict[str, list[str]]:
                     op_types.append(op_type)
                 if tensor and tensor not in tensors:
                     tensors.append(tensor)
-    out_src = [provenance.by_var[o][2] for o in layer.outputs if o in provenance.by_var and provenance.by_var[o][2]]
+    # one per output (None where an output has no source tensor), but for those at the end
+    out_src = [provenance.by_var[o][2] if o in provenance.by_var else None for o in layer.outputs]
+    while out_src and out_src[-1] is None:
+        out_src.pop()
     return {"nodes": nodes, "op_types": op_types, "tensors": tensors, "outputs": out_src}
 
 
@@ -427,9 +445,12 @@ def _layer_op(layer: Layer, members: list[Binding], anchor: Binding, attrs: dict
             attrs = {**attrs, "approximate": "tanh" if quant["params"]["approximate"] else "none"}
     elif layer.op is not None:
         op = layer.op
-        attrs = {**attrs, **LAYER_ATTRS.get(op, lambda _: {})(members)}
-    elif layer.rule is None and len(members) > 1 and len(set(op_types)) == 1:
-        op = source_op_name(op_types[0])
+        extra = LAYER_ATTRS.get(op, lambda _: {})(members)
+        # a recurrent step: its own attributes (and the activation it ends with), not its first matmul's
+        attrs = {**extra, **{k: v for k, v in attrs.items() if k == "activation"}} if recurrent_kind(op) \
+            else {**attrs, **extra}
+    elif layer.rule is None and len(members) > 1 and len(set(op_types)) == 1 and not recurrent_kind(op_types[0]):
+        op = source_op_name(op_types[0])  # (a recurrent op's steps are layers of their own: its results are not it)
     elif layer.rule is None and is_roll(members):  # a roll the exporter wrote as slices and concats
         op = "roll"
     op = CANONICAL_OPS.get(op, op)

@@ -14,6 +14,7 @@ from irgen.api import FusionRule, IrgenError, Provenance
 from irgen.canonical import rotation
 from irgen.graph import Binding, Constant, tensor_type, users_of, var_names
 from irgen.ops import CANONICAL_OPS, LAYER_OP_NAMES, OP_NAMES, quant_op
+from irgen.recurrent import RECURRENT_OPS, recurrent_kind
 
 
 @dataclass
@@ -45,21 +46,7 @@ def form_layers(
     of the layer that produced the tuple or value.
     """
     users = users_of(bindings)
-    assigned: dict[str, int] = {}
-    layers: list[Layer] = []
-    for i, b in enumerate(bindings):
-        if b.name in assigned or b.kind in ("tgi", "alias", "const"):
-            continue
-        layer = Layer(len(layers), [b.name], b.name)
-        for rule in (r for r in rules if b.op in r.anchor):
-            members = _apply_rule(rule, i, bindings, users, assigned)
-            if members is not None:
-                layer.members, layer.rule, layer.op = members, rule.name, rule.op
-                break
-        for m in layer.members:
-            assigned[m] = layer.index
-        layers.append(layer)
-
+    layers, assigned = _rule_layers(bindings, rules, users, recurrent_cells(bindings, provenance))
     idx = {b.name: i for i, b in enumerate(bindings)}
     layers, assigned = _absorb_item_views(layers, bindings, users, provenance, assigned, idx)
 
@@ -97,7 +84,7 @@ def form_layers(
             if layer.index in merged_into:
                 continue
             members = sorted(groups[layer.index], key=idx.__getitem__)
-            anchor = layer.anchor if layer.rule else members[0]
+            anchor = layer.anchor if layer.rule or layer.op else members[0]
             new_layers.append(Layer(len(new_layers), members, anchor, layer.rule, op=layer.op))
         layers = new_layers
         assigned = {m: layer.index for layer in layers for m in layer.members}
@@ -114,8 +101,54 @@ def form_layers(
                 layer.outputs.append(m)
         if not layer.outputs:
             layer.outputs.append(layer.members[-1])
+        if layer.op in RECURRENT_OPS:  # a cell step's hidden state (its last op) first, then its cell state
+            layer.outputs.sort(key=lambda o: o != layer.members[-1])
     _name_tuple_results(layers, bindings, users, out_names)
     return layers
+
+
+def recurrent_cells(bindings: list[Binding], provenance: Provenance) -> dict[str, Layer]:
+    """The steps of recurrent ops (:mod:`irgen.recurrent`), by the name of each member: the
+    bindings a frontend recorded under one provenance node of an LSTM, GRU or RNN op type
+    that hold a matrix product (a step, not the concatenation of the op's results). Each is
+    one layer of that op (``lstm``, ``gru``, ``rnn``), anchored at its first matmul."""
+    groups: dict[str, list[Binding]] = {}
+    for b in bindings:
+        src = provenance.by_var.get(b.name)
+        if src is not None and b.kind in ("call", "tgi") and recurrent_kind(src[1]):
+            groups.setdefault(src[0], []).append(b)
+    cells: dict[str, Layer] = {}
+    for members in groups.values():
+        anchor = next((m.name for m in members if m.op == "relax.matmul"), None)
+        if anchor is None:
+            continue
+        kind = recurrent_kind(provenance.by_var[anchor][1])
+        layer = Layer(-1, [m.name for m in members], anchor, op=kind)
+        cells.update(dict.fromkeys(layer.members, layer))
+    return cells
+
+
+def _rule_layers(bindings: list[Binding], rules: list[FusionRule], users: dict[str, list[int]],
+                 cells: dict[str, Layer]) -> tuple[list[Layer], dict[str, int]]:
+    """The layers the fusion rules form, each anchored at the first binding not in a layer
+    yet (a recurrent op's step is one layer: ``cells``, :func:`recurrent_cells`), and each
+    binding's layer index."""
+    assigned: dict[str, int] = {}
+    layers: list[Layer] = []
+    for i, b in enumerate(bindings):
+        if b.name in assigned or (b.kind in ("tgi", "alias", "const") and b.name not in cells):
+            continue
+        layer = cells.get(b.name) or Layer(len(layers), [b.name], b.name)
+        layer.index = len(layers)
+        for rule in (r for r in rules if b.op in r.anchor and b.name not in cells):
+            members = _apply_rule(rule, i, bindings, users, assigned)
+            if members is not None:
+                layer.members, layer.rule, layer.op = members, rule.name, rule.op
+                break
+        for m in layer.members:
+            assigned[m] = layer.index
+        layers.append(layer)
+    return layers, assigned
 
 
 def _name_tuple_results(layers: list[Layer], bindings: list[Binding], users: dict[str, list[int]],
@@ -280,32 +313,37 @@ def cut_layers(bindings: list[Binding], provenance: Provenance, main_output: rel
     layers: list[Layer] = []
     pending: list[str] = []
     by_name = {b.name: b for b in bindings}
+    cells = recurrent_cells(bindings, provenance)  # a recurrent op's step left in float: one layer
     for b in bindings:
-        if b.kind in ("tgi", "alias", "const"):
+        cell = cells.get(b.name)
+        if cell is not None and b.name != cell.members[-1]:
+            continue
+        if b.kind in ("tgi", "alias", "const") and cell is None:
             continue
         # an unnamed op with several results (a split the scheme left in float) is read through
         # its items, never by name: it closes a layer of its own
         if b.name not in provenance.by_var and not isinstance(b.var.ty, relax.TupleType):
             pending.append(b.name)
             continue
-        needed, mine = set(var_names(b.value)), set()
+        own = cell.members if cell is not None else [b.name]
+        needed, mine = {n for m in own for n in var_names(by_name[m].value)}, set()
         for m in reversed(pending):
             if m in needed:
                 mine.add(m)
                 needed.update(var_names(by_name[m].value))
-        members = [m for m in pending if m in mine] + [b.name]
+        members = [m for m in pending if m in mine] + own
         pending = [m for m in pending if m not in mine]
-        anchor = next((m for m in members if by_name[m].op in _COMPUTE), b.name)
-        layers.append(Layer(len(layers), members, anchor, "quantized", [b.name]))
+        anchor = cell.anchor if cell is not None else next((m for m in members if by_name[m].op in _COMPUTE), b.name)
+        layers.append(Layer(len(layers), members, anchor, "quantized", [b.name], op=cell and cell.op))
     if pending:
         layers.append(Layer(len(layers), pending, pending[-1], "quantized", [pending[-1]]))
     out_names = set(var_names(main_output))
     users = users_of(bindings)
-    for layer in layers:  # intermediate results used elsewhere are outputs too
+    for layer in layers:  # intermediate results used elsewhere are outputs too (after a cell's h)
         mset = set(layer.members)
         for m in layer.members[:-1]:
             if m in out_names or any(bindings[k].name not in mset for k in users.get(m, [])):
-                layer.outputs.insert(len(layer.outputs) - 1, m)
+                layer.outputs.insert(len(layer.outputs) if layer.op in RECURRENT_OPS else len(layer.outputs) - 1, m)
     _name_tuple_results(layers, bindings, users, out_names)
     return layers
 

@@ -113,6 +113,8 @@ SOURCE_OP_NAMES = {
     "_softmax": "softmax",
     "bmm": "matmul",
     "linear": "dense",
+    "rnn_tanh": "rnn",
+    "rnn_relu": "rnn",
 }
 
 

@@ -28,7 +28,7 @@ API 2.0 took every scheme's own arithmetic out of this module into the scheme's 
 (docs/writing-a-plugin.md, "Schemes built on another scheme", lists where each name went),
 renamed a shared primitive to a name that says what it computes, and made a scheme's
 recompute and consistency check fields of its ``Quantizer``. API 2.1 added
-``Quantizer.runtime_exact``.
+``Quantizer.runtime_exact``; API 2.2 the recurrent layers' helpers.
 
 Registration (what the hooks register)
 --------------------------------------
@@ -110,6 +110,24 @@ The graph a scheme reads and rewrites
   ops in ``fused_ops`` form (a float span's): the arguments of a call as ``fused_ops`` lists
   them, and one argument (a variable by ``refs``, a tensor constant as the layer parameter it
   becomes when the layer is formed).
+
+Recurrent layers (2.2)
+----------------------
+
+What a frontend's converter of an LSTM, GRU or RNN uses (``irgen_onnx.recurrent`` and
+``irgen_torch.recurrent`` are two; ``docs/layer-ops.md`` has what the layers compute):
+
+* ``RecurrentCell``: one direction of one recurrent layer, its weights in irgen's gate order
+  (LSTM ``i, f, g, o``; GRU ``r, z, n``), ``reorder_gates`` puts a framework's order there.
+* ``unroll_recurrent(cell, inputs, steps, h0, c0, emit)``: the cell's steps as Relax ops, each
+  binding bound by the frontend's ``emit(t, expr, state)``, which records it under the step's
+  own provenance node (one per layer, direction and step, of the op's source op type): layer
+  forming makes each such step one layer (``lstm``, ``gru``, ``rnn``), its outputs the states.
+* ``recurrent_states_tensor(node, state)`` and ``recurrent_state_tensor(node, state, layer,
+  direction, step)``: the source tensor names of the per-step states (``<node>:h`` and the
+  item ``<node>:h[layer, direction, step]``), which the frontend's source runner gives,
+  computed by the runtime's own op one step at a time; ``concat_states`` joins states into
+  the op's results.
 
 Integer arithmetic
 ------------------
@@ -260,7 +278,7 @@ from irgen.safeio import (
     regular_tree,
 )
 
-API_VERSION = "2.1"
+API_VERSION = "2.2"
 
 #: names whose module imports TVM: (module, name there), loaded by :func:`__getattr__`
 _LAZY = {
@@ -276,6 +294,12 @@ _LAZY = {
     "op_args": ("irgen.ir", "op_args"),
     "program_arg": ("irgen.ir", "program_arg"),
     "weight_tensor": ("irgen.spill", "weight_tensor"),
+    "RecurrentCell": ("irgen.recurrent", "Cell"),
+    "unroll_recurrent": ("irgen.recurrent", "unroll"),
+    "reorder_gates": ("irgen.recurrent", "reorder"),
+    "recurrent_states_tensor": ("irgen.recurrent", "states_tensor"),
+    "recurrent_state_tensor": ("irgen.recurrent", "state_tensor"),
+    "concat_states": ("irgen.recurrent", "concat_states"),
 }
 
 
@@ -302,6 +326,9 @@ __all__ = [
     "QGraph", "QTensor", "Binding", "Constant", "attrs_to_dict", "substitute", "main_bindings",
     "module_bindings", "check_tensor_sizes", "tuple_output_outside_dataflow", "arg_ref", "op_args", "program_arg",
     "weight_tensor",
+    # recurrent layers
+    "RecurrentCell", "unroll_recurrent", "reorder_gates", "recurrent_states_tensor", "recurrent_state_tensor",
+    "concat_states",
     # integer arithmetic
     "DOUBLE", "SINGLE", "WIDE", "FLOAT64", "ROUNDING_RULES", "rescale_float64", "rx_rescale_float64", "round_half_away",
     "rx_round_half_away", "float_record", "quantize_half_away", "quantize_multiplier",

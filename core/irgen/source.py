@@ -7,6 +7,7 @@ name. ``irgen verify``'s source check compares them with the golden data."""
 from __future__ import annotations
 
 import os
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -152,7 +153,54 @@ def source_runner_for(out: Path, ir: dict, model: Path | None = None, host=None,
     """The source runtime of the model ``out`` was generated from, in this process;
     raises IrgenError when unavailable (``kwargs``: see :func:`resolve_source`)."""
     src = resolve_source(out, ir, model, host, **kwargs)
-    return src.frontend.source_runner(src.path, src.options), src.path
+    return WithItems(src.frontend.source_runner(src.path, src.options)), src.path
+
+
+_ITEM = re.compile(r"^(.+)\[(\s*-?[0-9]*\s*(?::\s*-?[0-9]*\s*)?(?:,\s*-?[0-9]*\s*(?::\s*-?[0-9]*\s*)?)*)\]$")
+
+
+def source_item(name: str) -> tuple[str, tuple] | None:
+    """``(tensor, index)`` of a source tensor name that selects part of a tensor, ``NAME[i, j]``
+    or with slices ``NAME[:, t, a:b]`` (integers and ``start:stop``, one per leading axis;
+    a recurrent step's state is one step of a tensor of every step's, ``<node>:h[0, 1, 3]``),
+    else None."""
+    m = _ITEM.match(name)
+    if m is None:
+        return None
+    index: list[int | slice] = []
+    for part in m.group(2).split(","):
+        lo, colon, hi = (p.strip() for p in part.partition(":"))
+        if not colon and not lo:
+            return None
+        index.append(slice(int(lo) if lo else None, int(hi) if hi else None) if colon else int(lo))
+    return m.group(1), tuple(index)
+
+
+class WithItems:
+    """A source runner that also gives the tensors named ``NAME[index]`` (:func:`source_item`)
+    the runtime does not give under that name: the runtime's ``NAME``, indexed. Its attributes
+    are the runner's (``runtime``, ``kernels``, ``exact``, ``fallback``)."""
+
+    def __init__(self, runner: Callable):
+        self._runner = runner
+
+    def __getattr__(self, name: str):
+        return getattr(self._runner, name)
+
+    def __call__(self, feeds: dict[str, Any], wanted: list[str]) -> dict[str, Any]:
+        import numpy as np
+
+        items = {w: it for w in wanted if (it := source_item(w)) is not None}
+        bases = sorted({base for base, _ in items.values()} - set(wanted))
+        values = self._runner(feeds, [*wanted, *bases])
+        for w, (base, index) in items.items():
+            if w not in values and base in values:
+                try:
+                    values[w] = np.asarray(values[base])[index]
+                except IndexError:  # not an item of that tensor: not given
+                    continue
+        keep = set(wanted)
+        return {k: v for k, v in values.items() if k in keep}
 
 
 def _source_child(conn, frontend: str, model: str, options: dict, plugins: list[str], strict: bool, feeds,
@@ -163,7 +211,7 @@ def _source_child(conn, frontend: str, model: str, options: dict, plugins: list[
     try:
         t0 = time.perf_counter()
         host = PluginHost().load(extra=plugins, strict=strict)
-        runner = host.frontends.get(frontend).source_runner(Path(model), options)
+        runner = WithItems(host.frontends.get(frontend).source_runner(Path(model), options))
         t1 = time.perf_counter()
         # before running: what runs, and the options to retry with should it crash (see isolated_source_runner)
         conn.send(("runner", _describe(runner), getattr(runner, "fallback", None)))

@@ -6,7 +6,8 @@ after the ONNX output tensor; :class:`irgen.plugin.Provenance` maps those names
 back to ONNX node and tensor names.
 
 Modules: :mod:`irgen_onnx.translate` (the importer: ``load`` and its naming
-importer), :mod:`irgen_onnx.converters` (irgen's converters over TVM's),
+importer), :mod:`irgen_onnx.converters` (irgen's converters over TVM's;
+:mod:`irgen_onnx.recurrent`: LSTM, GRU and RNN, one layer per time step),
 :mod:`irgen_onnx.runner` (the source runner for ``verify``),
 :mod:`irgen_onnx.prepare` (every check and graph fix before the importer, in
 order), :mod:`irgen_onnx.loader` / :mod:`irgen_onnx.checks` (reading and

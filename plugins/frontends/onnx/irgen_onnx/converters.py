@@ -14,6 +14,9 @@ op) and tensor bounds ``relax.maximum`` / ``relax.minimum``.
 here it is one ``relax.tile`` (GPT-J's rotary tables: verify's numpy reference, and a
 QDQ scheme evaluating a constant operand, can run it).
 
+``LSTM``, ``GRU``, ``RNN`` (none in TVM 0.27): unrolled one step at a time, each step a
+layer (:mod:`irgen_onnx.recurrent`).
+
 A converter returns ``NotImplemented`` to leave a node form it does not handle
 to TVM's converter.
 """
@@ -23,6 +26,8 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import numpy as np
+
+from . import recurrent
 
 
 def _bound(expr, default: float):
@@ -154,4 +159,10 @@ CONVERTERS: dict[str, Callable[..., Any]] = {
     "Clip": clip,
     "Pad": pad,
     "Tile": tile,
+    **dict.fromkeys(("LSTM", "GRU", "RNN"), recurrent.convert),
 }
+
+#: the ops whose converter binds and names its own results: ``fn(bb, inputs, attrs, opset, ctx)``
+#: (:class:`irgen_onnx.translate.Context`: the node, the namer, the provenance), returning the
+#: node's outputs bound
+WITH_CONTEXT = frozenset({"LSTM", "GRU", "RNN"})

@@ -74,11 +74,14 @@ def checked_model(path: Path, options: dict[str, Any] | None = None, for_tvm: bo
 
 
 def check_ops(model, path: Path) -> None:
-    """Refuse a model with ops TVM's importer has no converter for (``If`` and
-    ``Constant`` are handled by the importer itself), naming up to 50 of them."""
+    """Refuse a model with ops neither TVM's importer nor irgen's own converters
+    (:data:`.converters.CONVERTERS`: LSTM, GRU, RNN) convert (``If`` and ``Constant`` are
+    handled by the importer itself), naming up to 50 of them."""
     from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
 
-    known = set(_get_convert_map()) | {"If", "Constant"}
+    from .converters import CONVERTERS
+
+    known = set(_get_convert_map()) | set(CONVERTERS) | {"If", "Constant"}
     missing = sorted({n.op_type for g in all_graphs(model.graph) for n in g.node if n.op_type not in known})
     if missing:
         raise UnsupportedOpsError(f"onnx frontend ({path.name})", [loader.q(m)[1:-1] for m in missing[:50]])

@@ -1,5 +1,6 @@
 """The ONNX source runner for ``irgen verify --mode source``: ONNX Runtime on the
-checked model, every requested tensor made a graph output (:func:`source_runner`)."""
+checked model, every requested tensor made a graph output (:func:`source_runner`), and
+a recurrent node's per-step states (:mod:`irgen_onnx.recurrent`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 from irgen.plugin import IrgenError
 
 from .prepare import checked_model
+from .recurrent import states_values, states_wanted
 
 
 def _typed(model):
@@ -126,7 +128,8 @@ def source_runner(path: Path, options: dict[str, Any]):
     quantized = _is_quantized(model)
 
     def run(inputs: dict[str, Any], tensors: list[str]) -> dict[str, Any]:
-        m = _with_outputs(model, tensors)
+        stepped = states_wanted(model, tensors)  # recurrent nodes whose per-step states are asked for
+        m = _with_outputs(model, tensors + [i for n in stepped.values() for i in n.input])
         sess = inference_session(m.SerializeToString(), quantized)
         # ORT's integer kernels in their exact configuration are the arithmetic the qdq scheme reproduces
         run.exact = quantized and getattr(sess, "irgen_exact", False)
@@ -134,6 +137,7 @@ def source_runner(path: Path, options: dict[str, Any]):
         names = [o.name for o in sess.get_outputs()]
         values = dict(zip(names, sess.run(names, feeds)))
         values.update({k: v for k, v in inputs.items()})
+        values.update(states_values(model, stepped, values))
         return {t: values[t] for t in tensors if t in values}
 
     run.runtime = f"onnxruntime {ort.__version__}"

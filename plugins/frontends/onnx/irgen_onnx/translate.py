@@ -19,8 +19,8 @@ from typing import Any, Callable
 
 from irgen.plugin import ImportedModel, InputSpec, IrgenError, Provenance, SafeNames, identifier
 
-from . import loader
-from .converters import CONVERTERS
+from . import loader, recurrent
+from .converters import CONVERTERS, WITH_CONTEXT
 from .fold import INVENTED
 from .loader import one_line
 from .prepare import prepare
@@ -34,6 +34,8 @@ class Context:
     namer: Callable[[str], str] = field(default_factory=lambda: SafeNames(lambda n: "t_" + identifier(n)))
     provenance: Provenance = field(default_factory=Provenance)
     current: Any = None
+    #: the name each recurrent node's steps go by (:func:`irgen_onnx.recurrent.base_names`)
+    recurrent_names: dict[str, str] = field(default_factory=dict)
 
 
 def _opset(model) -> int | None:
@@ -91,9 +93,8 @@ def _naming_importer():
             return expr
 
         def _convert_operator(self, op_name, inputs, attrs, opset):
-            own = CONVERTERS.get(op_name)
             theirs = of._get_convert_map().get(op_name)
-            sym = own(self.bb, inputs, attrs, opset) if own is not None else NotImplemented
+            sym = _own(self.bb, op_name, inputs, attrs, opset, self.ctx)
             if sym is not NotImplemented:
                 sym = self.bb.normalize(sym)
             elif theirs is not None and self.ctx.current is not None:
@@ -124,7 +125,33 @@ def _naming_importer():
                 return relax.Tuple([self._emit(relax.TupleGetItem(tup, k), k) for k in range(len(sym.ty.fields))])
             return self._emit(sym, 0)
 
+    NamingImporter._check_for_unsupported_ops = _check_ops  # irgen's own converters count as known ops
     return NamingImporter
+
+
+def _check_ops(importer, graph) -> None:
+    """TVM's check of the ops before importing, irgen's own converters counting as known ops."""
+    import tvm
+    from tvm.relax.frontend.onnx import onnx_frontend as of
+
+    known = set(of._get_convert_map()) | set(CONVERTERS) | {"If", "Constant"}
+    missing = sorted({n.op_type for n in graph.node if n.op_type not in known})
+    if missing:
+        raise tvm.error.OpNotImplemented(f"The following operators are not supported for frontend ONNX: "
+                                         f"{', '.join(missing)}")
+
+
+def _own(bb, op_name: str, inputs: list, attrs: dict, opset: int, ctx: Context):
+    """irgen's converter of ``op_name`` applied (one of :data:`~irgen_onnx.converters.WITH_CONTEXT`
+    binds and names its results itself, given ``ctx``), or NotImplemented."""
+    convert = CONVERTERS.get(op_name)
+    if convert is None:
+        return NotImplemented
+    if op_name not in WITH_CONTEXT:
+        return convert(bb, inputs, attrs, opset)
+    if ctx.current is None:
+        raise IrgenError(f"{op_name} inside an If branch is not supported")
+    return convert(bb, inputs, attrs, opset, ctx)
 
 
 def _convert(model, specs: list[InputSpec], opset: int | None, ctx: Context, path: Path):
@@ -187,6 +214,6 @@ def _finish(model, mod, specs: list[InputSpec], ctx: Context) -> ImportedModel:
 def load_onnx(path: Path, options: dict[str, Any]) -> ImportedModel:
     """The ONNX model in ``path`` as a Relax module, each binding named after its ONNX tensor."""
     model, specs = prepare(path, options)
-    ctx = Context()
+    ctx = Context(recurrent_names=recurrent.base_names(model.graph))
     mod = _convert(model, specs, _opset(model), ctx, path)
     return _finish(model, mod, specs, ctx)

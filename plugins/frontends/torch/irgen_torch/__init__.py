@@ -32,7 +32,8 @@ and imported as constants (:mod:`irgen_torch.fold`).
 
 Modules: :mod:`irgen_torch.translate` (the importer: ``load`` and the
 translation driver), :mod:`irgen_torch.converters` (irgen's converters, one per
-ATen op, over TVM's), :mod:`irgen_torch.runner` (the source runner for
+ATen op, over TVM's; :mod:`irgen_torch.recurrent`: ``nn.LSTM``, ``GRU`` and ``RNN``, one
+layer per time step), :mod:`irgen_torch.runner` (the source runner for
 ``verify``), :mod:`irgen_torch.loader` / :mod:`irgen_torch.archive` /
 :mod:`irgen_torch.guard` (reading untrusted files), :mod:`irgen_torch.fold`
 (input-independent values); this module registers them.

@@ -20,6 +20,9 @@ and the provenance.
   ``aten.swapaxes`` / ``swapdims`` and ``aten.t`` have none either: a permute_dims;
 - ``aten.upsample_nearest2d``: TVM 0.27 rounds half-pixel coordinates, torch floors
   ``dst * in / out``; they differ when the size is no multiple of the input's (a gather then);
+- ``aten.lstm`` / ``gru`` / ``rnn_tanh`` / ``rnn_relu``: TVM 0.27 refuses more than one
+  layer and imports the output sequence alone; irgen's (:mod:`irgen_torch.recurrent`)
+  unrolls every layer and direction, one layer per time step;
 - torch quantization: ``quantized_decomposed`` Q/DQ ops (FX reference flow)
   and fake quant (QAT) become ``relax.quantize`` / ``relax.dequantize``;
   quantized weights are computed by torch at import time.
@@ -31,6 +34,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from irgen.plugin import IrgenError, Provenance
+
+from .recurrent import KINDS as RECURRENT_OPS, convert_recurrent
 
 
 @dataclass
@@ -620,6 +625,7 @@ def convert_fake_quant(imp, node):
 
 CONVERTERS: dict[str, Callable[[Any, Any], Any]] = {
     "batch_norm.default": convert_batch_norm,
+    **dict.fromkeys(RECURRENT_OPS, convert_recurrent),
     "scaled_dot_product_attention.default": convert_sdpa,
     "pixel_shuffle.default": convert_pixel_shuffle,
     "diff.default": convert_diff,

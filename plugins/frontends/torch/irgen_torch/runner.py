@@ -6,11 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from irgen.plugin import IrgenError, regular_file
+from irgen.plugin import IrgenError, recurrent_states_tensor, regular_file
 
 from .converters import fake_quant_fields
 from .hops import inline_autocast
 from .loader import load_pt2, load_pth
+from .recurrent import KINDS as RECURRENT_OPS, step_states
 from .translate import user_inputs
 
 
@@ -36,7 +37,8 @@ def fake_quant_integers(out, *args, target: str):
 
 def record_nodes(ep, inputs: list) -> dict[str, Any]:
     """Every FX node's tensor value (by node name) when ``ep``'s graph runs on ``inputs``
-    (the user inputs in order), through ``torch.fx.Interpreter``. Autocast regions switched
+    (the user inputs in order), through ``torch.fx.Interpreter``; a recurrent op's states
+    at every step too (:func:`irgen_torch.recurrent.step_states`). Autocast regions switched
     off are inlined first (in ``ep``), as ``irgen run`` imports them, so their nodes have
     values under the names the layers' provenance gives."""
     import torch
@@ -48,6 +50,11 @@ def record_nodes(ep, inputs: list) -> dict[str, Any]:
     class Recorder(torch.fx.Interpreter):
         def run_node(self, n):
             out = super().run_node(n)
+            if n.op == "call_function" and ".".join(str(n.target).split(".")[-2:]) in RECURRENT_OPS:
+                # a recurrent op's states at every step (it outputs the last step's): <node>:h, <node>:c
+                args = self.fetch_args_kwargs_from_env(n)[0]
+                for state, value in step_states(str(n.target), list(args)).items():
+                    seen[recurrent_states_tensor(n.name, state)] = value
             if isinstance(out, torch.Tensor):
                 seen[n.name] = out.detach().numpy().copy()
                 if n.op == "call_function" and "fake_quant" in str(n.target):

@@ -187,7 +187,9 @@ def _named_result(importer, node, out, before: set[str]):
 def _named_expr(importer, node, op_type: str, expr, tensor: str, before: set[str]):
     """``expr`` bound to a variable named after ``tensor`` when it is a call or a tuple item; a
     variable the converter bound itself (new since ``before``, not renamed yet, not a parameter)
-    is recorded for renaming after ``tensor`` instead. Provenance records the node either way."""
+    is recorded for renaming after ``tensor`` instead, unless the converter named it and
+    recorded its provenance itself (a recurrent op's results). Provenance records the node
+    either way."""
     from tvm import relax
 
     ctx = importer.ctx
@@ -196,7 +198,7 @@ def _named_expr(importer, node, op_type: str, expr, tensor: str, before: set[str
         ctx.provenance.by_var[var] = (node.name, op_type, tensor)
         return importer.block_builder.emit(expr, name_hint=var)
     if isinstance(expr, relax.Var) and expr.name not in before and expr.name not in ctx.renames \
-            and not any(p.name == expr.name for p in importer._params):
+            and expr.name not in ctx.provenance.by_var and not any(p.name == expr.name for p in importer._params):
         var = ctx.namer(tensor)
         ctx.renames[expr.name] = var
         ctx.provenance.by_var[var] = (node.name, op_type, tensor)
