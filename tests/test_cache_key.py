@@ -200,6 +200,7 @@ def test_changed_external_data_is_never_served_from_the_cache(tmp_path, cache, c
     assert manifest["key"]["depends"] == entry["depends"]
 
 
+@pytest.mark.slow  # test_changed_external_data_is_never_served_from_the_cache runs by default
 def test_sweep_resume_reruns_a_job_whose_external_data_changed(tmp_path):
     """The sweep's resume fingerprint is the run's key: a changed data file reruns the job."""
     pytest.importorskip("onnx")

@@ -191,6 +191,7 @@ def test_killed_worker_and_failing_job(executor, tmp_path, plugin_file, capsys, 
     assert not [p for p in (tmp_path / "out").rglob(".*") if p.is_dir()]
 
 
+@pytest.mark.slow  # test_pool_sweep_writes_what_single_runs_write and test_cache_key's resume test run by default
 def test_resume_runs_only_what_is_missing(tmp_path, capsys):
     spec = tmp_path / "spec.yaml"
     spec.write_text(f"models: [{EXAMPLE}]\nseeds: [0, 1, 2]\nopt_levels: [1]\n")

@@ -156,6 +156,7 @@ def test_16x8_tables_and_named_ops(runs16):
     assert by_kind["requantize"] and all(l["outputs"][0]["dtype"] == "int16" for l in by_kind["requantize"])
 
 
+@pytest.mark.slow  # test_every_int16_activation_equals_the_interpreter runs by default
 def test_16x8_model_verifies(tmp_path, capsys):
     """``irgen run`` then ``irgen verify`` (all three modes, the source check against the
     interpreter) on the gated model: every layer passes."""

@@ -120,6 +120,7 @@ def test_an_int8_embedding_table_is_gathered_then_dequantized(tmp_path, host):
             np.testing.assert_array_equal(np.load(tmp_path / "out" / rec["file"]), ref[src], err_msg=layer["name"])
 
 
+@pytest.mark.slow  # test_every_layer_equals_the_interpreter covers the fully connected layers by default
 def test_symmetric_input_quantization_of_fully_connected(model, host, tmp_path):
     """A FULLY_CONNECTED without ``asymmetric_quantize_inputs`` (older converters wrote it so; the
     flag is flipped in the flatbuffer here) quantizes each row symmetrically:

@@ -210,6 +210,7 @@ def test_a_float_interface_model_equals_the_interpreter_from_quantize_to_dequant
     np.testing.assert_array_equal(y, ref[out_rec["name"]])
 
 
+@pytest.mark.slow  # per-channel int8 runs by default
 def test_per_tensor_weights_verify_and_equal_the_interpreter(tmp_path, host, capsys):
     """Weights with one scale per tensor (``_experimental_disable_per_channel``): TFLite still
     computes a multiplier per output channel; the consistency check compares them with the one

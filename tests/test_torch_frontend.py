@@ -141,6 +141,7 @@ def test_pth_state_dict_with_model_class(tmp_path):
     assert {layer["op"] for layer in ir["layers"]} >= {"conv2d", "max_pool2d", "dense"}
 
 
+@pytest.mark.slow  # another torch import path; the default suite keeps one per kind
 def test_pth_input_takes_the_name_given(tmp_path):
     """--input-shape NAME=DIMS names the model input NAME, whatever forward() calls its argument."""
     net = _net()
@@ -211,6 +212,7 @@ def test_malicious_pickle_does_not_run(tmp_path):
     assert not marker.exists(), "unpickling ran the payload"
 
 
+@pytest.mark.slow  # another torch import path; the default suite keeps one per kind
 def test_pickled_module_allowed_with_flag(tmp_path):
     torch.save(_net(), tmp_path / "whole.pth")
     r = _irgen(["run", "whole.pth", "-o", "out", "--allow-pickle", "--input-shape", "x=1,3,8,8", "--no-progress"], tmp_path)
@@ -241,6 +243,7 @@ def test_model_class_errors(tmp_path, extra, needles):
     _assert_error(r, tmp_path / "out", *needles)
 
 
+@pytest.mark.slow  # another torch import path; the default suite keeps one per kind
 def test_state_dict_mismatch(tmp_path):
     sd = _net().state_dict()
     sd["extra.weight"] = torch.zeros(2)
@@ -310,6 +313,7 @@ def test_autocast_region_disabled_is_inlined(tmp_path, capsys):
     assert irgen_main(["verify", str(out), "--no-progress", "--no-report"]) == 0
 
 
+@pytest.mark.slow  # another torch import path; the default suite keeps one per kind
 def test_autocast_region_enabled_is_refused(tmp_path):
     x = torch.randn(1, 3, 5, 5)
     ep = torch.export.export(_Autocast(True).eval(), (x,))
@@ -336,6 +340,7 @@ class _CacheAndPooler(torch.nn.Module):
         return scores.squeeze(1) * 2
 
 
+@pytest.mark.slow  # another torch import path; the default suite keeps one per kind
 def test_empty_cache_concat_and_dropped_results(tmp_path):
     x = torch.randn(1, 4, 8, generator=torch.Generator().manual_seed(2))
     torch.manual_seed(0)
@@ -349,6 +354,7 @@ def test_empty_cache_concat_and_dropped_results(tmp_path):
     assert irgen_main(["verify", str(out), "--no-progress", "--no-report"]) == 0
 
 
+@pytest.mark.slow  # another torch import path; the default suite keeps one per kind
 def test_weight_norm_conv(tmp_path):
     """``aten._weight_norm`` (wav2vec2's positional convolution, ``parametrizations.weight_norm``
     over the kernel axis and over the output channels): the weight is ``v * g / ||v||``."""
@@ -374,6 +380,7 @@ class _FromTheEnd(torch.nn.Module):
         return qkv[:, :, [-2], :] * 2 + qkv[:, :, [-1], :] + qkv[:, :, :-2, :].sum(2, keepdim=True)
 
 
+@pytest.mark.slow  # another torch import path; the default suite keeps one per kind
 def test_gather_of_negative_constant_indices(tmp_path):
     x = torch.randn(1, 3, 6, 4, generator=torch.Generator().manual_seed(4))
     model = _FromTheEnd().eval()
@@ -398,6 +405,7 @@ class _FalconLinear(torch.nn.Module):
         return scores.softmax(-1) @ h
 
 
+@pytest.mark.slow  # another torch import path; the default suite keeps one per kind
 def test_falcon_transpose_and_inplace_divide(tmp_path):
     x = torch.randn(1, 5, 8, generator=torch.Generator().manual_seed(6))
     model = _FalconLinear().eval()

@@ -623,6 +623,7 @@ class _Head(nn.Module):
         return self.fc(self.drop(y))
 
 
+@pytest.mark.slow  # another float span or table; test_float_spans_as_torch_runs_them and test_hardswish_and_hardsigmoid_tables run by default
 def test_requantizing_dropout_and_global_pool(tmp_path, capsys):
     """irgen refused the dequantize -> quantize span ("cannot realize relax.dequantize"): it is now a
     ``requantize`` table with torch's rounding. verify's float64 adaptive-pool mean then disagreed
@@ -650,6 +651,7 @@ class _SqueezeExcite(nn.Module):
         return y * s
 
 
+@pytest.mark.slow  # another float span or table; test_float_spans_as_torch_runs_them and test_hardswish_and_hardsigmoid_tables run by default
 def test_silu_and_squeeze_excite_multiply(tmp_path, capsys):
     """irgen refused both in torch graphs ("cannot realize relax.nn.silu", "a quantized multiply
     ... in a torch graph is not supported"): torchvision EfficientNet-B0 and RegNetY-400MF PTQ.
@@ -700,6 +702,7 @@ class _ShuffleUnit(nn.Module):
         return y.view(1, 2, 4, 8, 8).transpose(1, 2).reshape(1, 8, 8, 8).mean([2, 3])
 
 
+@pytest.mark.slow  # another float span or table; test_float_spans_as_torch_runs_them and test_hardswish_and_hardsigmoid_tables run by default
 def test_chunk_items_with_their_own_parameters(tmp_path, capsys):
     """irgen refused a torch ``chunk`` ("cannot realize tgi"; then "the split changes quantization
     parameters"): each item is now a table then the slice. verify's float64 ``mean`` then disagreed
@@ -813,6 +816,7 @@ class _WindowAttention(_PositionBias):
         return self.o((a * (v * 0.5 + 1.0)).reshape(1, 4, 8, 8))
 
 
+@pytest.mark.slow  # another float span or table; test_float_spans_as_torch_runs_them and test_hardswish_and_hardsigmoid_tables run by default
 def test_attention_spans_as_torch_runs_them(tmp_path, capsys):
     """irgen refused MaxViT-T PTQ: ``aten.swapaxes`` (and here ``aten.t``) had no converter, a
     quantized softmax and an elementwise chain other than hardswish were refused in torch graphs,
@@ -938,6 +942,7 @@ class _PoolBranch(nn.Module):
         return torch.cat([self.b(y) * 3.0, nn.functional.max_pool2d(y, 3, stride=2)], 1)
 
 
+@pytest.mark.slow  # another float span or table; test_float_spans_as_torch_runs_them and test_hardswish_and_hardsigmoid_tables run by default
 def test_a_max_pool_that_changes_quantization_parameters(tmp_path, capsys):
     """irgen refused it in torch graphs ("nn.max_pool2d ... changes quantization parameters";
     torchvision Inception V3 PTQ with the default x86 mapping). torch's float max of dequantized

@@ -363,6 +363,7 @@ def test_torch_pt2_source(torch_float, capsys):
     assert ir["producer"]["frontend"] == "torch" and all(row["checks"]["source"]["source_tensor"] for row in r["layers"])
 
 
+@pytest.mark.slow  # test_torch_pt2_source runs by default
 def test_torch_pth_source_uses_recorded_options(tmp_path, capsys, monkeypatch):
     torch = pytest.importorskip("torch")
     import torch_classes
@@ -427,6 +428,7 @@ def test_unsupported_layer_is_reported_not_skipped(onnx_float, tmp_path):
     assert allowed["summary"]["unsupported"] == 1 and not [p for p in allowed["problems"] if p["check"] == "single"]
 
 
+@pytest.mark.slow  # test_torch_pt2_source runs by default
 def test_torch_reference_quantized_source(tmp_path, capsys):
     """A torch FX reference-quantized (PTQ) program: integer golden data against torch's
     quantize/dequantize graph, within the default 1 LSB."""
