@@ -55,6 +55,38 @@ if os.environ.get("IRGEN_TEST_VERIFY", "1") != "0":
     irgen.pipeline.run = _run_and_verify
 
 
+#: parametrized variants moved to the slow suite for the default suite's time budget (15 minutes
+#: in CI), each beside the default case that keeps its path covered (docs/contributing.md)
+SLOW_VARIANTS = {
+    "tests/test_zoo.py::test_zoo_case_runs_and_verifies_against_its_source_runtime[vit-pt2e-arm]": "vit-qdq-pre",
+    "tests/test_zoo.py::test_zoo_case_runs_and_verifies_against_its_source_runtime[bert-onnx]": "hf_llama-pt2",
+    "tests/test_float_zoo_patterns.py::test_backend_that_asks_for_fused_attention_gets_one_attention_layer"
+    "[sdpa_attention-pt2]": "sdpa_attention-onnx",
+    "tests/test_float_zoo_patterns.py::test_pattern_runs_and_verifies[encoder_block-pt2-O3]": "sdpa_attention-pt2-O3",
+    "tests/test_video_3d.py::test_float_model[variants-pt2]": "variants-onnx",
+    "tests/test_video_3d.py::test_float_model[scaled-pt2]": "video-pt2",
+    "tests/test_video_3d.py::test_float_model[where-pt2]": "where-onnx",
+    "tests/test_video_3d.py::test_float_model[decoder-pt2]": "decoder-onnx",
+    "tests/test_report.py::test_report_fits_a_1280_pixel_window[tflite]": "the other formats",
+    "tests/test_reference_ops.py::test_model[attention-pt2]": "mlp_ops-pt2, attention-onnx",
+    "tests/test_float_transformers.py::test_transformer_pattern_runs_and_verifies[shuffle_diff-pt2-O0]": "bool_mask_attention-pt2-O3",
+    "tests/test_float_transformers.py::test_transformer_pattern_runs_and_verifies[position_mask-pt2-O3]": "bool_mask_attention-pt2-O3",
+    "tests/test_hostile_sweep.py::test_hostile_record_in_out[row-without-fields]": "row-not-a-mapping",
+    "tests/test_hostile_sweep.py::test_hostile_record_in_out[row-of-wrong-types]": "row-not-a-mapping",
+    "tests/test_torch_quant.py::test_group_norm_in_a_float_span[pt2e]": "the other quantizer",
+    "tests/test_torch_quant.py::test_reduce_range_of_the_default_mappings[ptq]": "the other flow",
+    "tests/test_hostile_surfaces.py::test_every_file_irgen_writes_follows_the_umask[2]": "umask 63",
+    "tests/test_torch_frontend.py::test_model_class_errors[no-colon]": "the other model-class errors",
+    "tests/test_qdq_spans.py::test_run_and_verify_against_onnxruntime[linear_attention-a16]": "transformer-a16",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.nodeid in SLOW_VARIANTS:
+            item.add_marker(pytest.mark.slow)
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "corrupts_ir: the test writes invalid ir.json files on purpose "
                                        "(they are not checked against the IR schema)")
