@@ -99,33 +99,23 @@ def _cast(node, vals: list, attrs: dict) -> Folded | None:
     return Folded(x.shape, to, lambda: x.astype(to))
 
 
-#: the integer types a QuantizeLinear of a constant is folded to
-_Q_TYPES = tuple(np.dtype(t) for t in ("int8", "uint8", "int16", "uint16"))
-
-
 def _quantize(node, vals: list, attrs: dict) -> Folded | None:
     """QuantizeLinear of float32 values, per tensor or per axis: ``saturate(round_half_even(x /
     scale) + zero_point)`` in float32 (:func:`irgen.plugin.quantize_linear`, MLAS's rule)."""
-    from .fold import _per_axis
+    from .fold import foldable_quantize
 
     x, s = vals[0], vals[1] if len(vals) > 1 else None
     z = vals[2] if len(vals) > 2 and vals[2] is not None else None
-    if attrs.get("block_size") or "precision" in attrs or s is None or x.dtype != np.float32 \
-            or s.dtype != np.float32:
+    if attrs.get("block_size") or "precision" in attrs:
         return None
     if z is None:
         if attrs.get("output_dtype", 2) != 2:  # UINT8, the default; other types name a zero point
             return None
         z = np.zeros((), np.uint8)
-    if z.dtype not in _Q_TYPES:
-        return None
-    fit = _per_axis(node, x.shape, s, z)
+    fit = foldable_quantize(node, x, s, z)
     if fit is None:
         return None
     s, z = fit
-    with np.errstate(divide="ignore", invalid="ignore"):
-        if not np.isfinite(x / s).all():
-            return None
     return Folded(x.shape, z.dtype, lambda: quantize_linear(x, s, z.astype(np.int64), str(z.dtype)))
 
 

@@ -514,21 +514,31 @@ def _per_axis(node, shape, s: np.ndarray, z: np.ndarray):
 _Q_TYPES = tuple(np.dtype(t) for t in ("int8", "uint8", "int16", "uint16"))
 
 
-def _quantized_float_initializer(node, const) -> np.ndarray | None:
-    """The integers a QuantizeLinear of a float32 initializer gives (per tensor or per axis), as
-    ONNX Runtime folds it: ``saturate(round_half_even(w / scale) + zero_point)`` in float32."""
-    w, s = const(node.input[0]), const(node.input[1])
-    z = const(node.input[2]) if len(node.input) > 2 and node.input[2] else np.zeros((), np.uint8)
+def foldable_quantize(node, w, s, z) -> tuple[np.ndarray, np.ndarray] | None:
+    """(scale, zero point) shaped to broadcast over ``w`` when QuantizeLinear ``node`` of the
+    constants ``w``, ``s``, ``z`` can be folded exactly (float32 values and scale, an integer type
+    of :data:`_Q_TYPES`, per tensor or per axis, finite ``w / s``), else None."""
     if w is None or s is None or z is None or w.dtype != np.float32 or s.dtype != np.float32 \
             or z.dtype not in _Q_TYPES:
         return None
     fit = _per_axis(node, w.shape, s, z)
     if fit is None:
         return None
-    s, z = fit
     with np.errstate(divide="ignore", invalid="ignore"):
-        if not np.isfinite(w / s).all():
+        if not np.isfinite(w / fit[0]).all():
             return None
+    return fit
+
+
+def _quantized_float_initializer(node, const) -> np.ndarray | None:
+    """The integers a QuantizeLinear of a float32 initializer gives (per tensor or per axis), as
+    ONNX Runtime folds it: ``saturate(round_half_even(w / scale) + zero_point)`` in float32."""
+    w = const(node.input[0])
+    z = const(node.input[2]) if len(node.input) > 2 and node.input[2] else np.zeros((), np.uint8)
+    fit = foldable_quantize(node, w, const(node.input[1]), z)
+    if fit is None:
+        return None
+    s, z = fit
     return quantize_linear(w, s, z.astype(np.int64), str(z.dtype))
 
 
