@@ -13,7 +13,7 @@ from irgen.api import Provenance
 from irgen.canonical import is_roll, rotation
 from irgen.graph import Binding, Constant, attrs_to_dict, const_view, tensor_type, to_json
 from irgen.layers import Layer
-from irgen.quant import KERNEL_OPS, MAC_KINDS
+from irgen.quant import MAC_KINDS, kernel_op
 from irgen.ops import (CANONICAL_OPS, COMPOUND_OPS, LAYER_OP_NAMES, MULTI_STEP_OPS, OP_NAMES,  # noqa: F401  (re-exported)
                        SOURCE_OP_NAMES, quant_op, quantized_roll, short_op, source_op_name)
 
@@ -374,7 +374,7 @@ def _kernel_op(b: Binding) -> tuple[str, dict[str, Any]] | None:
     v = b.value
     if b.op != "relax.call_tir" or not isinstance(v.args[0], tvm.ir.GlobalVar):
         return None
-    return KERNEL_OPS.get(v.args[0].name_hint)
+    return kernel_op(v.args[0].name_hint)
 
 
 def _layer_attrs(layer: Layer, members: list[Binding], anchor: Binding, ops: list[dict[str, Any]],

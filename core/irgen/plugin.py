@@ -91,6 +91,10 @@ The graph a scheme reads and rewrites
   and stores the layer's ``quant`` record in ``qg.quant[name]``. A record holds
   ``scheme`` (the registering scheme's name), ``kind``, ``inputs`` and
   ``output`` (``QTensor.record()``) and what the kind's recompute reads.
+  ``qg.add_kernel(func, name, op, attrs)`` (2.1) adds a TIR kernel for arithmetic no Relax op
+  has (an accumulation order) and returns its ``GlobalVar`` for a ``relax.call_tir``;
+  ``kernel_op(name)`` is the ``(op, attrs)`` the kernel of that name computes, as ``fused_ops``
+  records it.
 * ``QTensor``: a tensor's scale, zero point, dtype and per-channel axis.
 * ``Binding`` (``name``, ``var``, ``value``, ``op`` such as ``"relax.nn.conv2d"``)
   and ``Constant`` (a Relax constant: ``c.value.numpy()``).
@@ -235,6 +239,7 @@ from irgen.quant import (
     FLOAT64,
     QGraph,
     QTensor,
+    kernel_op,
     accumulate,
     check_qparams,
     divide_round_half_away,
@@ -323,7 +328,7 @@ __all__ = [
     "ImportedModel", "InputSpec", "Provenance", "IrgenError", "UnsupportedOpsError", "QUANT_DIALECTS",
     "TensorInfo", "StoredTensor", "TENSOR_KINDS", "Signature", "Mismatch", "SIGNATURE_CODES", "DumpReader",
     # the graph a scheme reads and rewrites
-    "QGraph", "QTensor", "Binding", "Constant", "attrs_to_dict", "substitute", "main_bindings",
+    "QGraph", "QTensor", "kernel_op", "Binding", "Constant", "attrs_to_dict", "substitute", "main_bindings",
     "module_bindings", "check_tensor_sizes", "tuple_output_outside_dataflow", "arg_ref", "op_args", "program_arg",
     "weight_tensor",
     # recurrent layers

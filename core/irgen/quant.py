@@ -630,6 +630,12 @@ class QTensor:
 KERNEL_OPS: dict[str, tuple[str, dict[str, Any]]] = {}
 
 
+def kernel_op(name: str) -> tuple[str, dict[str, Any]] | None:
+    """(the Relax op, its attributes) that the kernel :meth:`QGraph.add_kernel` added under the
+    ``GlobalVar`` name ``name`` computes, or None."""
+    return KERNEL_OPS.get(name)
+
+
 @dataclass
 class QGraph:
     """``main``'s bindings as a scheme edits them: what ``Quantizer.detect(qg)`` reads and

@@ -14,7 +14,6 @@ import numpy as np
 from irgen.plugin import IrgenError
 
 from .common import SCHEME, _is_torch, _offset, _ops
-from .mlas import KERNEL_OPS
 from .operands import _args, _const_array, _dequantized_constant, constant_tensor, quantized_constant
 from .torch_ref import torch_quantize
 from .torch_spans import _rx_torch_quantize
@@ -276,7 +275,7 @@ def _program(bound, refs: dict[str, str]) -> list[dict]:
     fused-ops form); ``refs`` gains each binding's ``"op:K"``."""
     from tvm import relax
 
-    from irgen.plugin import attrs_to_dict, op_args, program_arg
+    from irgen.plugin import attrs_to_dict, kernel_op, op_args, program_arg
 
     program = []
     for pb in bound:
@@ -284,7 +283,7 @@ def _program(bound, refs: dict[str, str]) -> list[dict]:
         if isinstance(v, relax.TupleGetItem):
             program.append({"relax_op": "tgi", "attrs": {"index": int(v.index)}, "args": [refs[v.tuple_value.name]]})
         elif isinstance(v, relax.Call) and str(v.op.name) == "relax.call_tir":  # a kernel of .mlas
-            name, attrs = KERNEL_OPS[v.args[0].name_hint]
+            name, attrs = kernel_op(v.args[0].name_hint)
             program.append({"relax_op": name, "attrs": attrs, "args": [program_arg(a, refs) for a in v.args[1].fields]})
         else:
             program.append({"relax_op": str(v.op.name), "attrs": attrs_to_dict(v.attrs) if v.attrs is not None else {},

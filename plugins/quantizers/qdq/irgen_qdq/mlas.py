@@ -30,10 +30,6 @@ from typing import Any
 
 import numpy as np
 
-#: kernel name -> (the op it computes, its attributes with ``accumulation``): what the span's
-#: program records for a ``call_tir`` of that kernel
-KERNEL_OPS: dict[str, tuple[str, dict[str, Any]]] = {}
-
 _STRIDE_N, _STRIDE_K = 128, 128  # MLAS_SGEMM_STRIDEN, MLAS_SGEMM_STRIDEK
 
 
@@ -128,7 +124,6 @@ def emit_conv(qg, e, call, x32, w: np.ndarray):
     attrs = conv_attrs(call, x_shape, w.shape, out_shape)
     digest = hashlib.sha256(json.dumps([x_shape, list(w.shape), attrs], sort_keys=True).encode()).hexdigest()[:12]
     gv = qg.add_kernel(_kernel(x_shape, w.shape, out_shape, attrs), f"fma_conv2d_{digest}", "relax.nn.conv2d", attrs)
-    KERNEL_OPS[gv.name_hint] = ("relax.nn.conv2d", attrs)
     return e(relax.call_tir(gv, relax.Tuple([x32, relax.const(w)]), relax.TensorType(out_shape, "float32")))
 
 
