@@ -24,7 +24,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("IR model, numpy reference, model inputs", {"reference", "runkey", "inputs"}),
     ("Relax passes and kernels", {
         "graph", "canonical", "ops", "recurrent", "quant", "spill", "share", "schedule", "target", "vm", "parallel_build",
-        "execute"}),
+        "execute", "widen"}),
     ("layer forming and records", {"layers", "ir", "forming"}),
     ("compile and plan", {"plan", "cache", "compile"}),
     ("run", {"pipeline", "capture", "workers", "sweep", "cliargs", "cachetool"}),

@@ -49,7 +49,7 @@ def _ir(out: Path) -> dict:
 def _assert_valid(out: Path) -> dict:
     ir = _ir(out)
     assert validate_ir(ir) == []
-    assert ir["ir_version"] == IR_VERSION == "2.7.0"
+    assert ir["ir_version"] == IR_VERSION == "2.8.0"
     return ir
 
 
@@ -173,12 +173,12 @@ def test_many_violations_name_ten(float_out, tmp_path, capsys):
 
 def test_ir_version_is_semver_and_the_old_integer_reads(float_out):
     ir = _ir(float_out)
-    assert ir_version(ir) == "2.7.0"
+    assert ir_version(ir) == "2.8.0"
     assert validate_ir({**ir, "ir_version": 1}) == []
     assert ir_version({**ir, "ir_version": 1}) == "1.0.0"
     assert validate_ir({**ir, "ir_version": "1.0.3"}) == [] == validate_ir({**ir, "ir_version": "1.1.2"})
-    assert validate_ir({**ir, "ir_version": "2.0.7"}) == [] == validate_ir({**ir, "ir_version": "2.1.3"}) == validate_ir({**ir, "ir_version": "2.2.1"}) == validate_ir({**ir, "ir_version": "2.3.2"}) == validate_ir({**ir, "ir_version": "2.4.1"}) == validate_ir({**ir, "ir_version": "2.5.2"}) == validate_ir({**ir, "ir_version": "2.6.1"}) == validate_ir({**ir, "ir_version": "2.7.3"})
-    for bad in ("3.0.0", "2.8.0", "1.2.0", "0.9.0"):
+    assert validate_ir({**ir, "ir_version": "2.0.7"}) == [] == validate_ir({**ir, "ir_version": "2.1.3"}) == validate_ir({**ir, "ir_version": "2.2.1"}) == validate_ir({**ir, "ir_version": "2.3.2"}) == validate_ir({**ir, "ir_version": "2.4.1"}) == validate_ir({**ir, "ir_version": "2.5.2"}) == validate_ir({**ir, "ir_version": "2.6.1"}) == validate_ir({**ir, "ir_version": "2.7.3"}) == validate_ir({**ir, "ir_version": "2.8.1"})
+    for bad in ("3.0.0", "2.9.0", "1.2.0", "0.9.0"):
         problems = validate_ir({**ir, "ir_version": bad})
         assert len(problems) == 1 and problems[0].startswith(f"ir_version: '{bad}' is not readable by this irgen"), problems
     for bad in (True, 2, "1.0", "v1.0.0", None):
@@ -196,7 +196,7 @@ def test_an_old_integer_version_folder_verifies(float_out, tmp_path, capsys):
     assert main(["inspect", str(out), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["ir_version"] == "1.0.0"
     assert main(["inspect", str(float_out)]) == 0
-    assert "; IR 2.7.0, irgen " in capsys.readouterr().out.splitlines()[0]
+    assert "; IR 2.8.0, irgen " in capsys.readouterr().out.splitlines()[0]
 
 
 # ------------------------------------------------------------------ irgen schema

@@ -18,9 +18,10 @@ from irgen.cli import main  # noqa: E402
 from test_qdq import ort_tensors, quantized  # noqa: E402
 
 
-def pow2_model(src: Path, dst: Path) -> Path:
+def pow2_model(src: Path, dst: Path, keep_zero_points: bool = False) -> Path:
     """Rewrite an int8 QDQ model: every scale to its nearest power of two, zero
-    points to 0, and int32 biases re-expressed in scale s_x * s_w."""
+    points to 0 (``keep_zero_points``: the activations' as calibrated, as Quark's XINT8 and
+    Vitis AI keep uint8's 128), and int32 biases re-expressed in scale s_x * s_w."""
     m = onnx.load(str(src))
     inits = {t.name: t for t in m.graph.initializer}
     arr = {n: numpy_helper.to_array(t) for n, t in inits.items()}
@@ -36,7 +37,8 @@ def pow2_model(src: Path, dst: Path) -> Path:
         if n.op_type in ("QuantizeLinear", "DequantizeLinear") and n.name not in biases:
             s = arr[n.input[1]].astype(np.float64)
             new[n.input[1]] = np.exp2(np.round(np.log2(s))).astype(np.float32)
-            if len(n.input) > 2 and n.input[2] in arr:
+            weight = n.input[0] in arr
+            if len(n.input) > 2 and n.input[2] in arr and (weight or not keep_zero_points):
                 new[n.input[2]] = np.zeros_like(arr[n.input[2]])
     for n in m.graph.node:
         if n.name in biases:
@@ -52,17 +54,19 @@ def pow2_model(src: Path, dst: Path) -> Path:
     return dst
 
 
-@pytest.fixture(scope="module", params=["small_cnn", "mlp"])
+@pytest.fixture(scope="module", params=["small_cnn", "mlp", "small_cnn-zero-points", "mlp-zero-points"])
 def case(request, tmp_path_factory):
+    arch, _, zp = request.param.partition("-")
     folder = tmp_path_factory.mktemp(f"pow2_{request.param}")
-    path = pow2_model(quantized(request.param, True, "s8", folder), folder / "pow2.onnx")
-    x = np.random.default_rng(3).standard_normal(models.BUILDERS[request.param][1]).astype(np.float32)
+    path = pow2_model(quantized(arch, True, "s8", folder), folder / "pow2.onnx", keep_zero_points=bool(zp))
+    x = np.random.default_rng(3).standard_normal(models.BUILDERS[arch][1]).astype(np.float32)
     np.save(folder / "x.npy", x)
     out = folder / "out"
     assert main(["run", str(path), "-o", str(out), "--input", str(folder / "x.npy"), "--no-progress"]) == 0
     ir = json.loads((out / "ir.json").read_text())
     names = [s for layer in ir["layers"] for s in layer["source"]["outputs"]]
-    return {"path": path, "x": x, "out": out, "ir": ir, "ref": ort_tensors(path, x, names), "folder": folder}
+    return {"path": path, "x": x, "out": out, "ir": ir, "ref": ort_tensors(path, x, names), "folder": folder,
+            "zero_points": bool(zp)}
 
 
 def test_pow2_is_detected_and_records_shifts(case):
@@ -73,7 +77,8 @@ def test_pow2_is_detected_and_records_shifts(case):
     for layer in convs:
         rq = layer["quant"]["requant"]
         assert "scale" not in rq and all(isinstance(s, int) for s in rq["shift"]), rq
-        assert layer["quant"]["output"]["zero_point"] == 0
+    zero_points = {layer["quant"]["output"]["zero_point"] for layer in convs}
+    assert zero_points != {0} if case["zero_points"] else zero_points == {0}
 
 
 def test_every_integer_layer_matches_onnxruntime(case):

@@ -122,6 +122,8 @@ def test_a_qonnx_model_runs_and_verifies_exactly(qonnx_model, tmp_path, capsys):
                        "--no-cache"]) == 0
     ir = json.loads((out / "ir.json").read_text())
     assert ir["producer"]["quantizer"] == "qdq"
+    weights = [layer["quant"]["weight"] for layer in ir["layers"] if (layer.get("quant") or {}).get("weight")]
+    assert [w.get("range") for w in weights] == [[-127, 127], [-8, 7]]  # narrow and 4-bit weights, in int8
     code, result = _verify_json(capsys, out)
     assert code == 0 and result["source"]["ran"], result["problems"]
     integer = [row for row in result["layers"] if row["integer"]]
@@ -140,13 +142,8 @@ def _refused(tmp_path, capsys, graph: _Graph, *words) -> None:
     assert "QONNX Quant 'quant_xq'" in err and all(w in err for w in words), err
 
 
-@pytest.mark.parametrize("act, words", [
-    ({"bits": 4}, ("-8..7",)),
-    ({"narrow": 1}, ("-127..127",)),
-    ({"rounding": "FLOOR"}, ("FLOOR",)),
-    ({"zp": 7}, ("zero point other than 0",)),
-], ids=["4-bit", "narrow", "floor", "zero-point"])
-def test_an_activation_quant_with_no_quantizelinear_is_refused(act, words, tmp_path, capsys, monkeypatch):
+def _graph_with(act: dict) -> _Graph:
+    """:class:`_Graph` whose input Quant (``xq``) takes the settings ``act``."""
     original = _Graph.quant
 
     def quant(self, src, out, scale, zp, bits, signed, narrow, rounding="ROUND"):
@@ -155,8 +152,46 @@ def test_an_activation_quant_with_no_quantizelinear_is_refused(act, words, tmp_p
             zp = act.get("zp", zp)
         return original(self, src, out, scale, zp, bits, signed, narrow, rounding)
 
-    monkeypatch.setattr(_Graph, "quant", quant)
-    _refused(tmp_path, capsys, _Graph(), *words)
+    _Graph.quant = quant
+    try:
+        return _Graph()
+    finally:
+        _Graph.quant = original
+
+
+@pytest.mark.parametrize("act, words", [
+    ({"rounding": "FLOOR"}, ("FLOOR",)),
+    ({"zp": 7}, ("zero point other than 0",)),
+], ids=["floor", "zero-point"])
+def test_an_activation_quant_with_no_quantizelinear_is_refused(act, words, tmp_path, capsys):
+    _refused(tmp_path, capsys, _graph_with(act), *words)
+
+
+@pytest.mark.parametrize("act, rng", [({"bits": 4}, [-8, 7]), ({"narrow": 1}, [-127, 127]), ({"bits": 3}, [-4, 3])],
+                         ids=["4-bit", "narrow", "3-bit"])
+def test_a_narrow_activation_quant_keeps_its_range(act, rng, tmp_path, capsys):
+    """An activation Quant of fewer than 8 bits (or narrow): QuantizeLinear, an integer Clip to its
+    range, DequantizeLinear (Brevitas' QCDQ form). The layer that writes the tensor clamps to the
+    range, its record says so, and every value equals QONNX's formula and ONNX Runtime."""
+    g = _graph_with(act)
+    path = g.save(tmp_path / "narrow.onnx")
+    x = np.random.default_rng(1).standard_normal((1, 3, 8, 8)).astype(np.float32) * 8  # beyond every range
+    np.save(tmp_path / "x.npy", x)
+    out = tmp_path / "out"
+    assert irgen_main(["run", str(path), "-o", str(out), "--input", str(tmp_path / "x.npy"), "--no-progress",
+                       "--no-cache"]) == 0
+    ir = json.loads((out / "ir.json").read_text())
+    first = ir["layers"][0]
+    assert first["quant"]["kind"] == "quantize" and first["quant"]["output"]["range"] == rng
+    assert first["quant"]["clamp"] == rng
+    ints = np.load(out / first["outputs"][0]["file"])
+    assert ints.min() >= rng[0] and ints.max() <= rng[1] and {ints.min(), ints.max()} == set(rng)  # it clamps
+    src, _, scale, zp, bits, signed, narrow, rounding = g.quants[0]
+    np.testing.assert_array_equal(ints.astype(np.float32) * np.float32(scale),
+                                  int_quant(x, scale, zp, bits, signed, narrow, rounding))
+    code, result = _verify_json(capsys, out)
+    assert code == 0 and result["source"]["ran"], result["problems"]
+    assert all(row["checks"]["source"]["max_lsb"] == 0 for row in result["layers"] if row["integer"])
 
 
 def test_a_quant_whose_scale_is_computed_is_refused(tmp_path, capsys):
@@ -167,17 +202,94 @@ def test_a_quant_whose_scale_is_computed_is_refused(tmp_path, capsys):
     _refused(tmp_path, capsys, g, "not constants")
 
 
-def test_bipolar_quant_and_trunc_stay_unsupported(tmp_path, capsys):
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
-    s = numpy_helper.from_array(np.float32(0.5), "s")
-    nodes = [helper.make_node("BipolarQuant", ["x", "s"], ["b"], name="bipolar", domain=DOMAIN),
-             helper.make_node("Trunc", ["b", "s", "s", "s", "s"], ["y"], name="trunc", domain=DOMAIN)]
-    path = tmp_path / "bipolar.onnx"
-    onnx.save(helper.make_model(helper.make_graph(nodes, "g", [x], [y], [s]),
+def _lowered_values(path: Path, feeds: dict, names: list[str]) -> dict[str, np.ndarray]:
+    """ONNX Runtime's values of ``names`` on the lowered model (what the source check runs)."""
+    model = checked_model(path, for_tvm=False)
+    assert not [n.op_type for n in model.graph.node if n.domain == DOMAIN]
+    have = {o.name for o in model.graph.output}
+    model.graph.output.extend(helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in names
+                              if n not in have)
+    sess = inference_session(model.SerializeToString(), quantized=False)
+    return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+
+
+def _save(tmp_path: Path, nodes, inits, shape=(1, 4, 6, 6), name="m.onnx") -> Path:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    path = tmp_path / name
+    onnx.save(helper.make_model(helper.make_graph(nodes, "g", [x], [y], inits),
                                 opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1)]), str(path))
+    return path
+
+
+def _trunc_v2(x, scale, zp, out_scale, out_bits, signed, narrow, rounding):
+    """QONNX's ``trunc_v2`` in float32."""
+    t = np.float32(2) ** np.round(np.log2(np.float32(out_scale) / np.float32(scale)))
+    y = np.round(x / np.float32(scale) + np.float32(zp)) / t
+    lo = -(2 ** (out_bits - 1)) + narrow if signed else 0
+    hi = 2 ** (out_bits - 1) - 1 if signed else 2 ** out_bits - 1 - narrow
+    y = {"FLOOR": np.floor, "ROUND": np.round, "CEIL": np.ceil}[rounding](np.clip(y, lo, hi))
+    return ((y - np.float32(zp) / t) * np.float32(out_scale)).astype(np.float32)
+
+
+@pytest.mark.parametrize("rounding", ["FLOOR", "ROUND"])
+def test_trunc_after_an_average_computes_what_qonnx_defines(rounding, tmp_path, capsys):
+    """Brevitas' TruncAdaptiveAvgPool2d: Quant (uint8) -> GlobalAveragePool -> Trunc (v2) back
+    to 8 bits; the lowered float ops equal QONNX's ``trunc_v2`` on every value, and irgen's run
+    verifies against ONNX Runtime."""
+    s_in, s_acc = np.float32(0.02), np.float32(0.02 / 64)
+    c = [numpy_helper.from_array(np.asarray(v, np.float32), n) for n, v in
+         [("s", s_in), ("z", 0), ("b8", 8), ("sa", s_acc), ("b14", 14)]]
+    nodes = [helper.make_node("Quant", ["x", "s", "z", "b8"], ["q"], domain=DOMAIN, signed=0, narrow=0,
+                              rounding_mode="ROUND"),
+             helper.make_node("GlobalAveragePool", ["q"], ["avg"]),
+             helper.make_node("Trunc", ["avg", "sa", "z", "b14", "s", "b8"], ["y"], name="trunc", domain=DOMAIN,
+                              signed=0, narrow=0, rounding_mode=rounding)]
+    path = _save(tmp_path, nodes, c)
+    x = np.abs(np.random.default_rng(2).standard_normal((1, 4, 6, 6))).astype(np.float32) * 2
+    values = _lowered_values(path, {"x": x}, ["avg", "y"])
+    np.testing.assert_array_equal(values["y"], _trunc_v2(values["avg"], s_acc, 0, s_in, 8, 0, 0, rounding))
+    np.save(tmp_path / "x.npy", x)
+    out = tmp_path / "out"
+    assert irgen_main(["run", str(path), "-o", str(out), "--input", str(tmp_path / "x.npy"), "--no-progress"]) == 0
+    ir = json.loads((out / "ir.json").read_text())
+    np.testing.assert_array_equal(np.load(out / ir["outputs"][0]["file"]), values["y"])
+    code, result = _verify_json(capsys, out)
+    assert code == 0 and result["source"]["ran"], result["problems"]
+
+
+def test_bipolar_quant_of_weights_and_of_an_activation(tmp_path, capsys):
+    """BipolarQuant: weights become int8 -1/+1 read by a DequantizeLinear; an activation's is a
+    float where(x >= 0, scale, -scale); both equal QONNX's ``binary_quant``."""
+    rng = np.random.default_rng(4)
+    w = rng.standard_normal((5, 4, 3, 3)).astype(np.float32)
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.float32(0.25), "sw"),
+             numpy_helper.from_array(np.float32(0.5), "sa")]
+    nodes = [helper.make_node("BipolarQuant", ["x", "sa"], ["xb"], name="act", domain=DOMAIN),
+             helper.make_node("BipolarQuant", ["w", "sw"], ["wb"], name="weights", domain=DOMAIN),
+             helper.make_node("Conv", ["xb", "wb"], ["y"], name="conv", pads=[1, 1, 1, 1])]
+    path = _save(tmp_path, nodes, inits)
+    x = rng.standard_normal((1, 4, 6, 6)).astype(np.float32)
+    x[0, 0, 0, :3] = [0.0, -0.0, 1e-30]
+    values = _lowered_values(path, {"x": x}, ["xb", "y"])
+    np.testing.assert_array_equal(values["xb"], np.where(x >= 0, 1.0, -1.0).astype(np.float32) * np.float32(0.5))
+    ints = {t.name: numpy_helper.to_array(t) for t in checked_model(path, for_tvm=False).graph.initializer}
+    np.testing.assert_array_equal(ints["wb_int"], np.where(w >= 0, 1, -1).astype(np.int8))
+    np.save(tmp_path / "x.npy", x)
+    out = tmp_path / "out"
+    assert irgen_main(["run", str(path), "-o", str(out), "--input", str(tmp_path / "x.npy"), "--no-progress"]) == 0
+    code, result = _verify_json(capsys, out)
+    assert code == 0 and result["source"]["ran"], result["problems"]
+
+
+def test_trunc_with_a_rounding_it_has_no_op_for_is_refused(tmp_path, capsys):
+    c = [numpy_helper.from_array(np.asarray(v, np.float32), n) for n, v in [("s", 0.5), ("z", 0), ("b", 8)]]
+    nodes = [helper.make_node("Trunc", ["x", "s", "z", "b", "s", "b"], ["y"], name="trunc", domain=DOMAIN,
+                              rounding_mode="HALF_UP")]
+    path = _save(tmp_path, nodes, c, shape=(1, 4))
     assert irgen_main(["run", str(path), "-o", str(tmp_path / "out"), "--no-progress", "--no-cache"]) == 2
-    assert "unsupported ops: BipolarQuant, Trunc" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "QONNX Trunc 'trunc'" in err and "HALF_UP" in err, err
 
 
 @pytest.mark.parametrize("name, value, words", [

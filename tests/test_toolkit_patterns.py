@@ -237,6 +237,25 @@ def mixed_types(model) -> None:
         t.CopyFrom(numpy_helper.from_array(z.astype(np.uint8), name))
 
 
+def low_bit_activations(model) -> None:
+    """Each activation's QuantizeLinear followed by an integer ``Clip(-8, 7)`` before its
+    DequantizeLinears: 4-bit activations in int8, as Brevitas' QCDQ export writes them."""
+    model.graph.initializer.extend([numpy_helper.from_array(np.array(-8, np.int8), "act_lo"),
+                                    numpy_helper.from_array(np.array(7, np.int8), "act_hi")])
+    inits = {t.name for t in model.graph.initializer}
+    nodes = []
+    for n in model.graph.node:
+        nodes.append(n)
+        if n.op_type == "QuantizeLinear" and n.input[0] not in inits:
+            clipped = n.output[0] + "_4bit"
+            for m in model.graph.node:
+                m.input[:] = [clipped if i == n.output[0] else i for i in m.input]
+            nodes.append(helper.make_node("Clip", [n.output[0], "act_lo", "act_hi"], [clipped],
+                                          name=n.output[0] + "_clip"))
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+
+
 #: name -> (the rewrite, whether onnxruntime computes the rewritten model to the original's values,
 #: the convolutions realized as integer kernels)
 REWRITES = {
@@ -244,7 +263,7 @@ REWRITES = {
     "unquantized_moves": (unquantized_moves, True, 4), "move_beside_a_quantize": (move_beside_a_quantize, False, 3),
     "float_classifier": (float_classifier, False, 4),
     "unfolded_batchnorm": (unfolded_batchnorm, False, 3), "per_channel_activation": (per_channel_activation, False, 3),
-    "mixed_types": (mixed_types, False, 1),
+    "mixed_types": (mixed_types, False, 1), "low_bit_activations": (low_bit_activations, False, 4),
 }
 
 
@@ -296,6 +315,13 @@ def test_toolkit_rewrite_runs_and_equals_onnxruntime(name, qdq_model, tmp_path, 
     assert code == 0, result["problems"]
     # the layers of the pairs irgen propagated (the MaxPool's and the Transpose's) have no source tensor
     assert _assert_layers_checked(result, ir) == (2 if name == "unquantized_moves" else 0)
+    if name == "low_bit_activations":  # a Clip after a convolution or the input folded into it, its range recorded
+        kinds = [(layer.get("quant") or {}).get("kind") for layer in ir["layers"]]
+        assert kinds.count("conv2d") == 4 and "quantize" in kinds
+        for layer in ir["layers"]:
+            q = layer.get("quant") or {}
+            if q.get("kind") in ("conv2d", "quantize"):
+                assert q["output"]["range"] == [-8, 7] and q["clamp"][0] >= -8 and q["clamp"][1] <= 7, layer["name"]
     golden = np.load(out / ir["outputs"][0]["file"])
     if name == "float_classifier":  # a float output: TVM's float ops
         np.testing.assert_allclose(golden, y, rtol=1e-5, atol=1e-6)

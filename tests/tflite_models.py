@@ -204,7 +204,8 @@ def export(name: str, folder: Path, quant: str = "float") -> tuple[Path, np.ndar
     with the converter's default float input and output: a QUANTIZE first, a
     DEQUANTIZE last); ``int8-pertensor`` (``int8`` with one weight scale per tensor);
     ``int16x8`` (16-bit activations, int8 weights, float interface);
-    ``dynamic`` (dynamic-range: float activations, int8 weights); ``int8-offset`` (``int8``
+    ``dynamic`` (dynamic-range: float activations, int8 weights); ``float16`` (float16
+    weights, float32 activations: the converter's float16 quantization); ``int8-offset`` (``int8``
     with every buffer's data stored after the flatbuffer at an offset, the layout of models
     over 2 GB that Google's ai-edge-quantizer writes for every model). Returns the path
     and a seeded input for it (float32, or int8 quantized with the input tensor's
@@ -231,6 +232,9 @@ def export(name: str, folder: Path, quant: str = "float") -> tuple[Path, np.ndar
             conv.inference_output_type = tf.int8
         if quant == "int8-pertensor":
             conv._experimental_disable_per_channel = True
+    elif quant == "float16":  # float16 weights, each dequantized to float32 by a DEQUANTIZE op
+        conv.optimizations = [tf.lite.Optimize.DEFAULT]
+        conv.target_spec.supported_types = [tf.float16]
     elif quant != "float" and quant != "dynamic":
         raise ValueError(quant)
     data = conv.convert()

@@ -602,8 +602,8 @@ def cases() -> list[Case]:
 
 #: the settings with a committed fixture (:data:`FIXTURE_ARCH` built by the setting's builder, the
 #: file ``tests/data/toolkits/<setting>.<ext>``): each toolkit's export that irgen takes
-FIXTURES = ("nncf-onnx", "nncf-torch-strip", "quark-a8w8", "quark-xint8", "brevitas-qcdq", "brevitas-qonnx", "inc-qdq",
-            "aimet-qdq", "aeq-a8w8")
+FIXTURES = ("nncf-onnx", "nncf-torch", "nncf-torch-strip", "quark-a8w8", "quark-xint8", "brevitas-qcdq",
+            "brevitas-qonnx", "inc-qdq", "aimet-qdq", "aeq-a8w8")
 FIXTURE_DIR = Path(__file__).resolve().parent / "data" / "toolkits"
 
 

@@ -8,7 +8,10 @@ quantized the ways users quantize:
   models of ``QUANTIZED_TORCH_MODELS``) ONNX quantized by onnxruntime's ``quantize_static`` with default options
   (``qdq``), with ``per_channel=True`` (``qdq-pc``), after
   ``quant_pre_process`` (``qdq-pre``), at the MatMuls only (``qdq-mm``), with
-  16-bit activations (``qdq-a16``), and with 4-bit weights per channel (``qdq-w4``); the models of ``TORCH_PTQ_MODELS`` also
+  16-bit activations (``qdq-a16``), and with 4-bit weights per channel (``qdq-w4``); the models of
+  ``LOWBIT_MODELS`` also with onnxruntime's ``MatMulNBitsQuantizer`` (``nbits``: 4-bit weights in blocks of
+  32 with zero points, float32 compute) and with ``quantize_static``'s float8 (``qdq-fp8``: E4M3FN
+  activations and weights, Distribution calibration); the models of ``TORCH_PTQ_MODELS`` also
   quantized by torch's own FX post-training quantization with its default
   mapping, exported as ``.pt2`` (``ptq``); the models of ``TORCH_PT2E_MODELS`` by
   torchao's PT2E flow with the x86 quantizer (``pt2e``) and the Arm one (``pt2e-arm``);
@@ -45,10 +48,20 @@ from typing import Callable
 
 import numpy as np
 
-QUANTIZED_FORMATS = ("qdq", "qdq-pc", "qdq-pre", "qdq-mm", "qdq-a16", "qdq-w4", "ptq", "pt2e", "pt2e-arm", "tflite-int8",
+QUANTIZED_FORMATS = ("qdq", "qdq-pc", "qdq-pre", "qdq-mm", "qdq-a16", "qdq-w4", "nbits", "qdq-fp8", "ptq", "pt2e",
+                     "pt2e-arm", "tflite-int8",
                      "tflite-int8-fio",
                      "tflite-16x8", "keras-int8")
-TORCH_FORMATS = ("onnx", "pt2", "qdq", "qdq-pc", "qdq-pre", "qdq-mm", "qdq-a16", "qdq-w4", "ptq", "pt2e", "pt2e-arm")
+TORCH_FORMATS = ("onnx", "pt2", "qdq", "qdq-pc", "qdq-pre", "qdq-mm", "qdq-a16", "qdq-w4", "nbits", "qdq-fp8", "ptq",
+                 "pt2e", "pt2e-arm", "fp16", "bf16")
+#: the reduced-precision float formats: fp16, the float ONNX model through onnxruntime's
+#: ``convert_float_to_float16`` (float32 inputs and outputs); bf16, the torch model in bfloat16
+#: exported to .pt2 (bfloat16 inputs); built for these models
+REDUCED_FORMATS = ("fp16", "bf16")
+REDUCED_MODELS = ("resnet18", "mobilenet_v2", "vit", "bert")
+#: the low-bit formats (4-bit blocks, float8), built for these transformer models only
+LOWBIT_FORMATS = ("nbits", "qdq-fp8")
+LOWBIT_MODELS = ("bert", "vit", "hf_llama")
 #: torchao's PT2E quantizers (``prepare_pt2e``/``convert_pt2e``; torch 2.13 has no PT2E of its own):
 #: pt2e, X86InductorQuantizer (uint8 activations, per-channel int8 weights); pt2e-arm,
 #: ArmInductorQuantizer (int8 activations, per-tensor symmetric int8 weights)
@@ -64,6 +77,11 @@ QDQ_OPTIONS = {
     "qdq-mm": {"op_types_to_quantize": ["MatMul"]},  # a transformer recipe: the rest stays float
     "qdq-a16": {"activation_type": "QInt16"},  # 16-bit activations, int8 weights: ORT runs them in float
     "qdq-w4": {"weight_type": "QInt4", "per_channel": True},  # 4-bit weights: ORT runs their ops in float
+    # float8 activations and weights (quantize_static takes only its Distribution calibration for them)
+    # (its MatMuls: with every op quantized the Distribution calibrator fails on these models,
+    # "Attributes 'avg' and/or 'std' missing")
+    "qdq-fp8": {"activation_type": "QFLOAT8E4M3FN", "weight_type": "QFLOAT8E4M3FN", "calibrate_method": "Distribution",
+                "op_types_to_quantize": ["MatMul"]},
 }
 KERAS_FORMATS = ("keras", "tflite", "keras-int8", "tflite-int8", "tflite-int8-fio", "tflite-16x8", "tflite-dr")
 CALIBRATION_SAMPLES = 8
@@ -342,7 +360,8 @@ def cases(formats=None) -> list[Case]:
     out = [Case(m, f) for m in TORCH_MODELS for f in TORCH_FORMATS
            if (f in ("onnx", "pt2") or (m in TORCH_PTQ_MODELS if f == "ptq" else m in TORCH_PT2E_MODELS
                                         if f in PT2E_QUANTIZERS else m in QUANTIZED_TORCH_MODELS))
-           and f"{m}-{f}" not in NOT_BUILT and not (f == "qdq-mm" and m in NO_MATMUL)]
+           and f"{m}-{f}" not in NOT_BUILT and not (f == "qdq-mm" and m in NO_MATMUL)
+           and (f not in LOWBIT_FORMATS or m in LOWBIT_MODELS) and (f not in REDUCED_FORMATS or m in REDUCED_MODELS)]
     out += [Case(m, f) for m in KERAS_MODELS for f in KERAS_FORMATS if f"{m}-{f}" not in NOT_BUILT]
     return [c for c in out if formats is None or c.fmt in formats]
 
@@ -432,14 +451,69 @@ def _quantize_onnx(model_name: str, fmt: str, folder: Path, onnx_path: Path, fee
         # in the model's folder: ORT's symbolic shape inference leaves its temporary files in the current one
         with contextlib.redirect_stdout(io.StringIO()), contextlib.chdir(folder):
             quant_pre_process(str(Path(onnx_path).resolve()), str(src))
-    from onnxruntime.quantization import QuantType
+    from onnxruntime.quantization import CalibrationMethod, QuantType
 
+    if fmt == "nbits":
+        return _matmul_nbits(src, out)
     options = dict(QDQ_OPTIONS.get(fmt, {}))
     for key in ("activation_type", "weight_type"):
         if key in options:
             options[key] = getattr(QuantType, options[key])
+    if "calibrate_method" in options:
+        options["calibrate_method"] = getattr(CalibrationMethod, options["calibrate_method"])
     with contextlib.redirect_stdout(io.StringIO()):
         quantize_static(str(src), str(out), _calibration_reader(feeds), **options)
+    return out
+
+
+def _float16_onnx(model_name: str, folder: Path, onnx_path: Path) -> Path:
+    """The float ONNX model in float16 as onnxruntime's ``convert_float_to_float16`` writes it
+    (weights and every op float16; the model's inputs and outputs float32)."""
+    import onnx
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    out = folder / f"{model_name}.fp16.onnx"
+    if not out.exists():
+        onnx.save(convert_float_to_float16(onnx.load(str(onnx_path)), keep_io_types=True), str(out))
+    return out
+
+
+def _bfloat16_pt2(model_name: str, folder: Path, feeds: dict[str, np.ndarray]) -> tuple[Path, list[str]]:
+    """The torch model in bfloat16 (``model.to(torch.bfloat16)``) exported to .pt2, and its
+    ``--input`` arguments (the float inputs in bfloat16, as ml_dtypes writes them)."""
+    import ml_dtypes
+    import torch
+
+    out = folder / f"{model_name}.bf16.pt2"
+    cast = {n: a.astype(ml_dtypes.bfloat16) if a.dtype == np.float32 else a for n, a in feeds.items()}
+    if not out.exists():
+        torch.manual_seed(0)
+        model, shapes = TORCH_MODELS[model_name]()
+        model = model.eval().to(torch.bfloat16)
+        args = tuple(torch.from_numpy(cast[n].view(np.int16)).view(torch.bfloat16) if cast[n].dtype != feeds[n].dtype
+                     else torch.from_numpy(cast[n]) for n in shapes)
+        with torch.no_grad():
+            torch.export.save(torch.export.export(model, args), str(out))
+    args = []
+    for name, a in cast.items():
+        f = folder / f"{model_name}.{name}.bf16.npy"
+        np.save(f, a)
+        args += ["--input", f"{name}={f}"]
+    return out, args
+
+
+def _matmul_nbits(src: Path, out: Path) -> Path:
+    """onnxruntime's ``MatMulNBitsQuantizer``: every MatMul's weight 4-bit, blocks of 32, zero
+    points, accuracy level 0 (float32 compute)."""
+    import logging
+
+    import onnx
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)
+    q = MatMulNBitsQuantizer(onnx.load(str(src)), block_size=32, is_symmetric=False, accuracy_level=0)
+    q.process()
+    q.model.save_model_to_file(str(out))
     return out
 
 
@@ -559,6 +633,10 @@ def build(case: Case, folder: Path) -> tuple[Path, list[str]]:
             return pt2_path, args
         if case.fmt in ("ptq", *PT2E_QUANTIZERS):
             return _quantize_torch(case.model, case.fmt, folder, feeds), args
+        if case.fmt == "fp16":
+            return _float16_onnx(case.model, folder, onnx_path), args
+        if case.fmt == "bf16":
+            return _bfloat16_pt2(case.model, folder, feeds)
         return _quantize_onnx(case.model, case.fmt, folder, onnx_path, feeds), args
     path, x, extra = _keras(case.model, case.fmt, folder)
     f = folder / f"{case.model}.x.npy"
@@ -637,7 +715,8 @@ def _subprocess(argv: list[str]) -> tuple[int, str, str]:
 FORMAT_TITLES = {
     "onnx": "ONNX float", "pt2": "`.pt2` float", "qdq": "ORT QDQ", "qdq-pc": "ORT QDQ per-channel",
     "qdq-pre": "ORT QDQ after `quant_pre_process`", "qdq-mm": "ORT QDQ, MatMuls only",
-    "qdq-a16": "ORT QDQ, 16-bit activations", "qdq-w4": "ORT QDQ, 4-bit weights", "ptq": "torch FX PTQ `.pt2`",
+    "qdq-a16": "ORT QDQ, 16-bit activations", "qdq-w4": "ORT QDQ, 4-bit weights",
+    "nbits": "4-bit block (`MatMulNBits`)", "qdq-fp8": "fp8 (ORT QDQ, E4M3FN)", "fp16": "float16 ONNX (ORT `convert_float_to_float16`)", "bf16": "bfloat16 `.pt2`", "ptq": "torch FX PTQ `.pt2`",
     "pt2e": "torchao PT2E, x86 quantizer, `.pt2`", "pt2e-arm": "torchao PT2E, Arm quantizer, `.pt2`", "keras": "`.keras` float",
     "tflite": "TFLite float",
     "keras-int8": "`.keras` + `--calibration`", "tflite-int8": "TFLite full-int8",

@@ -428,7 +428,8 @@ def write_npy(path_without_suffix: Path, arr: np.ndarray) -> Path:
         data = np.ascontiguousarray(arr)
     with open(path, "wb") as f:
         np.lib.format.write_array_header_1_0(f, header)
-        f.write(memoryview(data.reshape(-1)).cast("B") if data.size else b"")
+        # as bytes: a dtype the buffer protocol lacks (ml_dtypes' bfloat16, '<V2' in the header) too
+        f.write(memoryview(data.reshape(-1).view(np.uint8)) if data.size else b"")
     return path
 
 

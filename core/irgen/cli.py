@@ -78,7 +78,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _thresholds(args: argparse.Namespace):
     from irgen.verify import Thresholds
 
-    return Thresholds(max_lsb=args.max_lsb, atol=args.atol, rtol=args.rtol, min_cosine=args.min_cosine,
+    return Thresholds(max_lsb=args.max_lsb, max_ulp=args.max_ulp, atol=args.atol, rtol=args.rtol,
+                      min_cosine=args.min_cosine,
                       allow_unsupported=args.allow_unsupported)
 
 

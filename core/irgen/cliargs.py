@@ -116,6 +116,9 @@ def _add_limit_option(parser) -> None:
 def _add_threshold_options(group) -> None:
     group.add_argument("--max-lsb", type=int, default=1, metavar="N",
                        help="integer tensors vs the source runtime: largest allowed difference in LSB (default: 1)")
+    group.add_argument("--max-ulp", type=int, default=4, metavar="N",
+                       help="float16/bfloat16 layers vs the source runtime, recomputed from its inputs: largest "
+                            "allowed difference in ulp, of the element or of the tensor's peak (default: 4)")
     group.add_argument("--atol", type=float, default=1e-5, metavar="X",
                        help="float tensors: absolute tolerance (default: 1e-5; scaled by max(1, max|golden|) in entire and source)")
     group.add_argument("--rtol", type=float, default=1e-4, metavar="X", help="float tensors: relative tolerance (default: 1e-4)")
@@ -149,6 +152,10 @@ def _run_parser(commands, after: argparse.ArgumentParser) -> argparse.ArgumentPa
                      help="shape for an input the model leaves open, e.g. x=1,3,224,224 (repeatable)")
     run.add_argument("--opt-level", type=int, choices=range(5), default=3,
                      help="TVM optimization level (default: 3)")
+    run.add_argument("--accumulate", choices=["fp32", "fp16", "bf16"], default=None,
+                     help="float16/bfloat16 layers: the type convolutions and matrix products accumulate in "
+                          "(default: fp32, what the source runtimes do; fp16: float16, every product, partial sum "
+                          "and op result rounded to float16; bf16: refused, TVM cannot compute it to the bit)")
     run.add_argument("--frontend", default=None, help="frontend name (default: by file type)")
     run.add_argument("--backend", default="generic", help="backend name (default: generic)")
     run.add_argument("--serializer", action="append", default=None, metavar="NAME",

@@ -23,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Thresholds", "compare", "json_num", "status_metric", "diff", "float_close", "ulp_distance", "localize",
+__all__ = ["Thresholds", "compare", "json_num", "status_metric", "diff", "float_close", "ulp_distance", "ulp_verdict",
+           "ulp_of_peak", "localize",
            "axis_letters"]
 
 
@@ -35,6 +36,8 @@ class Thresholds:
     every float comparison."""
 
     max_lsb: int = 1
+    #: float16/bfloat16 layers against the source runtime, recomputed from its inputs (docs/verify.md)
+    max_ulp: int = 4
     atol: float = 1e-5
     rtol: float = 1e-4
     min_cosine: float | None = None
@@ -42,12 +45,13 @@ class Thresholds:
 
 
 def compare(got: np.ndarray, golden: np.ndarray, *, integer: bool, th: Thresholds, scaled: bool = False,
-            lsb_limit: int = 0, tensor: str = "") -> dict[str, Any]:
+            lsb_limit: int = 0, tensor: str = "", ulp_limit: int | None = None) -> dict[str, Any]:
     """Metrics ``M`` of ``got`` (reference or source runtime) against ``golden``.
 
     ``integer``: exact compare in units (LSB), passing when the largest
     difference is ``<= lsb_limit``; otherwise the float criterion of the module
-    docstring (``scaled`` selects the magnitude-scaled absolute tolerance).
+    docstring (``scaled`` selects the magnitude-scaled absolute tolerance), or with
+    ``ulp_limit`` (a float16/bfloat16 layer's declared arithmetic) :func:`ulp_verdict`.
     """
     got, golden = np.asarray(got), np.asarray(golden)
     m: dict[str, Any] = {"status": "pass", "tensor": tensor, "elements": int(golden.size), "exact_share": 0.0,
@@ -84,6 +88,8 @@ def compare(got: np.ndarray, golden: np.ndarray, *, integer: bool, th: Threshold
                                             f"up to {m['max_lsb']} LSB (allowed {lsb_limit}), the first at "
                                             f"{m['first_diff']}")
         return m
+    if ulp_limit is not None:
+        return ulp_verdict(m, got, golden, same, ulp_limit)
     scale = max(1.0, peak) if scaled else 1.0
     bad = diff > th.atol * scale + th.rtol * np.abs(np.where(nan_b, 0.0, b))
     if bad.any():
@@ -92,6 +98,49 @@ def compare(got: np.ndarray, golden: np.ndarray, *, integer: bool, th: Threshold
                                         f"max |err| {m['max_abs']:.3g}")
     elif th.min_cosine is not None and m["cosine"] is not None and m["cosine"] < th.min_cosine:
         m.update(status="fail", message=f"cosine {m['cosine']:.6f} < {th.min_cosine}")
+    return m
+
+
+#: mantissa bits of the float types :func:`ulp_distance` and :func:`ulp_verdict` know
+_MANTISSA = {"float16": 10, "bfloat16": 7, "float32": 23, "float64": 52}
+
+
+def ulp_of_peak(golden: np.ndarray) -> float:
+    """One unit in the last place of ``golden``'s dtype at the tensor's largest finite |value|
+    (at least the dtype's smallest normal number's ulp)."""
+    g = np.asarray(golden, np.float64)
+    g = g[np.isfinite(g)]
+    peak = float(np.max(np.abs(g))) if g.size else 0.0
+    bits = _MANTISSA.get(np.asarray(golden).dtype.name, 52)
+    lowest = {"float16": -14, "bfloat16": -126, "float32": -126}.get(np.asarray(golden).dtype.name, -1022)
+    return 2.0 ** (max(math.frexp(peak)[1] - 1, lowest) - bits) if peak > 0 else 2.0 ** (lowest - bits)
+
+
+def ulp_verdict(m: dict[str, Any], got: np.ndarray, golden: np.ndarray, same: np.ndarray, limit: int) -> dict[str, Any]:
+    """``m`` with the verdict of a reduced-precision float tensor: ``max_ulp`` (elementwise units
+    in the last place of ``golden``'s dtype, ``got`` rounded to it) and ``max_ulp_of_peak`` (the
+    largest difference in units of the ulp at the tensor's largest |value|). ``limit`` 0: every
+    element equal (the declared arithmetic); else an element passes within ``limit`` ulp, or
+    within ``limit`` ulp of the peak (a sum that cancels has few bits left: its own ulp is no
+    measure of its error)."""
+    golden = np.asarray(golden)
+    ulp = ulp_distance(np.asarray(got).astype(golden.dtype), golden)
+    if ulp is None:
+        ulp = np.where(same, 0, np.iinfo(np.int64).max)
+    ulp = np.where(same, 0, ulp)
+    unit = ulp_of_peak(golden)
+    err = np.abs(np.asarray(got, np.float64) - np.asarray(golden, np.float64))
+    err = np.where(same, 0.0, np.where(np.isnan(err), np.inf, err))
+    m["max_ulp"] = int(ulp.max()) if ulp.size else 0
+    m["max_ulp_of_peak"] = float(err.max() / unit) if err.size else 0.0
+    bad = ~same if limit == 0 else ~((ulp <= limit) | (err <= limit * unit))
+    if bad.any():
+        first = [int(i) for i in np.argwhere(bad)[0]]
+        m["first_diff"] = first
+        what = "the declared arithmetic is exact" if limit == 0 else f"allowed {limit} ulp"
+        m.update(status="fail", message=f"{int(bad.sum())} of {golden.size} values differ, up to {m['max_ulp']} ulp of "
+                                        f"{golden.dtype.name} ({m['max_ulp_of_peak']:.3g} ulp of the peak; {what}), "
+                                        f"the first at {first}")
     return m
 
 
@@ -115,10 +164,10 @@ HIST_ENTRIES = 16
 
 def ulp_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
     """Elementwise distance in units in the last place of two float arrays of one dtype
-    (float16, float32 or float64; None for any other dtype): how many representable
+    (float16, bfloat16, float32 or float64; None for any other dtype): how many representable
     values lie between them."""
     a, b = np.asarray(a), np.asarray(b)
-    if a.dtype != b.dtype or a.dtype.kind != "f" or a.dtype.itemsize not in (2, 4, 8):
+    if a.dtype != b.dtype or (a.dtype.kind != "f" and a.dtype.name != "bfloat16") or a.dtype.itemsize not in (2, 4, 8):
         return None
     ints = np.dtype(f"i{a.dtype.itemsize}")
     lowest = np.iinfo(ints).min

@@ -22,13 +22,16 @@ def compile_plan(graph: FormedGraph, imported: ImportedModel, names: LayerNames,
     layer output, model output and ``debug/`` entry: the plan ``capture`` runs."""
     from irgen import execute
     from irgen.graph import group_module
+    from irgen.widen import widen
 
     progress.stage(f"compile (opt level {opt_level}: {execute.OPT_LEVELS[opt_level]})")
     layers, aliases = graph.layers, names.aliases
     assignment = {m: l.index for l in layers for m in l.members}
     fn_names = {l.index: "layer_" + names.layer[l.index].replace(".", "_").replace("-", "_") for l in layers}
+    mod, assignment = widen(graph.mod, assignment, {l.index: rec.record["arith"] for l, rec in zip(layers, records)
+                                                    if rec.record.get("arith")}, {o for l in layers for o in l.outputs})
     exe, kernels, where, program = execute.lower(
-        graph.mod, opt_level, lambda m: group_module(m, assignment, fn_names),
+        mod, opt_level, lambda m: group_module(m, assignment, fn_names),
         grouping=(tuple(sorted(assignment.items())), tuple(sorted(fn_names.items()))))
 
     # which kernel output is each layer output / model output
@@ -95,9 +98,10 @@ class _ConstValue:
 
 
 def build_plan(host, imported: ImportedModel, be: Backend, quantizer: str | None, opt_level: int,
-               limit: int | None, progress: Progress) -> Plan:
+               limit: int | None, progress: Progress, accumulate: str | None = None) -> Plan:
     """Form layers (scheme, fusion rules), name them, check the backend's constraints,
-    compile: the plan that captures golden data for any input."""
+    compile: the plan that captures golden data for any input. ``accumulate``: what float16 and
+    bfloat16 layers accumulate in (``--accumulate``; :mod:`irgen.widen`)."""
     from irgen.graph import check_tensor_sizes, module_bindings
 
     # before constant folding allocates anything
@@ -105,7 +109,7 @@ def build_plan(host, imported: ImportedModel, be: Backend, quantizer: str | None
     graph = form_graph(host, imported, be, quantizer, progress)
     check_tensor_sizes(graph.bindings, limit, imported.provenance)
     names = name_layers(graph, imported)
-    records = layer_records(graph, imported, names, be)
+    records = layer_records(graph, imported, names, be, accumulate)
     check_backend(graph, names, records, be)
     return compile_plan(graph, imported, names, records, opt_level, progress)
 

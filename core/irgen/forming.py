@@ -144,9 +144,12 @@ def layer_quant(members: list[str], quant: dict[str, dict], by_name: dict | None
     return q
 
 
-def layer_records(graph: FormedGraph, imported: ImportedModel, names: LayerNames, be: Backend) -> list:
-    """One :class:`irgen.ir.LayerRecord` per layer; every op the backend lacks, at once."""
+def layer_records(graph: FormedGraph, imported: ImportedModel, names: LayerNames, be: Backend,
+                  accumulate: str | None = None) -> list:
+    """One :class:`irgen.ir.LayerRecord` per layer, a float16/bfloat16 one with its declared
+    arithmetic (``accumulate``: ``--accumulate``); every op the backend lacks, at once."""
     from irgen.ir import build_layer_record
+    from irgen.widen import accumulate_dtype, declared_arith, storage_of
 
     records = []
     for layer in graph.layers:
@@ -158,6 +161,13 @@ def layer_records(graph: FormedGraph, imported: ImportedModel, names: LayerNames
             q = {**q, "fused_after": len(layer.members) - len(layer.head)}
         records.append(build_layer_record(layer, graph.by_name, imported.provenance, names.tensor,
                                           names.layer[layer.index], q, steps=steps))
+        if q is None:  # a float16/bfloat16 layer declares its arithmetic (irgen.widen)
+            storage = storage_of([graph.by_name[m] for m in layer.members])
+            if storage is not None:
+                records[-1].record["arith"] = declared_arith(storage, accumulate_dtype(storage, accumulate))
+    if accumulate and not any("arith" in rec.record for rec in records):
+        raise IrgenError(f"--accumulate {accumulate}: the model has no float16 or bfloat16 layer (its float32 "
+                         "layers compute in float32)")
     if be.supported_ops is not None:
         bad = sorted({rec.record["op"] for rec in records} - set(be.supported_ops))
         if bad:

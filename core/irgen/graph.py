@@ -379,6 +379,22 @@ def fold_constants(mod: tvm.IRModule) -> tvm.IRModule:
     return relax.transform.FoldConstant()(mod)
 
 
+def _moved_const(out: np.ndarray) -> Constant:
+    """The constant of a folded value: on the run's weight file when one is open and it is
+    large (:func:`irgen.spill.weight_tensor`: a transposed weight is not one more copy in memory)."""
+    from irgen import spill
+
+    if spill.active() and out.nbytes >= spill.MIN_BYTES:
+        return relax.const(spill.weight_tensor(out), str(out.dtype))
+    return relax.const(out, str(out.dtype))
+
+
+def _release(x: np.ndarray) -> None:
+    from irgen import spill
+
+    spill.release(x)
+
+
 def fold_data_movement(mod: tvm.IRModule) -> tvm.IRModule:
     """Replace every :data:`NUMPY_FOLDS` op on a constant (or on such a result) by its value,
     computed in numpy, in the bindings that read it, as ``FoldConstant`` would propagate it
@@ -393,11 +409,13 @@ def fold_data_movement(mod: tvm.IRModule) -> tvm.IRModule:
         v = b.value
         fold = NUMPY_FOLDS.get(b.op) if isinstance(v, relax.Call) and v.args else None
         src = v.args[0] if fold else None
-        x = const_np(src) if isinstance(src, Constant) else values.get(src.name) if isinstance(src, relax.Var) else None
+        x = const_view(src) if isinstance(src, Constant) else values.get(src.name) if isinstance(src, relax.Var) else None
         out = fold(v, x) if x is not None else None
         if out is not None and tensor_type(b.var) == (tuple(out.shape), str(out.dtype)):
-            values[b.name] = out
-            new.append(Binding(b.name, b.var, relax.const(out, str(out.dtype))))
+            folded_const = _moved_const(out)
+            values[b.name] = const_view(folded_const)  # no copy of a weight is held here
+            _release(x)  # the pages of a weight on the run's weight file, read by the move
+            new.append(Binding(b.name, b.var, folded_const))
             changed = True
         else:
             new.append(b)

@@ -15,6 +15,15 @@ from irgen.safeio import (check_tensor_size, DEFAULT_MAX_TENSOR_BYTES, human_byt
                           npz_headers)
 
 
+
+def _float_dtype(name: str) -> np.dtype:
+    """numpy's dtype of a float type name; bfloat16 is ml_dtypes' (numpy has none)."""
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
 def parse_input_shapes(specs: list[str], limit: int | None = None) -> dict[str, tuple[int, ...]]:
     """``--input-shape NAME=D1,D2,...`` values; every dimension a positive integer, and the
     element count within ``limit`` bytes even at one byte per element."""
@@ -82,8 +91,8 @@ def load_inputs(specs: list[InputSpec], given: list[str], seed: int,
             out.append(_checked_input(load_npy(files[s.name], "--input", limit), s, f"--input {files[s.name]}"))
         elif arrays and s.name in arrays:
             out.append(_checked_input(arrays[s.name][0], s, arrays[s.name][1]))
-        elif np.issubdtype(np.dtype(s.dtype), np.floating):
-            out.append(rng.random(s.shape, dtype=np.float32).astype(s.dtype))
+        elif s.dtype == "bfloat16" or np.issubdtype(np.dtype(s.dtype), np.floating):
+            out.append(rng.random(s.shape, dtype=np.float32).astype(_float_dtype(s.dtype)))
         elif np.issubdtype(np.dtype(s.dtype), np.integer):
             info = np.iinfo(s.dtype)
             out.append(rng.integers(max(info.min, -128), min(info.max, 127), s.shape, endpoint=True).astype(s.dtype))
@@ -99,19 +108,23 @@ def _check_form(shape: tuple[int, ...], dtype: np.dtype, s: InputSpec, what: str
     one for an integer input that has a scale (quantized on reading: :func:`quantize_input`)."""
     if tuple(shape) != tuple(s.shape):
         raise IrgenError(f"{what}: shape {tuple(shape)} does not match input {s.name!r} shape {tuple(s.shape)}")
-    if str(dtype) != s.dtype and not (s.quantization and dtype.kind == "f" and np.dtype(s.dtype).kind in "iu"):
+    bf16_bits = s.dtype == "bfloat16" and dtype.kind == "V" and dtype.itemsize == 2  # '<V2' in a .npy header
+    if str(dtype) != s.dtype and not bf16_bits and not (
+            s.quantization and dtype.kind == "f" and np.dtype(s.dtype).kind in "iu"):
         raise IrgenError(f"{what}: dtype {dtype} does not match input {s.name!r} dtype {s.dtype}")
 
 
 def _checked_input(arr: np.ndarray, s: InputSpec, what: str) -> np.ndarray:
     """``arr`` as input ``s``: its shape, its dtype (a float array quantized for an integer
     input that has a scale), finite values; C order, 0-d kept 0-d."""
+    if s.dtype == "bfloat16" and arr.dtype.kind == "V" and arr.dtype.itemsize == 2 and arr.dtype.fields is None:
+        arr = arr.view(_float_dtype("bfloat16"))  # np.save writes ml_dtypes' bfloat16 as '<V2'
     _check_form(arr.shape, arr.dtype, s, what)
     if str(arr.dtype) != s.dtype and np.isfinite(arr).all():
         arr = quantize_input(arr, s)
     if str(arr.dtype) != s.dtype:
         raise IrgenError(f"{what}: dtype {arr.dtype} does not match input {s.name!r} dtype {s.dtype}")
-    if arr.dtype.kind in "fc" and not np.isfinite(arr).all():
+    if (arr.dtype.kind in "fc" or arr.dtype.name == "bfloat16") and not np.isfinite(arr).all():
         bad = int(arr.size - np.count_nonzero(np.isfinite(arr)))
         raise IrgenError(
             f"{what}: input {s.name!r} holds {bad} NaN/Inf values; TVM's kernels and the source "

@@ -116,6 +116,10 @@ class LayerRecord:
 
 def _role(anchor: Binding, b: Binding, arg_index: int) -> str:
     op = b.op
+    kernel = _kernel_op(b)
+    roles = kernel[1].get("arg_roles") if kernel is not None else None
+    if roles and 0 < arg_index <= len(roles):  # a scheme's kernel names its arguments (after the GlobalVar)
+        return str(roles[arg_index - 1])
     if op in _WEIGHTED and arg_index == 1:
         return "weight"
     if op == "relax.nn.batch_norm":
@@ -317,7 +321,7 @@ def _layer_params(members: list[Binding], anchor: Binding, quant: dict[str, Any]
     constants stay inline: ``quant`` explains them); in a float span (``kind: float``,
     the float ops between a dequantize and a quantize) every constant of more than one
     value: its weights, biases, norms' parameters, position tables."""
-    float_span = quant is not None and quant.get("kind") == "float"
+    float_span = quant is not None and (quant.get("kind") == "float" or quant.get("realization") == "float")
     params: list[tuple[Constant, str]] = []
     arrays: dict[str, np.ndarray] = {}
     for b in members:

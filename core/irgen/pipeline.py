@@ -208,7 +208,8 @@ def prepare(host, model: Path, key: runkey.PlanKey, fe, be: Backend, inputs: lis
     check_inputs(imported.inputs, options.get("input_shapes") or {}, limit)
     arrays = load_inputs(imported.inputs, inputs, seed, limit)
     with recording_reads(reads):  # weights an import left on disk are read while compiling
-        plan = build_plan(host, imported, be, quantizer, opt_level, limit, progress)
+        plan = build_plan(host, imported, be, quantizer, opt_level, limit, progress,
+                          accumulate=options.get("accumulate"))
     plan.frontend = fe.name  # the plugin that read the file (ir.json's producer), whoever's importer it used
     plan.keyed = {"key": key.digest, "depends": runkey.dependencies(reads, imported.code_modules, key.paths)}
     request = {"model": str(model.resolve()), "frontend": fe.name, "backend": be.name, "quantizer": quantizer,

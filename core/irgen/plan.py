@@ -54,6 +54,8 @@ class Stored:
                 shape, fortran, dtype = read_header(f)
                 if fortran or dtype.hasobject:
                     raise ValueError("not a C-ordered array of plain values")
+                if dtype.kind == "V" and dtype.itemsize == 2 and dtype.fields is None:
+                    dtype = np.dtype("bfloat16")  # np.save writes ml_dtypes' bfloat16 as '<V2'
                 arr = aligned_empty(shape, dtype)
                 if arr.nbytes:
                     view = memoryview(arr.reshape(-1).view(np.uint8))

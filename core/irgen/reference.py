@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from irgen import declared
 from irgen.irfile import read_ir
 from irgen.safeio import inside, load_npy
 
@@ -261,10 +262,21 @@ def _pool_nc(x: np.ndarray, attrs: dict, kind: str) -> np.ndarray:
     return y.astype(x.dtype)
 
 
+#: a matmul's second operand is widened to the accumulator type this many bytes of it at a time
+_WIDEN_BYTES = 64 << 20
+
+
 def _matmul(a: np.ndarray, b: np.ndarray, attrs: dict) -> np.ndarray:
     out_dtype = np.dtype(attrs.get("out_dtype") or np.result_type(a.dtype, b.dtype))
     acc = _acc_dtype(out_dtype)
-    return np.matmul(a.astype(acc), b.astype(acc)).astype(out_dtype)
+    step = max(1, _WIDEN_BYTES // max(1, acc.itemsize * int(np.prod(b.shape[:-1]))))
+    if b.ndim < 2 or b.shape[-1] <= step:
+        return np.matmul(a.astype(acc), b.astype(acc)).astype(out_dtype)
+    # a large weight (an LLM's vocabulary projection): widened a block of columns at a time, not
+    # all at once (each output element is the same sum over the same row of ``a``)
+    wide = a.astype(acc)
+    return np.concatenate([np.matmul(wide, b[..., j:j + step].astype(acc)).astype(out_dtype)
+                           for j in range(0, b.shape[-1], step)], axis=-1)
 
 
 def _softmax(x: np.ndarray, axis: int) -> np.ndarray:
@@ -498,6 +510,28 @@ def _quantize(args, attrs):
         f = f + _qparam(zp, x, axis, "float32")
         return np.clip(f, info.min, info.max).astype(out)
     return (f + _qparam(zp, x, axis, "float32")).astype(out)
+
+
+#: float8 dtype -> its largest finite value
+_FLOAT8_MAX = {"float8_e4m3fn": 448.0, "float8_e5m2": 57344.0}
+
+
+def _float8_quantize(args, attrs):
+    """A quantize to float8 with a constant ``scale`` attribute: ``float8(x / scale)`` (float32
+    division, round to nearest even with ml_dtypes; ``saturate``: clamped to the largest finite
+    value first, NaN kept), and with ``dequantize`` that value times the scale in float32."""
+    import ml_dtypes
+
+    dtype = str(attrs["out_dtype"])
+    if dtype not in _FLOAT8_MAX or "scale" not in attrs:
+        raise NotImplementedError(f"quantize to {dtype}")
+    s = np.float32(attrs["scale"])
+    v = np.asarray(args[0], np.float32) / s
+    if attrs.get("saturate", True):
+        top = np.float32(_FLOAT8_MAX[dtype])
+        v = np.where(np.abs(v) > top, np.copysign(top, v), v).astype(np.float32)
+    q = v.astype(getattr(ml_dtypes, dtype))
+    return (q.astype(np.float32) * s).astype(np.float32) if attrs.get("dequantize") else q
 
 
 def _dequantize(args, attrs):
@@ -1007,7 +1041,9 @@ OPS: dict[str, Callable[[list[Any], dict], Any]] = {
     "relax.nn.conv2d_transpose": lambda args, attrs: conv2d_transpose(args[0], args[1], attrs),
     "relax.nn.conv3d": lambda args, attrs: conv3d(args[0], args[1], attrs),
     "relax.nn.conv3d_transpose": lambda args, attrs: conv3d_transpose(args[0], args[1], attrs),
-    "relax.matmul": lambda args, attrs: _matmul(args[0], args[1], attrs),
+    "relax.matmul": lambda args, attrs: (matmul_block_weight(args, attrs) if attrs.get("weight")
+                                         else matmul_fma_blocked(args[0], args[1], attrs) if attrs.get("accumulation")
+                                         else _matmul(args[0], args[1], attrs)),
     "relax.add": _binary(np.add),
     "relax.subtract": _binary(np.subtract),
     "relax.multiply": _binary(np.multiply),
@@ -1125,7 +1161,8 @@ OPS: dict[str, Callable[[list[Any], dict], Any]] = {
     "relax.floor": lambda args, attrs: np.floor(args[0]),
     "relax.round": lambda args, attrs: np.rint(args[0]),  # half to even, as TVM's round on CPU
     "relax.take": _take,
-    "relax.quantize": _quantize,
+    "relax.quantize": lambda args, attrs: (_float8_quantize if str(attrs.get("out_dtype") or "").startswith("float8")
+                                           else _quantize)(args, attrs),
     "relax.scatter_nd": _scatter_nd,
     "relax.dequantize": _dequantize,
     "relax.erf": _unary_f(_erf),
@@ -1136,9 +1173,9 @@ OPS: dict[str, Callable[[list[Any], dict], Any]] = {
 }
 
 
-def run_op(relax_op: str, args: list[Any], attrs: dict, layer: str = "?") -> Any:
-    """Run one fused op on resolved arguments."""
-    fn = OPS.get(relax_op)
+def run_op(relax_op: str, args: list[Any], attrs: dict, layer: str = "?", ops: dict | None = None) -> Any:
+    """Run one fused op on resolved arguments (``ops``: entries that replace :data:`OPS`'s)."""
+    fn = (ops or {}).get(relax_op) or OPS.get(relax_op)
     if fn is None:
         raise UnsupportedLayer(layer, relax_op)
     try:
@@ -1204,7 +1241,16 @@ def _literals_typed(refs: list, args: list) -> list:
 
 
 def run_layer(layer: dict, inputs: list[np.ndarray], params: dict[str, np.ndarray]) -> list[np.ndarray]:
-    """Execute a layer's ``fused_ops`` and return its output arrays (one per output record)."""
+    """Execute a layer's ``fused_ops`` and return its output arrays (one per output record); a
+    reduced-precision layer in its declared arithmetic (``arith``, :mod:`irgen.declared`)."""
+    if isinstance(layer.get("arith"), dict):
+        return declared.run(layer, inputs, params, _run_program)
+    return _run_program(layer, inputs, params, None)
+
+
+def _run_program(layer: dict, inputs: list, params: dict, table: dict | None,
+                 after: Callable[[Any], Any] | None = None) -> list[np.ndarray]:
+    """The layer's ``fused_ops`` run with ``table`` over :data:`OPS`, ``after`` applied to each result."""
     name = layer.get("name", "?")
     results: list[Any] = []
     ops = layer.get("fused_ops") or []
@@ -1216,7 +1262,8 @@ def run_layer(layer: dict, inputs: list[np.ndarray], params: dict[str, np.ndarra
         args = [_resolve(a, name, rop, inputs, params, results) for a in refs]
         if rop in _SAME_DTYPE and len(args) == 2:
             args = _literals_typed(refs, args)
-        results.append(run_op(rop, args, op.get("attrs") or {}, name))
+        r = run_op(rop, args, op.get("attrs") or {}, name, table)
+        results.append(after(r) if after is not None else r)
 
     picked = []
     for ref in layer.get("results") or [f"op:{len(ops) - 1}"]:
@@ -1232,7 +1279,8 @@ def run_layer(layer: dict, inputs: list[np.ndarray], params: dict[str, np.ndarra
 
 def _load(out_dir: Path, rec: dict) -> np.ndarray:
     """A tensor file named by an ``ir.json`` record: confined to OUT, plain ``.npy`` only."""
-    return load_npy(inside(out_dir, rec.get("file"), f"tensor {rec.get('name')!r}"), "tensor")
+    return declared.typed(load_npy(inside(out_dir, rec.get("file"), f"tensor {rec.get('name')!r}"), "tensor"),
+                          rec.get("dtype"))
 
 
 def load_layer_params(out_dir: str | Path, layer: dict) -> dict[str, np.ndarray]:
@@ -1266,6 +1314,66 @@ def fma32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
     inexact_even = (err != 0) & ((bits & 1) == 0)
     toward = np.where((err > 0) == (s > 0), 1, -1)  # one ulp away from zero, or toward it
     return np.where(inexact_even, bits + toward, bits).view(np.float64).astype(np.float32)
+
+
+def matmul_block_weight(args: list, attrs: dict) -> np.ndarray:
+    """``x [..., K] @ w [K, N]`` whose weight is block-quantized 4-bit integers (``attrs["weight"]``:
+    ``args`` are x, the packed bytes ``[rows, blocks, block_size/2]`` (element 2j in the low
+    nibble), the scales and zero points ``[rows, blocks]``; ``w = float32(q - zero_point) * scale``,
+    ``rows`` along ``w``'s axis 1 when ``weight.axis`` is 0, else along its axis 0), summed in
+    the ``accumulation`` order: ``order: "k"``, fused multiply-adds from zero per ``k_block``
+    slice, the slices added; ``order: "lanes16"`` (one row), 16 fused multiply-add chains (lane
+    ``k % 16``), folded as :func:`_fold_lanes16` says."""
+    spec, acc = attrs["weight"], attrs.get("accumulation") or {}
+    if spec.get("bits") != 4 or not acc.get("fma") or acc.get("order") not in ("k", "lanes16"):
+        raise NotImplementedError(f"block weight {spec.get('bits')} bits, accumulation {acc}")
+    x, packed, scale, zp = (np.asarray(a) for a in args[:4])
+    p = packed.astype(np.int64)
+    q = np.stack([p & 15, p >> 4], -1).reshape(*p.shape[:-1], -1)
+    q = np.where(q >= 8, q - 16, q) if spec.get("dtype") == "int4" else q
+    w = ((q - zp.astype(np.int64)[..., None]).astype(np.float32) * scale.astype(np.float32)[..., None]).astype(np.float32)
+    w = w.reshape(w.shape[0], -1)[:, :int(spec["length"])]
+    w = np.ascontiguousarray(w.T if int(spec["axis"]) == 0 else w)
+    x2 = x.astype(np.float32).reshape(-1, w.shape[0])
+    if acc["order"] == "lanes16":
+        lanes = np.zeros((16, x2.shape[0], w.shape[1]), np.float32)
+        for k in range(w.shape[0]):
+            lanes[k % 16] = fma32(x2[:, k:k + 1], w[k:k + 1], lanes[k % 16])
+        return _fold_lanes16(lanes).reshape(*x.shape[:-1], w.shape[1])
+    return matmul_fma_blocked(x, w, attrs)
+
+
+def matmul_fma_blocked(x: np.ndarray, w: np.ndarray, attrs: dict) -> np.ndarray:
+    """``x [..., K] @ w [K, N]`` in float32, in the ``accumulation`` order ``k``: per output, fused
+    multiply-adds from zero over each slice of ``k_block`` values of K, the slices added in order
+    (MLAS's SGEMM)."""
+    acc = attrs["accumulation"]
+    if not acc.get("fma") or acc.get("order") != "k" or np.ndim(w) != 2:
+        raise NotImplementedError(f"matmul accumulation {acc}")
+    w = np.asarray(w, np.float32)
+    x2 = np.asarray(x, np.float32).reshape(-1, w.shape[0])
+    block, total = int(acc["k_block"]), None
+    for k0 in range(0, w.shape[0], block):
+        part = np.zeros((x2.shape[0], w.shape[1]), np.float32)
+        for k in range(k0, min(w.shape[0], k0 + block)):
+            part = fma32(x2[:, k:k + 1], w[k:k + 1], part)
+        total = part if total is None else (total + part).astype(np.float32)
+    return total.reshape(*np.shape(x)[:-1], w.shape[1])
+
+
+def _fold_lanes16(a: np.ndarray) -> np.ndarray:
+    """The sum of 16 float32 lanes ``a[0..15]`` (each ``[M, N]``) in MLAS's AVX-512 order: columns in
+    whole groups of four (``N - N % 4`` first ones) as ``FoldAccumulators``, ``g_j =
+    ((a[4j] + a[4j+1]) + a[4j+2]) + a[4j+3]``, ``(g_0 + g_2) + (g_1 + g_3)``; the others as
+    ``_mm512_reduce_add_ps``: ``h_i = a[i] + a[i+8]``, ``t_i = h_i + h_{i+4}``, ``(t_0 + t_2) + (t_1 + t_3)``."""
+    f = np.float32
+    g = [(((a[4 * j] + a[4 * j + 1]).astype(f) + a[4 * j + 2]).astype(f) + a[4 * j + 3]).astype(f) for j in range(4)]
+    grouped = ((g[0] + g[2]).astype(f) + (g[1] + g[3]).astype(f)).astype(f)
+    h = [(a[i] + a[i + 8]).astype(f) for i in range(8)]
+    t = [(h[i] + h[i + 4]).astype(f) for i in range(4)]
+    tree = ((t[0] + t[2]).astype(f) + (t[1] + t[3]).astype(f)).astype(f)
+    full = a.shape[-1] - a.shape[-1] % 4
+    return np.concatenate([grouped[..., :full], tree[..., full:]], -1)
 
 
 def conv2d_fma_blocked(x: np.ndarray, w: np.ndarray, attrs: dict) -> np.ndarray:

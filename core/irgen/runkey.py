@@ -46,7 +46,7 @@ KEY_FORMAT = 1
 #: other option, a plugin's included, is part of the key
 NOT_KEYED_OPTIONS = frozenset({
     "model", "frontend", "backend", "quantizer", "opt_level", "output", "force", "seed", "no_progress", "input", "verify", "cache", "debug", "layers", "inputs",
-    "compress", "jobs", "max_lsb", "atol", "rtol", "min_cosine", "allow_unsupported", "plugin", "serializer",
+    "compress", "jobs", "max_lsb", "max_ulp", "atol", "rtol", "min_cosine", "allow_unsupported", "plugin", "serializer",
     "strict_plugins",
 })
 

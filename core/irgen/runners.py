@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from irgen import declared
 from irgen.api import IrgenError
 from irgen.dumpmap import DumpMap, DumpSpec, Physical
 from irgen.irfile import tensor_records
@@ -134,7 +135,8 @@ class TensorFiles:
             arr = load_npz_member(path, rec["name"], what, self.limit)
         else:
             arr = self._backend_read(path, rec, what)
-        if arr.dtype.kind not in "biuf":
+        arr = declared.typed(arr, rec.get("dtype"))  # bfloat16: 2-byte void in the file
+        if arr.dtype.kind not in "biuf" and arr.dtype.name != "bfloat16":
             raise IrgenError(f"tensor {rec['name']!r:.100} ({at}) {path}: dtype {arr.dtype} is not a numeric tensor")
         return arr
 
@@ -169,8 +171,8 @@ class LayerRunner:
 
     def params(self, layer: dict) -> dict[str, np.ndarray]:
         name = layer["name"]
-        if name not in self._params:
-            self._params[name] = {role: self.files.load(rec) for role, rec in (layer.get("params") or {}).items()}
+        if name not in self._params:  # the last layer's only: holding every layer's would hold every weight
+            self._params = {name: {role: self.files.load(rec) for role, rec in (layer.get("params") or {}).items()}}
         return self._params[name]
 
     def run(self, layer: dict, inputs: list[np.ndarray], params: dict[str, np.ndarray] | None = None,

@@ -62,7 +62,7 @@ def ir_version(ir: dict[str, Any]) -> str | None:
 
 #: the version of the IR ``ir.json`` is written in: semver (docs/ir-changelog.md); its schema is
 #: ``irgen/schemas/ir.schema.json``
-IR_VERSION = "2.7.0"
+IR_VERSION = "2.8.0"
 
 #: older major versions this irgen still reads (major -> newest minor): an IR 1.x file
 #: differs from 2.0 only in a layer's ``bias`` shape (the broadcast one), and its

@@ -179,7 +179,7 @@ def source_item(name: str) -> tuple[str, tuple] | None:
 class WithItems:
     """A source runner that also gives the tensors named ``NAME[index]`` (:func:`source_item`)
     the runtime does not give under that name: the runtime's ``NAME``, indexed. Its attributes
-    are the runner's (``runtime``, ``kernels``, ``exact``, ``fallback``)."""
+    are the runner's (``runtime``, ``kernels``, ``exact``, ``max_lsb``, ``fallback``)."""
 
     def __init__(self, runner: Callable):
         self._runner = runner
@@ -227,10 +227,14 @@ def _source_child(conn, frontend: str, model: str, options: dict, plugins: list[
 def _describe(runner: Callable) -> dict[str, Any]:
     """A source runner's ``runtime`` (e.g. the name of an interpreter), ``kernels`` (e.g.
     "reference kernels") and ``exact`` (its integer kernels are the arithmetic the scheme
-    reproduces, so an integer layer must equal them to the last bit), attributes a frontend
-    may set on the callable it returns."""
+    reproduces, so an integer layer must equal them to the last bit) and ``max_lsb`` (an int: the
+    LSB its kernels may differ from that arithmetic by, when they are of another), attributes a
+    frontend may set on the callable it returns."""
     out: dict[str, Any] = {k: str(getattr(runner, k)) for k in ("runtime", "kernels") if getattr(runner, k, None)}
     out["exact"] = bool(getattr(runner, "exact", False))
+    own = getattr(runner, "max_lsb", None)
+    if isinstance(own, int) and not isinstance(own, bool):
+        out["max_lsb"] = own
     return out
 
 
@@ -307,6 +311,7 @@ def isolated_source_runner(out: Path, ir: dict, model: Path | None = None, host=
         run.runtime = f"{runtime} ({kernels})" if kernels else runtime
         run.seconds = what.get("seconds")
         run.exact = bool(what.get("exact")) and not crashed
+        run.max_lsb = what.get("max_lsb")
         return payload
 
 

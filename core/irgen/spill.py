@@ -52,13 +52,16 @@ class WeightFile:
 
     def array(self, arr: np.ndarray) -> np.ndarray:
         """``arr``'s values as an array on the file's pages (C order, aligned)."""
-        arr = np.ascontiguousarray(arr)
+        arr = np.asarray(arr)
         with self._lock:
             off = self._end
-            view = memoryview(arr.reshape(-1).view(np.uint8))
-            done = 0
-            while done < arr.nbytes:
-                done += os.pwrite(self._fd, view[done:], off + done)
+            at = off
+            for block in _c_order_blocks(arr):
+                view = memoryview(block.reshape(-1).view(np.uint8))
+                done = 0
+                while done < block.nbytes:
+                    done += os.pwrite(self._fd, view[done:], at + done)
+                at += block.nbytes
             self._end = off + -(-arr.nbytes // _PAGE) * _PAGE
             # a private writable mapping: numpy exports it through DLPack (a read-only one it
             # will not); nothing writes into a weight, and a page is only ever read from the file
@@ -98,6 +101,21 @@ class WeightFile:
                 os.close(self._fd)
                 self._fd = -1
             self._starts, self._maps = [], {}
+
+
+#: a view that is not contiguous (a transposed weight) is written this many bytes at a time
+_BLOCK_BYTES = 8 << 20
+
+
+def _c_order_blocks(arr: np.ndarray) -> Iterator[np.ndarray]:
+    """``arr``'s values in C order as contiguous arrays: itself when it is contiguous, else
+    copies of a few of its rows at a time (never a whole copy of a large weight in memory)."""
+    if arr.flags.c_contiguous or arr.ndim < 2:
+        yield np.ascontiguousarray(arr)
+        return
+    rows = max(1, _BLOCK_BYTES // max(1, arr[0].nbytes))
+    for i in range(0, arr.shape[0], rows):
+        yield np.ascontiguousarray(arr[i:i + rows])
 
 
 def _read_only(address: int, nbytes: int) -> None:

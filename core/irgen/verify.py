@@ -59,6 +59,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from irgen import declared
 from irgen.api import IrgenError
 from irgen.comparators import compare, json_num as _json_num, status_metric as _status_metric, Thresholds
 from irgen.irfile import read_ir, read_manifest
@@ -419,7 +420,7 @@ class _VerifyRun:
                 uses[r["name"]] -= 1
                 if uses[r["name"]] == 0 and r["name"] not in graph_outputs:
                     values.pop(r["name"], None)
-            got = self.attempt(layer, "entire", lambda: inputs)
+            got = self.attempt(layer, "entire", lambda: inputs, check=False)  # its note is single's
             if got is not None:
                 outs = got[0]
                 extra = f"inputs {', '.join(from_golden)} from golden files (producer did not run)" \
@@ -557,13 +558,14 @@ class _VerifyRun:
             self.record(layer, mode, _status_metric("fail", layer["outputs"][0]["name"], f"not checked: {why}"))
         return why is not None
 
-    def attempt(self, layer: dict, mode: str, inputs: Callable[[], list[np.ndarray]]):
-        """(outputs, note) of the layer, or None with the reason recorded."""
+    def attempt(self, layer: dict, mode: str, inputs: Callable[[], list[np.ndarray]], check: bool = True):
+        """(outputs, note) of the layer, or None with the reason recorded (``check``: see
+        :meth:`irgen.runners.LayerRunner.run`)."""
         from irgen.reference import UnsupportedLayer
 
         first = layer["outputs"][0]["name"]
         try:
-            return self.runner.run(layer, inputs())
+            return self.runner.run(layer, inputs(), check=check)
         except UnsupportedLayer as err:
             self.record(layer, mode, _status_metric("unsupported", first, str(err)))
         except IrgenError:
@@ -589,7 +591,7 @@ class _VerifyRun:
             else:
                 try:
                     m = compare(outs[k], golden, integer=_is_int(golden.dtype), th=self.th, scaled=scaled,
-                                tensor=rec["name"])
+                                tensor=rec["name"], ulp_limit=_declared_limit(layer, golden))
                 except Exception as err:  # noqa: BLE001  values computed from an edited record
                     m = _status_metric("fail", rec["name"], f"cannot compare: {type(err).__name__}: {err}")
                 else:
@@ -667,7 +669,13 @@ class _VerifyRun:
                                                         f"cannot compare: {type(err).__name__}: {err}"))
             return
         m["source_tensor"] = src
-        if quantized:  # the verdict is local; the chained values' difference is drift, reported beside
+        if _in_storage(layer, golden) is not None:  # the declared arithmetic against the runtime's: local, --max-ulp
+            m = compare(_in_storage(layer, value), _in_storage(layer, golden), integer=False, th=th, tensor=rec["name"],
+                        ulp_limit=declared.source_ulp_limit(layer, th.max_ulp))
+            m["source_tensor"] = src
+            lm = self.local(layer, lookup, src_of, np.asarray(value), k, False)
+            m = _local_verdict(m, lm, src, False) if lm is not None else {**m, "verdict": "end_to_end"}
+        elif quantized:  # the verdict is local; the chained values' difference is drift, reported beside
             lm = self.local(layer, lookup, src_of, np.asarray(value), k, integer)
             if lm is not None:
                 m = _local_verdict(m, lm, src, integer)
@@ -680,13 +688,15 @@ class _VerifyRun:
         when the runtime ran the integer kernels the layer's scheme reproduces (the runner says
         ``exact``, the scheme's quantizer is ``runtime_exact``) and the layer is one of those
         kernels (not a float span, whose float sums the runtime adds in its own order); else
-        ``max_lsb``."""
+        ``max_lsb``, or the runner's own ``max_lsb`` when it declares a larger one (kernels of
+        another arithmetic than the scheme's, e.g. OpenVINO's)."""
         from irgen.quant import scheme_quantizer
 
         quant = layer.get("quant") or {}
         exact = integer and getattr(self.source_runner, "exact", False) and quant.get("realization") != "float" \
             and bool(getattr(scheme_quantizer(str(quant.get("scheme") or ""), self.plugin_host()), "runtime_exact", False))
-        return 0 if exact else self.th.max_lsb
+        own = getattr(self.source_runner, "max_lsb", None)
+        return 0 if exact else max(self.th.max_lsb, own if isinstance(own, int) else 0)
 
     def local(self, layer: dict, values: dict, src_of: dict, value: np.ndarray, k: int, integer: bool) -> dict | None:
         """Output ``k`` of the layer recomputed from the source runtime's own input tensors
@@ -702,9 +712,13 @@ class _VerifyRun:
                 return None
             ins.append(np.asarray(v))
         try:
-            got = self.runner.run(layer, ins)[0][k]
+            got = self.runner.run(layer, ins, check=False)[0][k]
             if integer and _is_int(value.dtype) and not _is_int(got.dtype):  # a dequantize: in LSB, as ``value`` is
                 got = _to_float_source(got, got, layer, k)[0]
+            if _in_storage(layer, value) is not None:  # in the storage type's ulp
+                return compare(_in_storage(layer, got), _in_storage(layer, value), integer=False, th=th,
+                               tensor=layer["outputs"][k]["name"],
+                               ulp_limit=declared.source_ulp_limit(layer, th.max_ulp))
             if not integer:
                 got = np.asarray(got).astype(np.float64)
             return compare(got, value.astype(np.float64) if not integer else value, integer=integer, th=th,
@@ -716,6 +730,27 @@ class _VerifyRun:
             return None
 
 
+def _declared_limit(layer: dict, golden: np.ndarray) -> int | None:
+    """The ulp a float16/bfloat16 layer's tensor may differ from its declared arithmetic (``arith``,
+    :mod:`irgen.declared`) by in single and entire: none, or one where the reference computes an op
+    otherwise than TVM's float32 kernel (:func:`irgen.declared.inexact_ops`); None for any other
+    tensor (the float tolerances)."""
+    arith = layer.get("arith")
+    if not isinstance(arith, dict) or np.asarray(golden).dtype.name != arith.get("storage"):
+        return None
+    return 1 if declared.inexact_ops(layer) else 0
+
+
+def _in_storage(layer: dict, a: np.ndarray) -> np.ndarray | None:
+    """A float tensor of a float16/bfloat16 layer (also a float32 one, a cast's) in the layer's
+    storage type, as the source check compares it; None for any other layer or tensor."""
+    arith = layer.get("arith")
+    a = np.asarray(a)
+    if not isinstance(arith, dict) or not (a.dtype.kind == "f" or a.dtype.name == "bfloat16"):
+        return None
+    return a.astype(declared.storage_dtype(str(arith.get("storage"))))
+
+
 def _local_verdict(m: dict, lm: dict, src: str, integer: bool) -> dict:
     """A quantized layer's source metric: the local one ``lm`` as the verdict, with the
     chained values' comparison ``m`` beside it as ``end_to_end`` (``drift`` where it differs)."""
@@ -725,8 +760,12 @@ def _local_verdict(m: dict, lm: dict, src: str, integer: bool) -> dict:
     elif not m["exact"]:
         e2e["status"] = "drift"
     message = f"recomputed from the runtime's own inputs: {lm['message']}" if lm["status"] == "fail" else lm["message"]
-    return {**lm, "message": message, "source_tensor": src, "verdict": "local", "end_to_end": e2e,
-            "local": {"exact_share": lm["exact_share"], "max_lsb": lm["max_lsb"]}}
+    if "max_ulp" in m:
+        e2e.update(max_ulp=m["max_ulp"], max_ulp_of_peak=m["max_ulp_of_peak"])
+    local = {"exact_share": lm["exact_share"], "max_lsb": lm["max_lsb"]}
+    if "max_ulp" in lm:
+        local.update(max_ulp=lm["max_ulp"], max_ulp_of_peak=lm["max_ulp_of_peak"])
+    return {**lm, "message": message, "source_tensor": src, "verdict": "local", "end_to_end": e2e, "local": local}
 
 
 def _histograms(worst: list) -> dict[str, Any]:
@@ -875,6 +914,8 @@ def format_table(result: dict, limit: int | None = None) -> str:
                 err = "-"
             elif m["max_lsb"] is not None:
                 err = f"{m['max_lsb']} LSB"
+            elif m.get("max_ulp_of_peak") is not None:  # a float16/bfloat16 layer: in ulp of its peak
+                err = f"{m['max_ulp_of_peak']:.3g} ulp"
             else:
                 err = _fmt(m["max_abs"], "abs")
             sqnr = "exact" if m.get("exact") else _fmt(m["sqnr_db"], "db")
@@ -886,7 +927,9 @@ def format_table(result: dict, limit: int | None = None) -> str:
             elif e2e.get("exact"):
                 drift = "exact"
             else:
-                drift = f"{e2e['max_lsb']} LSB" if e2e.get("max_lsb") is not None else _fmt(e2e.get("max_abs"), "abs")
+                drift = f"{e2e['max_lsb']} LSB" if e2e.get("max_lsb") is not None else (
+                    f"{e2e['max_ulp_of_peak']:.3g} ulp" if e2e.get("max_ulp_of_peak") is not None
+                    else _fmt(e2e.get("max_abs"), "abs"))
             lines.append(tuple(map(printable, (row["name"], row["op"], row["dtype"], mode, share, err, cos, sqnr,
                                                drift, m["status"].upper()))))
             if m["status"] in ("fail", "unsupported") and m["message"]:

@@ -62,7 +62,30 @@ def to_numpy(tensor: Any) -> np.ndarray:
     array of :func:`run_program` as it is (never written again)."""
     if isinstance(tensor, np.ndarray):
         return tensor
+    if str(tensor.dtype) == "bfloat16":  # DLPack's bfloat16 is no numpy dtype: its bits, viewed as ml_dtypes'
+        bits = np.array(np.from_dlpack(_view(tensor, "uint16")), copy=True)
+        return bits.view(np.dtype("bfloat16"))
     return np.array(np.from_dlpack(tensor), copy=True)
+
+
+def to_ffi(x: np.ndarray) -> Any:
+    """A TVM tensor viewing ``x`` (an ml_dtypes bfloat16 array through its bits: DLPack export
+    takes no bfloat16 numpy array)."""
+    import tvm_ffi
+
+    if x.dtype.name == "bfloat16":
+        return _view(tvm_ffi.from_dlpack(x.view(np.uint16)), "bfloat16")
+    return tvm_ffi.from_dlpack(x)
+
+
+def _view(tensor: Any, dtype: str) -> Any:
+    """``tensor``'s memory as ``dtype`` of the same width. TVM's runtime Tensor class has the
+    view; a tensor made before ``tvm.runtime`` is imported (a stored library run from the compile
+    cache imports only the FFI) is of the FFI's base class, which does not: the method is called
+    on it all the same."""
+    import tvm.runtime
+
+    return tvm.runtime.Tensor._create_view(tensor, tensor.shape, dtype)
 
 
 ALIGN = 64  # TVM's kernels assume their buffers are 64-byte aligned, as the VM allocates them
@@ -120,7 +143,7 @@ def run(lib: Any, inputs: list[np.ndarray], kernels: list, on_output: Callable[[
     cap = _Capture(kernels, on_output)
     vm["set_instrument"](tvm_ffi.convert(cap))
     # 64-byte aligned: kernels built for AVX load whole vectors with aligned moves
-    vm["main"](*[tvm_ffi.from_dlpack(aligned(np.asarray(x))) for x in inputs])
+    vm["main"](*[to_ffi(aligned(np.asarray(x))) for x in inputs])
     if cap.pos != len(kernels):
         raise IrgenError(f"internal: saw {cap.pos} of {len(kernels)} kernel calls")
 
@@ -162,7 +185,7 @@ def run_program(lib: Any, program: dict[str, Any], kernels: list, inputs: list[n
             values = [*(value(a) for a in args), *outs]
             if k.arg_types is not None:
                 check_arguments(k.callee, values, k.arg_types)
-            f(*[tvm_ffi.from_dlpack(x) for x in values])
+            f(*[to_ffi(x) for x in values])
             spill.release(*values[:len(args)])  # a weight kept on disk leaves memory again
             del values  # a constant lives no longer than its kernel call
             for j, o in enumerate(outs):

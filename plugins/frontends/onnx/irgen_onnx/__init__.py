@@ -8,11 +8,14 @@ back to ONNX node and tensor names.
 Modules: :mod:`irgen_onnx.translate` (the importer: ``load`` and its naming
 importer), :mod:`irgen_onnx.converters` (irgen's converters over TVM's;
 :mod:`irgen_onnx.recurrent`: LSTM, GRU and RNN, one layer per time step),
-:mod:`irgen_onnx.runner` (the source runner for ``verify``),
+:mod:`irgen_onnx.runner` (the source runner for ``verify``; :mod:`irgen_onnx.openvino_runner`:
+OpenVINO for a model with ``FakeQuantize`` nodes, which :mod:`irgen_onnx.fakequant` lowers), :mod:`irgen_onnx.interface`
+(the declared inputs and outputs, for ``irgen run --decode``),
 :mod:`irgen_onnx.prepare` (every check and graph fix before the importer, in
 order), :mod:`irgen_onnx.loader` / :mod:`irgen_onnx.checks` (reading and
 checking untrusted files), :mod:`irgen_onnx.qoperator` / :mod:`irgen_onnx.inline`
-/ :mod:`irgen_onnx.fold` (graph fixes); this module registers them.
+/ :mod:`irgen_onnx.fold` (graph fixes), :mod:`irgen_onnx.nbits` / :mod:`irgen_onnx.float8`
+(MatMulNBits and block DequantizeLinear of 4-bit weights, float8 Q/DQ); this module registers them.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from . import recurrent
+from . import float8, nbits, recurrent
 
 
 def _bound(expr, default: float):
@@ -159,6 +159,9 @@ CONVERTERS: dict[str, Callable[..., Any]] = {
     "Clip": clip,
     "Pad": pad,
     "Tile": tile,
+    nbits.BLOCK_OP: nbits.block_weight,  # MatMulNBits and block DequantizeLinear weights (irgen_onnx.nbits)
+    "QuantizeLinear": float8.quantize,  # float8 zero points only (irgen_onnx.float8); others: TVM's
+    "DequantizeLinear": float8.dequantize,
     **dict.fromkeys(("LSTM", "GRU", "RNN"), recurrent.convert),
 }
 

@@ -273,14 +273,14 @@ def states_wanted(model, tensors: list[str]) -> dict[str, Any]:
 def states_values(model, nodes: dict[str, Any], values: dict[str, Any]) -> dict[str, np.ndarray]:
     """``<node>:h`` (``:c``) of each of ``nodes`` (:func:`step_states`); ``values`` holds the
     tensors the runtime computed and the model inputs, the initializers are read here."""
-    from onnx import numpy_helper
-
     from irgen.plugin import recurrent_states_tensor
+
+    from .loader import tensor_array  # a large weight the loader left in its file is read now
 
     inits = {i.name: i for i in model.graph.initializer}
     out: dict[str, np.ndarray] = {}
     for base, node in nodes.items():
-        known = {n: values[n] if n in values else numpy_helper.to_array(inits[n]) for n in node.input
+        known = {n: values[n] if n in values else tensor_array(inits[n]) for n in node.input
                  if n and (n in values or n in inits)}
         for state, v in step_states(model, node, known).items():
             out[recurrent_states_tensor(base, state)] = v

@@ -9,6 +9,7 @@ from typing import Any
 
 from irgen.plugin import IrgenError
 
+from .loader import _set_entries, deferred
 from .prepare import checked_model
 from .recurrent import states_values, states_wanted
 
@@ -24,8 +25,9 @@ def _typed(model):
 
 
 def _is_quantized(model) -> bool:
-    """Whether the graph holds QuantizeLinear or DequantizeLinear nodes (QDQ format)."""
-    return any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in model.graph.node)
+    """Whether the graph holds QuantizeLinear or DequantizeLinear nodes (QDQ format), or MatMulNBits
+    (one intra-op thread: MLAS gives a thread of one row its vector kernel, another order of sums)."""
+    return any(n.op_type in ("QuantizeLinear", "DequantizeLinear", "MatMulNBits") for n in model.graph.node)
 
 
 def _with_outputs(model, tensors: list[str]):
@@ -61,13 +63,17 @@ EXACT_U8S8 = ("session.x64quantprecision", "1")
 FLOAT_MATMULNBITS = ("session.qdq_matmulnbits_accuracy_level", "1")
 
 
-def session_options(quantized: bool, int8_kernels: bool = True, exact_u8s8: bool = False):
+def session_options(quantized: bool, int8_kernels: bool = True, exact_u8s8: bool = False,
+                    folder: str | None = None):
     """Float models: no graph optimization (each node as written); quantized models: ORT's default
     optimizations and (``int8_kernels``) ``session.qdqisint8allowed=1``, so every Q/DQ group runs
-    as an integer kernel, and :data:`FLOAT_MATMULNBITS`; ``exact_u8s8``: :data:`EXACT_U8S8`."""
+    as an integer kernel, and :data:`FLOAT_MATMULNBITS`; ``exact_u8s8``: :data:`EXACT_U8S8`;
+    ``folder``: where the external data of a model given as bytes is (:func:`_data_in_place`)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
+    if folder is not None:
+        so.add_session_config_entry(EXTERNAL_FOLDER, folder)
     if not quantized:
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     else:
@@ -83,18 +89,20 @@ def session_options(quantized: bool, int8_kernels: bool = True, exact_u8s8: bool
     return so
 
 
-def inference_session(model: bytes, quantized: bool, int8_kernels: bool = True):
+def inference_session(model: bytes, quantized: bool, int8_kernels: bool = True, folder: str | None = None):
     """An ORT CPU session on the serialized ``model`` whose integer kernels compute the exact
     integer arithmetic whatever the CPU: :data:`EXACT_U8S8` for a quantized model, unless ORT
     has no kernel for it that way (int8 activations: their kernels are exact already) or cannot
-    rewrite its weights (one weight shared by two nodes): then ORT's default kernels."""
+    rewrite its weights (one weight shared by two nodes): then ORT's default kernels. ``folder``:
+    where the model's external data is (:func:`_data_in_place`)."""
     import onnxruntime as ort
 
     cpu = ["CPUExecutionProvider"]
     exact = quantized
     if quantized:
         try:
-            sess = ort.InferenceSession(model, session_options(True, int8_kernels, exact_u8s8=True), providers=cpu)
+            sess = ort.InferenceSession(model, session_options(True, int8_kernels, exact_u8s8=True, folder=folder),
+                                        providers=cpu)
             sess.irgen_exact = True
             return sess
         except Exception as err:
@@ -106,9 +114,36 @@ def inference_session(model: bytes, quantized: bool, int8_kernels: bool = True):
             if type(err).__name__ not in ("NotImplemented", "Fail"):
                 raise
             exact = type(err).__name__ == "NotImplemented"
-    sess = ort.InferenceSession(model, session_options(quantized, int8_kernels), providers=cpu)
+    sess = ort.InferenceSession(model, session_options(quantized, int8_kernels, folder=folder), providers=cpu)
     sess.irgen_exact = exact
     return sess
+
+
+#: ONNX Runtime's session config entry naming the folder of the external data of a model given as bytes
+EXTERNAL_FOLDER = "session.model_external_initializers_file_folder_path"
+
+
+def _data_in_place(m) -> str | None:
+    """Point the large initializers the loader left in their files (:func:`.loader.deferred`:
+    the model file itself, or the external data files it names, all checked by the loader) at
+    those files as ONNX external data, for ONNX Runtime to map them in place rather than hold
+    a copy of every weight in the model's bytes and another in its session; the folder they are
+    in (None: ``m`` has no such tensors)."""
+    folder = None
+    for t in m.graph.initializer:
+        info = deferred(t)
+        if info is None:
+            continue
+        if "irgen_file" in info:
+            where = Path(info["irgen_file"]).resolve()
+            here, location = str(where.parent), where.name
+        else:
+            here, location = info["irgen_base"], info["irgen_location"]
+        folder = folder or here
+        if here != folder:  # the loader resolves both in the model's own folder
+            raise IrgenError(f"onnx source check: the model's weights are in two folders ({folder}, {here})")
+        _set_entries(t, {"location": location, "offset": info["offset"], "length": info["length"]})
+    return folder
 
 
 def source_runner(path: Path, options: dict[str, Any]):
@@ -118,19 +153,29 @@ def source_runner(path: Path, options: dict[str, Any]):
     graph optimizations (each node as written); quantized (QDQ) models with
     ONNX Runtime's default optimizations and ``session.qdqisint8allowed=1``,
     which fuse every QDQ group into the integer kernels irgen reproduces, made exact
-    on every x86 CPU (:func:`inference_session`)."""
+    on every x86 CPU (:func:`inference_session`). A model with OpenVINO ``FakeQuantize``
+    nodes runs in OpenVINO instead (:mod:`irgen_onnx.openvino_runner`)."""
+    from .openvino_runner import has_fakequantize, openvino_source_runner
+
+    # large weights stay in the model's files: ONNX Runtime maps them (:func:`_data_in_place`)
+    model = checked_model(path, options, for_tvm=False, keep_fakequantize=True, defer=True)
+    if has_fakequantize(model):
+        model = checked_model(path, options, for_tvm=False, keep_fakequantize=True)
+        return openvino_source_runner(Path(path), model, options)
     try:
         import onnx  # noqa: F401  the runner's steps import it
         import onnxruntime as ort
     except ImportError as err:
         raise IrgenError(f"onnx source check needs onnxruntime: pip install onnxruntime==1.32.0 ({err})") from None
-    model = _typed(checked_model(path, options, for_tvm=False))
+    model = _typed(model)
     quantized = _is_quantized(model)
 
     def run(inputs: dict[str, Any], tensors: list[str]) -> dict[str, Any]:
         stepped = states_wanted(model, tensors)  # recurrent nodes whose per-step states are asked for
         m = _with_outputs(model, tensors + [i for n in stepped.values() for i in n.input])
-        sess = inference_session(m.SerializeToString(), quantized)
+        folder = _data_in_place(m)
+        sess = inference_session(m.SerializeToString(), quantized, folder=folder)
+        del m
         # ORT's integer kernels in their exact configuration are the arithmetic the qdq scheme reproduces
         run.exact = quantized and getattr(sess, "irgen_exact", False)
         feeds = {i.name: inputs[i.name] for i in sess.get_inputs() if i.name in inputs}

@@ -23,6 +23,7 @@ from . import loader, recurrent
 from .converters import CONVERTERS, WITH_CONTEXT
 from .fold import INVENTED
 from .loader import one_line
+from .nbits import source_op_type
 from .prepare import prepare
 
 
@@ -83,7 +84,7 @@ def _naming_importer():
             tensor = node.output[k] if k < len(node.output) else f"{node.name or node.op_type}:{k}"
             var = self.ctx.namer(tensor)
             source = k < len(node.output) and node.doc_string != INVENTED  # a node irgen added has no source tensor
-            self.ctx.provenance.by_var[var] = (node.name or f"{node.op_type}_{tensor}", node.op_type,
+            self.ctx.provenance.by_var[var] = (node.name or f"{node.op_type}_{tensor}", source_op_type(node),
                                                tensor if source else None)
             return var
 
@@ -202,12 +203,17 @@ def _finish(model, mod, specs: list[InputSpec], ctx: Context) -> ImportedModel:
     """The normalized module with its inputs, the ONNX output names and the provenance."""
     from tvm import relax
 
+    from .qonnx import quant_ranges
+
+    ranges = quant_ranges(model)  # weights narrower than their type (a QONNX 4-bit Quant): by binding name
     return ImportedModel(
         mod=relax.transform.Normalize()(mod),
         inputs=specs,
         provenance=ctx.provenance,
         frontend="onnx",
         output_names=[o.name for o in model.graph.output],
+        quant_ranges={var: ranges[tensor] for var, (_, _, tensor) in ctx.provenance.by_var.items()
+                      if tensor in ranges},
     )
 
 

@@ -102,7 +102,9 @@ def _attention_bias(bb, m, dtype: str):
     from tvm import relax
 
     if str(m.ty.dtype) == "bool":
-        lowest = float(np.finfo(dtype).min)
+        import ml_dtypes  # its finfo knows bfloat16 too (numpy's does not)
+
+        lowest = float(ml_dtypes.finfo(dtype).min)
         if isinstance(m, tvm.ir.Constant):
             m = relax.const(np.where(m.value.numpy(), 0.0, lowest).astype(dtype))
         else:

@@ -35,17 +35,19 @@ def fake_quant_integers(out, *args, target: str):
     return (steps + int(z[0])).astype("uint8" if int(qmin) >= 0 else "int8")
 
 
-def record_nodes(ep, inputs: list) -> dict[str, Any]:
+def record_nodes(ep, inputs: list, wanted: set[str] | None = None) -> dict[str, Any]:
     """Every FX node's tensor value (by node name) when ``ep``'s graph runs on ``inputs``
     (the user inputs in order), through ``torch.fx.Interpreter``; a recurrent op's states
     at every step too (:func:`irgen_torch.recurrent.step_states`). Autocast regions switched
     off are inlined first (in ``ep``), as ``irgen run`` imports them, so their nodes have
-    values under the names the layers' provenance gives."""
+    values under the names the layers' provenance gives. ``wanted``: only these names are
+    kept (a copy of every node's value would hold every transposed weight too)."""
     import torch
 
     inline_autocast(ep, "torch source")
 
     seen: dict[str, Any] = {}
+    keep = (lambda name: True) if wanted is None else wanted.__contains__
 
     class Recorder(torch.fx.Interpreter):
         def run_node(self, n):
@@ -54,10 +56,12 @@ def record_nodes(ep, inputs: list) -> dict[str, Any]:
                 # a recurrent op's states at every step (it outputs the last step's): <node>:h, <node>:c
                 args = self.fetch_args_kwargs_from_env(n)[0]
                 for state, value in step_states(str(n.target), list(args)).items():
-                    seen[recurrent_states_tensor(n.name, state)] = value
+                    if keep(recurrent_states_tensor(n.name, state)):
+                        seen[recurrent_states_tensor(n.name, state)] = value
             if isinstance(out, torch.Tensor):
-                seen[n.name] = out.detach().numpy().copy()
-                if n.op == "call_function" and "fake_quant" in str(n.target):
+                if keep(n.name):
+                    seen[n.name] = to_numpy(out)
+                if n.op == "call_function" and "fake_quant" in str(n.target) and keep(f"{n.name}_q"):
                     q = fake_quant_integers(out, *self.fetch_args_kwargs_from_env(n)[0], target=str(n.target))
                     if q is not None:
                         seen[f"{n.name}_q"] = q
@@ -84,8 +88,30 @@ def source_runner(path: Path, options: dict[str, Any]):
     names = [s.name for s in user_inputs(ep)]
 
     def run(inputs: dict[str, Any], tensors: list[str]) -> dict[str, Any]:
-        feeds = [torch.from_numpy(inputs[n] if n in inputs else list(inputs.values())[k]) for k, n in enumerate(names)]
-        seen = record_nodes(ep, feeds)
+        feeds = [from_numpy(inputs[n] if n in inputs else list(inputs.values())[k]) for k, n in enumerate(names)]
+        seen = record_nodes(ep, feeds, set(tensors))
         return {t: seen[t] for t in tensors if t in seen}
 
     return run
+
+
+def to_numpy(t) -> Any:
+    """A copy of a torch tensor as numpy; a bfloat16 one as ml_dtypes' bfloat16 (through float32:
+    exact)."""
+    import torch
+
+    t = t.detach()
+    if t.dtype == torch.bfloat16:
+        import ml_dtypes
+
+        return t.float().numpy().astype(ml_dtypes.bfloat16)
+    return t.numpy().copy()
+
+
+def from_numpy(a) -> Any:
+    """A torch tensor of a numpy array; ml_dtypes' bfloat16 as torch.bfloat16 (through float32: exact)."""
+    import torch
+
+    if a.dtype.name == "bfloat16":
+        return torch.from_numpy(a.astype("float32")).to(torch.bfloat16)
+    return torch.from_numpy(a)

@@ -14,6 +14,7 @@ provenance (:func:`_finish`).
 from __future__ import annotations
 
 import dataclasses
+import gc
 import re
 import warnings
 from functools import cache
@@ -31,9 +32,11 @@ from irgen.plugin import (
 )
 
 from .converters import CONVERTERS, Context
+from .reduced import ReducedEmit
 from .fold import constant_nodes
 from .hops import inline_autocast
 from .loader import load_pt2, load_pth
+from .weights import tvm_weight
 
 # ---------------------------------------------------------------- the graph signature
 
@@ -134,13 +137,23 @@ def _naming_importer():
             def convert(node, *rest):
                 self.ctx.current = node
                 before = self._known_names()
-                out = fn(node, *rest)
+                bb = self.block_builder
+                self.block_builder = ReducedEmit(bb)  # float16/bfloat16 convs and matmuls in their type
+                try:
+                    out = fn(node, *rest)
+                finally:
+                    self.block_builder = bb
                 return _named_result(self, node, out, before)
 
             return convert
 
         def _known_names(self) -> set[str]:
             return {v.name for v in self.env.values() if isinstance(v, relax.Var)}
+
+        @staticmethod
+        def _convert_pytorch_tensor_to_tvm(tensor_value):
+            """A parameter, buffer or constant: a large one on the run's weight file (:mod:`.weights`)."""
+            return tvm_weight(tensor_value, ExportedProgramImporter._convert_pytorch_tensor_to_tvm)
 
         def create_input_vars(self, exported_program):
             params, users, ranges = super().create_input_vars(exported_program)
@@ -335,7 +348,13 @@ def load_torch(path: Path, options: dict[str, Any]) -> ImportedModel:
     if path.suffix.lower() == ".pt2":
         ep = load_pt2(path, options)
         _check_input_shapes(user_inputs(ep), options.get("input_shapes") or {})
-        return translate(ep, where)
-    ep, name, code = load_pth(path, options)
-    # the input is called what --input-shape calls it; the compile cache keys on the model's code
-    return dataclasses.replace(translate(ep, where, [name]), code_modules=code)
+        imported = translate(ep, where)
+    else:
+        ep, name, code = load_pth(path, options)
+        # the input is called what --input-shape calls it; the compile cache keys on the model's code
+        imported = dataclasses.replace(translate(ep, where, [name]), code_modules=code)
+    # the program's FX graph is a web of reference cycles, which only a collection frees: until one
+    # runs, torch's copy of every weight would stay in memory beside the module's (:mod:`.weights`)
+    del ep
+    gc.collect()
+    return imported

@@ -1,9 +1,11 @@
 """The ``pow2`` quantization-fusion scheme: power-of-two scales, requantization by shift alone.
 
-Many accelerators keep every scale a power of two and zero points at 0, so
-requantizing an int32 accumulator is one rounding right shift. This scheme
-takes ONNX QDQ models whose scales are all powers of two (chosen
-automatically then, or forced with ``--quantizer pow2``), realizes them as
+Many accelerators keep every scale a power of two, so requantizing an int32
+accumulator is one rounding right shift (then the output's zero point added:
+symmetric models have 0, AMD Quark's XINT8 and Vitis AI's uint8 activations
+128). This scheme takes ONNX QDQ models whose scales are all powers of two,
+whatever their zero points (chosen automatically then, or forced with
+``--quantizer pow2``), realizes them as
 the ``qdq`` scheme does (it builds on the ``irgen-qdq`` plugin, a declared dependency,
 through its public API: :func:`irgen_qdq.realize`, :data:`irgen_qdq.RECOMPUTE`), and
 requantizes convolutions and dense layers with shifts only:
@@ -46,8 +48,6 @@ def _not_pow2(qg) -> list[str]:
         mant, _ = np.frexp(s)
         if not np.all(np.isfinite(s)) or np.any(s <= 0) or np.any(mant != 0.5):
             bad.append(f"{b.name}: scale {s[(mant != 0.5) | ~np.isfinite(s)][:1].tolist()} is not a power of two")
-        elif np.any(zp.value.numpy() != 0):
-            bad.append(f"{b.name}: zero point is not 0 (pow2 is symmetric)")
     return bad
 
 
@@ -70,7 +70,7 @@ def irgen_register_quantizers(register):
             detect=detect,
             realize=realize,
             priority=20,  # before qdq: a power-of-two QDQ model is requantized by shifts
-            description="symmetric power-of-two scales, requantization by shift alone",
+            description="power-of-two scales, requantization by shift alone (then + the zero point)",
             recompute=RECOMPUTE,
         )
     )

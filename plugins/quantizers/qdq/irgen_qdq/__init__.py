@@ -46,7 +46,8 @@ Modules: :mod:`irgen_qdq.detect` (which graphs the scheme claims), :mod:`irgen_q
 (the realization, its realizers keyed by op kind: :mod:`~irgen_qdq.conv`,
 :mod:`~irgen_qdq.kernels`, :mod:`~irgen_qdq.pooling`, :mod:`~irgen_qdq.concat`,
 :mod:`~irgen_qdq.operands`, :mod:`~irgen_qdq.float_span`, :mod:`~irgen_qdq.transformer`,
-:mod:`~irgen_qdq.torch_spans`), :mod:`irgen_qdq.recompute` (verify's recompute and
+:mod:`~irgen_qdq.torch_spans`; :mod:`~irgen_qdq.blockwise`: weight-only layers of 4-bit block weights,
+:mod:`~irgen_qdq.float8`: float8 quantize -> dequantize pairs), :mod:`irgen_qdq.recompute` (verify's recompute and
 consistency check), :mod:`irgen_qdq.ort` and :mod:`irgen_qdq.torch_ref` (each runtime's
 arithmetic in numpy); this module registers the scheme.
 """

@@ -205,11 +205,12 @@ def _realize_quantize(qg, qb, out):
                "clamp": [out.lo, out.hi], "requant": {"rounding": "half_to_even",
                            "rounding_rule": "y = saturate(round_half_even(x * float32(1/scale)) + zp) (torch)"}}
         return [qb.name], _rx_torch_quantize(qg, x, out), rec
-    info = np.iinfo(out.dtype)
     f = qg.emit(op.divide(x, q.rx_const(out.scale[0], "float32")))
-    expr = q.rx_round_to_int(qg.emit, f, int(out.zero_point[0]), int(info.min), int(info.max), out.dtype,
-                             nan_to_lo=True)
+    # a range narrower than the dtype's (an integer Clip after the QuantizeLinear, .ranges): ORT
+    # saturates to the dtype, then clips; NaN -> the dtype's minimum -> lo
+    expr = q.rx_round_to_int(qg.emit, f, int(out.zero_point[0]), out.lo, out.hi, out.dtype, nan_to_lo=True)
     rec = {"scheme": SCHEME, "kind": "quantize", "inputs": [], "output": out.record(),
+           **({"clamp": [out.lo, out.hi]} if out.range else {}),
            "requant": {"rounding": "half_to_even",
                        "rounding_rule": "y = saturate(round_half_even(x / scale) + zp); NaN -> the type's minimum"}}
     return [qb.name], expr, rec

@@ -62,8 +62,11 @@ from typing import Any
 from irgen.plugin import IrgenError
 
 from .bias import round_float_bias
+from .blockwise import realize_blockwise
+from .ranges import fold_integer_clips
 from .common import _CONVS, SCHEME, _MOVE, _UNARY, _dequantized, _is_torch, _offset, _ops, _qparams
 from .concat import _realize_concat
+from .float8 import realize_float8
 from .conv import _realize_conv
 from .float_span import UnquantizedSource, dequantized_activation, realize_float, rx_along
 from .kernels import (_or_float, _realize_add, _realize_move, _realize_mul, _realize_quantize, _realize_requantize,
@@ -93,6 +96,9 @@ def _realize(qg, conv_requant) -> None:
     if not _is_torch(qg):
         drop_dead_items(qg)
         static_shape_of(qg)
+        fold_integer_clips(qg)  # Q -> integer Clip -> DQ: a tensor narrower than its type (.ranges)
+        realize_float8(qg)  # float8 quantize -> dequantize pairs (ONNX Runtime runs the ops between in float)
+        realize_blockwise(qg)  # float activations times 4-bit block weights: weight-only layers
     i = 0
     while i < len(qg.bindings):
         b = qg.bindings[i]

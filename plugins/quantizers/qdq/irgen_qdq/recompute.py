@@ -17,8 +17,10 @@ import numpy as np
 from irgen.plugin import (accumulate, per_axis, quantize_linear, requant_scale_mismatch, requant_scales,
                           requantize_float, run_layer)
 
+from .blockwise import recompute_weight_only
 from .common import MAC_KINDS
 from .concat import recompute_concat
+from .float8 import recompute_float8, recompute_float_dense
 from .float_span import along, recompute_float
 from .movement import MOVES, move_after_table
 from .ort import avg_pool_in_order, ort_softmax, quantize_value_ort
@@ -93,7 +95,8 @@ def recompute_ort(layer: dict[str, Any], inputs: list[np.ndarray], params: dict[
         t = table[inputs[0].astype(np.int64) - lo]
         return move_after_table(layer, t, inputs, params) if qr.get("op") in MOVES else t
     elif kind == "quantize":
-        return quantize_linear(inputs[0], np.float32(out["scale"]), int(out["zero_point"]), out["dtype"])
+        y = quantize_linear(inputs[0], np.float32(out["scale"]), int(out["zero_point"]), out["dtype"])
+        return np.clip(y, *qr["clamp"]).astype(y.dtype) if "clamp" in qr else y
     elif kind == "dequantize":
         i, x = qr["inputs"][0], inputs[0]  # per tensor, or per channel along its axis
         return (x.astype(np.int32) - along(i["zero_point"], i, x.ndim, np.int32)).astype(np.float32) \
@@ -115,6 +118,9 @@ RECOMPUTE = {
     "float": recompute_float,
     "matmul": recompute_matmul,
     "concatenate": recompute_concat,
+    "weight_only": recompute_weight_only,  # 4-bit block weights, float activations (irgen_qdq.blockwise)
+    "float8": recompute_float8,  # float8 quantize -> dequantize (irgen_qdq.float8)
+    "float_dense": recompute_float_dense,  # a float8 model's float MatMul in MLAS's order (irgen_qdq.float8)
 }
 
 

@@ -173,8 +173,7 @@ def realize_matmul(qg, qb, comp, out):
     xb = xa if a.same_as(b) and qa.zero_point[0] == qb_.zero_point[0] else _offset(qg, b, int(qb_.zero_point[0]))
     acc = qg.emit(op.matmul(xa, xb, out_dtype="int32"))
     scale = np.float32(np.float32(qa.scale[0]) * np.float32(qb_.scale[0])) / np.float32(out.scale[0])
-    info = np.iinfo(out.dtype)
-    lo, hi = int(info.min), int(info.max)
+    lo, hi = out.lo, out.hi  # the dtype's, or a narrower range (irgen_qdq.ranges)
     expr = q.rx_requantize_float(qg.emit, acc, np.float32(scale), int(out.zero_point[0]), lo, hi, out.dtype)
     rec = {"scheme": SCHEME, "kind": "matmul", "inputs": [qa.record(), qb_.record()], "output": out.record(),
            **({"operands": [0, 0]} if a.same_as(b) else {}),
