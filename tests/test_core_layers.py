@@ -21,14 +21,14 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("base: errors, records, names, files, metrics", {
         "api", "names", "envflags", "safeio", "schema", "irfile", "output", "lean_import", "comparators", "dumpmap"}),
     ("plugin host", {"hookspecs", "plugins", "serializers"}),
-    ("IR model, numpy reference, model inputs", {"reference", "runkey", "inputs"}),
+    ("IR model, numpy reference, model inputs", {"reference", "declared", "runkey", "inputs"}),
     ("Relax passes and kernels", {
         "graph", "canonical", "ops", "recurrent", "quant", "spill", "share", "schedule", "target", "vm", "parallel_build",
         "execute", "widen"}),
     ("layer forming and records", {"layers", "ir", "forming"}),
     ("compile and plan", {"plan", "cache", "compile"}),
-    ("run", {"pipeline", "capture", "workers", "sweep", "cliargs", "cachetool"}),
-    ("check and compare", {"runners", "source", "verify", "diagnose", "compare", "compare_report", "extract", "report",
+    ("run", {"pipeline", "decode", "runners", "capture", "workers", "sweep", "cliargs", "cachetool"}),
+    ("check and compare", {"source", "verify", "diagnose", "compare", "compare_report", "extract", "report",
                            "summary"}),
     ("interfaces: the command line, the plugin API, test kits", {
         "cli", "__main__", "plugin", "testing", "testing.conformance", "testing.models", "testing.pytest_plugin"}),

@@ -41,6 +41,25 @@ class InputSpec:
     quantization: tuple[float, int] | None = None
 
 
+@dataclass(frozen=True)
+class DeclaredTensor:
+    """One input or output of a model file as the file declares it, before any shape is
+    chosen: ``shape`` holds an int for a fixed dimension and the dimension's symbol (a
+    ``str``: ONNX's ``dim_param``, ``"?"`` when unnamed) for an open one."""
+
+    name: str
+    shape: tuple[int | str, ...]
+    dtype: str
+
+
+@dataclass(frozen=True)
+class ModelInterface:
+    """A model file's declared inputs and outputs (:attr:`Frontend.interface`), in order."""
+
+    inputs: tuple[DeclaredTensor, ...]
+    outputs: tuple[DeclaredTensor, ...]
+
+
 @dataclass
 class Provenance:
     """Where a Relax binding came from in the source model.
@@ -110,6 +129,10 @@ class Frontend:
     ``runner(path, options)``, optional, runs the model in its own runtime for
     ``irgen verify``: see :meth:`source_runner`.
 
+    ``interface(path, options)``, optional, reads the model's declared inputs and outputs
+    (:class:`ModelInterface`, open dimensions as symbols) without importing it: ``irgen run
+    --decode`` chooses each step's shapes from it (API 2.3).
+
     ``quant_dialect`` says what the quantize/dequantize ops of the graphs it
     imports mean, so that quantization schemes detect a dialect and never a
     frontend by name (see :data:`QUANT_DIALECTS`). A frontend whose graphs
@@ -123,6 +146,7 @@ class Frontend:
     description: str = ""
     runner: Callable[[Path, dict[str, Any]], Callable[[dict[str, Any], list[str]], dict[str, Any]]] | None = None
     quant_dialect: str | None = None
+    interface: Callable[[Path, dict[str, Any]], ModelInterface] | None = None
 
     def source_runner(self, model_path: Path, options: dict[str, Any]):
         """A callable ``run(inputs, tensors) -> {tensor: array}`` that runs the model

@@ -180,6 +180,10 @@ def _run_parser(commands, after: argparse.ArgumentParser) -> argparse.ArgumentPa
                      help="many samples: a folder of .npy files (one per sample, sorted) or .npz files (one per "
                           "sample, an array per model input), or one .npz (an array per sample); writes OUT/<sample>/ "
                           "for each with one import and compile")
+    run.add_argument("--decode", type=int, default=None, metavar="N",
+                     help="an LLM generation trace: the prefill over the prompt (--input input_ids=FILE, or "
+                          "--input-shape input_ids=B,P) and N greedy decode steps against the KV cache, each a "
+                          "complete output in OUT/step_NNN fed by the golden data of the step before")
     run.add_argument("-j", "--jobs", type=int, default=None, metavar="N",
                      help="with --inputs: the cores to use, a worker process each, one sample at a time "
                           "(default: every core; $TVM_NUM_THREADS sets each worker's kernel threads)")

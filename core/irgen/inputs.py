@@ -25,7 +25,7 @@ def _float_dtype(name: str) -> np.dtype:
     return np.dtype(name)
 
 def parse_input_shapes(specs: list[str], limit: int | None = None) -> dict[str, tuple[int, ...]]:
-    """``--input-shape NAME=D1,D2,...`` values; every dimension a positive integer, and the
+    """``--input-shape NAME=D1,D2,...`` values; every dimension a non-negative integer, and the
     element count within ``limit`` bytes even at one byte per element."""
     shapes = {}
     for spec in specs:
@@ -36,8 +36,8 @@ def parse_input_shapes(specs: list[str], limit: int | None = None) -> dict[str, 
             shape = tuple(int(d) for d in dims.split(","))
         except ValueError:
             raise IrgenError(f"--input-shape {spec!r}: expected NAME=D1,D2,...") from None
-        if any(d <= 0 for d in shape):
-            raise IrgenError(f"--input-shape {spec!r}: every dimension must be a positive integer")
+        if any(d < 0 for d in shape):
+            raise IrgenError(f"--input-shape {spec!r}: every dimension must be a non-negative integer (0: an empty tensor, such as an empty KV cache)")
         if name in shapes:
             raise IrgenError(f"--input-shape {spec!r}: input {name!r} is given twice")
         check_tensor_size(f"--input-shape {name}", shape, "int8", limit)

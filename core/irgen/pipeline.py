@@ -61,6 +61,8 @@ def run_cli(args, host) -> int:
     if getattr(args, "inputs", None) is not None:
         if args.input:
             raise IrgenError("--input and --inputs: give one sample with --input or many with --inputs, not both")
+        if getattr(args, "decode", None) is not None:
+            raise IrgenError("--decode and --inputs: a trace starts from one prompt (--input input_ids=FILE)")
         run_many(host, model=Path(args.model), out=Path(args.output), samples_from=Path(args.inputs), jobs=args.jobs,
                  opt_level=args.opt_level, frontend=args.frontend, backend=args.backend,
                  serializer=args.serializer or ["json"], quantizer=getattr(args, "quantizer", None), force=args.force,
@@ -69,6 +71,9 @@ def run_cli(args, host) -> int:
         return 0
     if getattr(args, "jobs", None) is not None:
         raise IrgenError("-j/--jobs: only with --inputs (one sample runs in one process)")
+    if getattr(args, "decode", None) is not None:
+        run_trace(host, args, options)
+        return 0
     run(
         host,
         model=Path(args.model),
@@ -88,6 +93,29 @@ def run_cli(args, host) -> int:
     return 0
 
 
+def run_trace(host, args, options: dict[str, Any]) -> dict[str, Any]:
+    """``irgen run --decode N``: a prefill and N decode steps (:mod:`irgen.decode`), each step
+    one :func:`run` with the command's settings and the step's shapes and inputs."""
+    from irgen import decode
+
+    model, progress = Path(args.model), Progress(enabled=not args.no_progress)
+    fe = pick_frontend(host, model, args.frontend)
+    quiet = Progress(enabled=False)
+
+    def step(folder: Path, shapes: dict[str, tuple[int, ...]], arrays) -> None:
+        run(host, model=model, out=folder, opt_level=args.opt_level, frontend=fe.name, backend=args.backend,
+            serializer=args.serializer or ["json"], quantizer=getattr(args, "quantizer", None), seed=args.seed,
+            progress=quiet, options={**options, "input_shapes": shapes}, arrays=arrays,
+            command=["irgen", *sys.argv[1:]])
+
+    trace = decode.run_decode(fe, model, Path(args.output), args.decode, step, progress, args.force, args.seed,
+                              list(args.input), list(args.input_shape),
+                              options.get("max_tensor_bytes", DEFAULT_MAX_TENSOR_BYTES),
+                              host.backends.get(args.backend))
+    progress.done(f"wrote {args.output} ({len(trace['steps'])} steps: the prefill and {args.decode} decode steps)")
+    return trace
+
+
 def run(
     host,
     model: Path,
@@ -103,6 +131,7 @@ def run(
     progress: Progress | None = None,
     options: dict[str, Any] | None = None,
     command: list[str] | None = None,
+    arrays: dict[str, tuple[np.ndarray, str]] | None = None,
 ) -> dict[str, Any]:
     """Generate the IR and golden data for ``model`` into ``out``; returns the IR dict.
 
@@ -114,7 +143,8 @@ def run(
 
     ``options``: besides the plugins' own, ``debug`` (``DEBUG_LEVELS``), ``layers``
     (glob patterns of the layers whose outputs are written), ``cache`` (False: neither
-    read nor write the compile cache).
+    read nor write the compile cache). ``arrays``: input name -> (array, where it came from),
+    the inputs ``inputs`` does not give.
     """
     progress = progress or Progress(enabled=False)
     options = dict(options or {})
@@ -124,10 +154,10 @@ def run(
 
     # the weights wait on disk beside the output (where its partial folder goes), not in memory
     with spill.weights_on_disk(folder.final.parent):
-        plan, arrays = prepare(host, model, setup.key, fe, be, list(inputs), opt_level, quantizer, seed, options,
-                               progress)
+        plan, values = prepare(host, model, setup.key, fe, be, list(inputs), opt_level, quantizer, seed, options,
+                               progress, arrays)
         with folder:
-            ir, files = write_output(host, plan, arrays, folder, model, model_sha, be, sers, options, command, progress)
+            ir, files = write_output(host, plan, values, folder, model, model_sha, be, sers, options, command, progress)
     progress.done(f"wrote {out} ({len(plan.records)} layers, {len(plan.kernels)} kernels"
                   f"{', compiled model from the cache' if plan.from_cache else ''})")
     return ir
@@ -184,8 +214,8 @@ def compile_settings() -> dict[str, Any]:
 
 
 def prepare(host, model: Path, key: runkey.PlanKey, fe, be: Backend, inputs: list[str], opt_level: int,
-            quantizer: str | None, seed: int, options: dict[str, Any], progress: Progress
-            ) -> tuple[Plan, list[np.ndarray]]:
+            quantizer: str | None, seed: int, options: dict[str, Any], progress: Progress,
+            given: dict[str, tuple[np.ndarray, str]] | None = None) -> tuple[Plan, list[np.ndarray]]:
     """The model's compiled plan (from the compile cache, else import, form layers and
     compile, then store it there) and the input arrays, checked before compiling."""
     from irgen import cache
@@ -198,7 +228,7 @@ def prepare(host, model: Path, key: runkey.PlanKey, fe, be: Backend, inputs: lis
     if plan is not None:
         progress.stage(f"compiled model from the cache ({cache.folder()})")
         check_inputs(plan.inputs, options.get("input_shapes") or {}, limit)
-        return plan, load_inputs(plan.inputs, inputs, seed, limit)
+        return plan, load_inputs(plan.inputs, inputs, seed, limit, given)
 
     progress.stage(f"import {model.name} ({fe.name} frontend)")
     with recording_reads() as reads:  # the files the import reads besides the model: the key's dependencies
@@ -206,7 +236,7 @@ def prepare(host, model: Path, key: runkey.PlanKey, fe, be: Backend, inputs: lis
     if imported.dialect is None:
         imported.dialect = fe.quant_dialect
     check_inputs(imported.inputs, options.get("input_shapes") or {}, limit)
-    arrays = load_inputs(imported.inputs, inputs, seed, limit)
+    arrays = load_inputs(imported.inputs, inputs, seed, limit, given)
     with recording_reads(reads):  # weights an import left on disk are read while compiling
         plan = build_plan(host, imported, be, quantizer, opt_level, limit, progress,
                           accumulate=options.get("accumulate"))

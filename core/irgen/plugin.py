@@ -28,7 +28,8 @@ API 2.0 took every scheme's own arithmetic out of this module into the scheme's 
 (docs/writing-a-plugin.md, "Schemes built on another scheme", lists where each name went),
 renamed a shared primitive to a name that says what it computes, and made a scheme's
 recompute and consistency check fields of its ``Quantizer``. API 2.1 added
-``Quantizer.runtime_exact``; API 2.2 the recurrent layers' helpers.
+``Quantizer.runtime_exact``; API 2.2 the recurrent layers' helpers; API 2.3
+``Frontend.interface`` with ``ModelInterface`` and ``DeclaredTensor``.
 
 Registration (what the hooks register)
 --------------------------------------
@@ -57,6 +58,8 @@ Registration (what the hooks register)
   layer's ``quant`` is ``kind: "fused"`` with ``steps`` (one scheme record per merged
   layer), which ``check_layer`` and serializers then meet; ``FusionRule``'s docstring
   says which followers join.
+* ``ModelInterface``, ``DeclaredTensor`` (2.3): what ``Frontend.interface`` returns, a model
+  file's declared inputs and outputs with open dimensions as symbols (``irgen run --decode``).
 * ``ImportedModel``, ``InputSpec``, ``Provenance``: what a frontend returns
   (the Relax module, its inputs, and which source nodes each binding came from).
 * ``TensorInfo``, ``StoredTensor``, ``TENSOR_KINDS`` (1.1): what
@@ -214,8 +217,10 @@ from irgen.api import (
     DumpReader,
     Frontend,
     FusionRule,
+    DeclaredTensor,
     ImportedModel,
     InputSpec,
+    ModelInterface,
     IrgenError,
     Mismatch,
     Provenance,
@@ -283,7 +288,7 @@ from irgen.safeio import (
     regular_tree,
 )
 
-API_VERSION = "2.2"
+API_VERSION = "2.3"
 
 #: names whose module imports TVM: (module, name there), loaded by :func:`__getattr__`
 _LAZY = {
@@ -325,7 +330,7 @@ __all__ = [
     "API_VERSION",
     # registration
     "hookimpl", "Frontend", "Quantizer", "Backend", "Serializer", "FusionRule", "ATTENTION_FUSION",
-    "ImportedModel", "InputSpec", "Provenance", "IrgenError", "UnsupportedOpsError", "QUANT_DIALECTS",
+    "ImportedModel", "InputSpec", "Provenance", "ModelInterface", "DeclaredTensor", "IrgenError", "UnsupportedOpsError", "QUANT_DIALECTS",
     "TensorInfo", "StoredTensor", "TENSOR_KINDS", "Signature", "Mismatch", "SIGNATURE_CODES", "DumpReader",
     # the graph a scheme reads and rewrites
     "QGraph", "QTensor", "kernel_op", "Binding", "Constant", "attrs_to_dict", "substitute", "main_bindings",

@@ -222,10 +222,10 @@ def check_arguments(callee: str, values: list[np.ndarray], types: list[tuple[tup
         raise IrgenError(f"internal: kernel {callee} takes {len(types)} arguments, was given {len(values)}")
     for n, (x, (shape, dtype)) in enumerate(zip(values, types)):
         if tuple(x.shape) != tuple(shape) or str(x.dtype) != dtype or not x.flags.c_contiguous \
-                or x.ctypes.data % ALIGN:
+                or (x.size and x.ctypes.data % ALIGN):  # an empty array reads no memory
             raise IrgenError(f"kernel {callee}, argument {n}: an array of shape {tuple(x.shape)} and dtype {x.dtype}"
                              f"{'' if x.flags.c_contiguous else ', not contiguous'}"
-                             f"{', not aligned' if x.ctypes.data % ALIGN else ''}; the kernel was compiled for "
+                             f"{', not aligned' if x.size and x.ctypes.data % ALIGN else ''}; the kernel was compiled for "
                              f"shape {tuple(shape)} and dtype {dtype} (a compile cache file changed? run with --no-cache)")
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from irgen.plugin import Frontend, hookimpl
 
+from .interface import model_interface
 from .prepare import prepare
 from .runner import source_runner
 from .translate import load_onnx
@@ -40,5 +41,6 @@ def irgen_register_frontends(register):
             description="ONNX models through TVM's Relax ONNX importer",
             runner=source_runner,
             quant_dialect="onnx-qdq",
+            interface=model_interface,
         )
     )

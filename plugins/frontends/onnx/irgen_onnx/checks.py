@@ -246,8 +246,8 @@ def input_specs(model, shapes: dict[str, tuple[int, ...]], limit: int | None, pa
         spec = f"--input-shape {esc(name)}={','.join(str(d) for d in dims)}"
         if name not in by_name:
             raise IrgenError(f"{spec}: the model has no input {q(name)} (inputs: {listing})")
-        if not dims or any(int(d) <= 0 for d in dims):
-            raise IrgenError(f"{spec}: every dimension must be a positive integer")
+        if not dims or any(int(d) < 0 for d in dims):
+            raise IrgenError(f"{spec}: every dimension must be a non-negative integer (0: an empty tensor, such as an empty KV cache)")
         vi = by_name[name]
         if vi.type.tensor_type.HasField("shape"):
             declared = _declared(vi)
