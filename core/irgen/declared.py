@@ -68,6 +68,20 @@ def _pair(v: Any, n: int = 2) -> tuple[int, ...]:
     return tuple(int(x) for x in (v * n if len(v) == 1 else v))
 
 
+def conv2d_geometry(x: np.ndarray, w: np.ndarray, attrs: dict):
+    """A 2-D NCHW/OIHW convolution's padded input, strides, dilations and output size:
+    ``(xp, (sh, sw), (dh, dw), (oh, ow))`` (also :func:`irgen.reference.conv2d_fma_blocked`'s)."""
+    h, wd = x.shape[2:]
+    kh, kw = w.shape[2:]
+    sh, sw = _pair(attrs.get("strides", [1, 1]))
+    dh, dw = _pair(attrs.get("dilation", [1, 1]))
+    pad = _pair(attrs.get("padding", [0, 0, 0, 0]), 4)
+    pt, pl, pb, pr = pad if len(pad) == 4 else (pad[0], pad[1], pad[0], pad[1])
+    xp = np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)))
+    oh, ow = (h + pt + pb - dh * (kh - 1) - 1) // sh + 1, (wd + pl + pr - dw * (kw - 1) - 1) // sw + 1
+    return xp, (sh, sw), (dh, dw), (oh, ow)
+
+
 def conv_f32(x: np.ndarray, w: np.ndarray, attrs: dict, step: Step | None = None) -> np.ndarray:
     """A float32 convolution (NCHW/OIHW, 1-D as NCW/OIW) as TVM's kernel adds it: per output,
     the products over (input channel of the group, kernel row, kernel column) in that order,
@@ -84,14 +98,8 @@ def conv_f32(x: np.ndarray, w: np.ndarray, attrs: dict, step: Step | None = None
         return conv_f32(x[:, :, None], w[:, :, None], {**a, "data_layout": "NCHW", "kernel_layout": "OIHW"},
                         step)[:, :, 0]
     g = int(attrs.get("groups", 1))
-    n, c, h, wd = x.shape
-    o, cg, kh, kw = w.shape
-    sh, sw = _pair(attrs.get("strides", [1, 1]))
-    dh, dw = _pair(attrs.get("dilation", [1, 1]))
-    pad = _pair(attrs.get("padding", [0, 0, 0, 0]), 4)
-    pt, pl, pb, pr = pad if len(pad) == 4 else (pad[0], pad[1], pad[0], pad[1])
-    xp = np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)))
-    oh, ow = (h + pt + pb - dh * (kh - 1) - 1) // sh + 1, (wd + pl + pr - dw * (kw - 1) - 1) // sw + 1
+    n, o, cg, kh, kw = x.shape[0], *w.shape
+    xp, (sh, sw), (dh, dw), (oh, ow) = conv2d_geometry(x, w, attrs)
     chan = (np.arange(o) // (o // g)) * cg  # first input channel of each output's group
     acc = np.zeros((n, o, oh, ow), np.float32)
     for rc in range(cg):

@@ -1388,14 +1388,8 @@ def conv2d_fma_blocked(x: np.ndarray, w: np.ndarray, attrs: dict) -> np.ndarray:
         raise NotImplementedError(f"accumulation {acc}")
     x, w = np.asarray(x, np.float32), np.asarray(w, np.float32)
     g = int(attrs.get("groups", 1))
-    n, c, h, wd = x.shape
-    o, cg, kh, kw = w.shape
-    sh, sw = _pair(attrs.get("strides", [1, 1]))
-    dh, dw = _pair(attrs.get("dilation", [1, 1]))
-    pad = _pair(attrs.get("padding", [0, 0, 0, 0]), 4)
-    pt, pl, pb, pr = pad if len(pad) == 4 else (pad[0], pad[1], pad[0], pad[1])
-    xp = np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)))
-    oh, ow = (h + pt + pb - dh * (kh - 1) - 1) // sh + 1, (wd + pl + pr - dw * (kw - 1) - 1) // sw + 1
+    n, o, cg, kh, kw = x.shape[0], *w.shape
+    xp, (sh, sw), (dh, dw), (oh, ow) = declared.conv2d_geometry(x, w, attrs)
     block = int(acc["k_block"])
     y = np.empty((n, o, oh * ow), np.float32)
     og = o // g
