@@ -27,7 +27,7 @@ import tvm
 from tvm import relax
 
 from irgen.api import IrgenError
-from irgen.graph import Binding, Constant, main_bindings, rebuild_main, tensor_type
+from irgen.graph import Binding, Constant, main_bindings, rebuild_main, tensor_type, var_names
 
 #: float types whose layers declare their arithmetic
 REDUCED = ("float16", "bfloat16")
@@ -197,25 +197,13 @@ def _names_in(expr: relax.Expr) -> set[str]:
     return set()
 
 
-def _reads(expr: relax.Expr) -> list[str]:
-    if isinstance(expr, relax.Var):
-        return [expr.name]
-    if isinstance(expr, relax.Call):
-        return [n for a in expr.args for n in _reads(a)]
-    if isinstance(expr, relax.Tuple):
-        return [n for f in expr.fields for n in _reads(f)]
-    if isinstance(expr, relax.TupleGetItem):
-        return _reads(expr.tuple_value)
-    return []
-
-
 def _storage_needed(bindings: list[Binding], plan: dict[str, str], layer_of: dict[str, int],
                     keep: set[str]) -> set[str]:
     """The widened bindings whose storage-typed value something reads: a binding that is not a
     widened call of the same layer, or ``keep`` (layer and model outputs)."""
     needed = {n for n in plan if n in keep}
     for b in bindings:
-        for n in _reads(b.value):
+        for n in var_names(b.value):
             if n in plan and not (b.name in plan and layer_of.get(b.name) == layer_of.get(n)):
                 needed.add(n)
     return needed
