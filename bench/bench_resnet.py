@@ -1,9 +1,10 @@
-"""irgen vs the source runtimes on ResNet-18-sized models, side by side in one run.
+"""irgen vs the source runtimes on ResNet-18- and ResNet-50-sized models, side by side in one run.
 
 Cases (``--case``, default all), each timing two subprocesses, alternating:
 
 * ``float``: a ResNet-18-shaped torch network (BasicBlocks [2, 2, 2, 2],
-  64..512 channels, BatchNorm, 1x3x224x224, random weights) exported to ONNX;
+  64..512 channels, BatchNorm, 1x3x224x224, random weights; ``--arch resnet50``:
+  ResNet-50's Bottlenecks [3, 4, 6, 3]) exported to ONNX;
   irgen vs ONNX Runtime with every intermediate tensor marked as a graph
   output, each saved as ``.npy`` (the golden-data equivalent of irgen's run);
 * ``qdq``: the same network quantized by ``onnxruntime.quantization`` (QDQ,
@@ -15,7 +16,9 @@ Cases (``--case``, default all), each timing two subprocesses, alternating:
 Each case also times ``irgen verify`` on irgen's output right after each
 generation run (all checks: single, entire and the source runtime; no HTML
 report) and prints the verify/generation ratio of median wall times: verify
-should take no longer than generating did.
+should take no longer than generating did; ``--each-mode`` also times
+``--mode single``, ``entire`` and ``source`` one by one, each against the same
+generation run (the target: each, and all three together, at most twice the run).
 
 Each run's wall time and peak RSS come from ``os.wait4`` (the kernel's own
 accounting of the finished child; the model is exported in a separate child so
@@ -23,7 +26,8 @@ this process stays small, as a child's peak includes its parent's RSS at fork).
 Prints min/median per tool and the
 irgen/reference ratio of medians; ``--json PATH`` saves every figure.
 
-    python bench/bench_resnet.py [--case float|qdq|tflite-int8] [--repeat 3] [--opt-level 3] [--json results.json]
+    python bench/bench_resnet.py [--case float|qdq|tflite-int8] [--arch resnet18|resnet50] [--each-mode]
+                                 [--repeat 3] [--opt-level 3] [--json results.json]
 """
 
 from __future__ import annotations
@@ -136,6 +140,11 @@ def make_tflite_model(folder: Path) -> tuple[Path, Path]:
     return model, x_path
 
 
+#: ``--arch`` -> blocks per stage (BasicBlocks for ResNet-18, Bottlenecks for ResNet-50)
+ARCHS = {"resnet18": [2, 2, 2, 2], "resnet50": [3, 4, 6, 3]}
+ARCH = "resnet18"
+
+
 def make_model(folder: Path) -> tuple[Path, Path]:
     import numpy as np
     import torch
@@ -158,31 +167,50 @@ def make_model(folder: Path) -> tuple[Path, Path]:
             y = self.bn2(self.conv2(y))
             return self.relu(y + (x if self.down is None else self.down(x)))
 
-    class ResNet18(nn.Module):
+    class Bottleneck(nn.Module):
+        def __init__(self, cin: int, width: int, stride: int):
+            super().__init__()
+            cout = 4 * width
+            self.body = nn.Sequential(
+                nn.Conv2d(cin, width, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(),
+                nn.Conv2d(width, width, 3, stride, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(),
+                nn.Conv2d(width, cout, 1, bias=False), nn.BatchNorm2d(cout))
+            self.relu = nn.ReLU()
+            self.down = None
+            if stride != 1 or cin != cout:
+                self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+        def forward(self, x):
+            return self.relu(self.body(x) + (x if self.down is None else self.down(x)))
+
+    class ResNet(nn.Module):
         def __init__(self, num_classes: int = 1000):
             super().__init__()
             self.stem = nn.Sequential(nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64),
                                       nn.ReLU(), nn.MaxPool2d(3, 2, 1))
             blocks, cin = [], 64
-            for cout, stride in [(64, 1), (128, 2), (256, 2), (512, 2)]:
-                blocks += [BasicBlock(cin, cout, stride), BasicBlock(cout, cout, 1)]
-                cin = cout
+            for (width, stride), count in zip([(64, 1), (128, 2), (256, 2), (512, 2)], ARCHS[ARCH]):
+                for k in range(count):
+                    block = (Bottleneck(cin, width, stride if k == 0 else 1) if ARCH == "resnet50"
+                             else BasicBlock(cin, width, stride if k == 0 else 1))
+                    blocks.append(block)
+                    cin = 4 * width if ARCH == "resnet50" else width
             self.blocks = nn.Sequential(*blocks)
             self.pool = nn.AdaptiveAvgPool2d(1)
-            self.fc = nn.Linear(512, num_classes)
+            self.fc = nn.Linear(cin, num_classes)
 
         def forward(self, x):
             return self.fc(torch.flatten(self.pool(self.blocks(self.stem(x))), 1))
 
     torch.manual_seed(0)
-    net = ResNet18().eval()
+    net = ResNet().eval()
     with torch.no_grad():  # non-trivial BN statistics
         for m in net.modules():
             if isinstance(m, nn.BatchNorm2d):
                 m.running_mean.uniform_(-0.1, 0.1)
                 m.running_var.uniform_(0.5, 1.5)
     x = torch.rand(1, 3, 224, 224)
-    model = folder / "resnet18.onnx"
+    model = folder / f"{ARCH}.onnx"
     torch.onnx.export(net, (x,), str(model), input_names=["x"], output_names=["logits"],
                       opset_version=13, dynamo=False)
     x_path = folder / "x.npy"
@@ -219,7 +247,7 @@ def make_qdq_model(folder: Path) -> tuple[Path, Path]:
         def get_next(self):
             return next(self.items, None)
 
-    qmodel = folder / "resnet18_qdq.onnx"
+    qmodel = folder / f"{ARCH}_qdq.onnx"
     quantize_static(str(model), str(qmodel), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
                     activation_type=QuantType.QInt8, weight_type=QuantType.QInt8)
     return qmodel, x
@@ -227,19 +255,23 @@ def make_qdq_model(folder: Path) -> tuple[Path, Path]:
 
 #: case -> (what, model maker, reference tool name, reference script)
 CASES = {
-    "float": ("ResNet-18-sized float CNN, ONNX, 1x3x224x224", make_model, "onnxruntime", ORT_SCRIPT),
+    "float": ("ResNet-sized float CNN (--arch), ONNX, 1x3x224x224", make_model, "onnxruntime", ORT_SCRIPT),
     "qdq": ("the same CNN quantized by onnxruntime (QDQ, per-channel int8)", make_qdq_model, "onnxruntime", ORT_SCRIPT),
     "tflite-int8": ("ResNet-18-shaped Keras CNN, full-integer TFLite, 1x224x224x3", make_tflite_model,
                     "tflite-ref", TFLITE_SCRIPT),
 }
 
 
-def bench_case(case: str, work: Path, repeat: int, opt_level: int) -> dict:
+#: the verify modes ``--each-mode`` times one by one
+MODES = ("single", "entire", "source")
+
+
+def bench_case(case: str, work: Path, repeat: int, opt_level: int, each_mode: bool = False) -> dict:
     what, _, ref_name, script = CASES[case]
     print(f"[{case}] {what}: building in {work} ...", flush=True)
     # in a child: the kernel counts a child's RSS before exec (our own) in its peak,
     # so this process must stay small: no torch, tensorflow or numpy here
-    subprocess.run([sys.executable, __file__, "--make-model", str(work), "--case", case], check=True)
+    subprocess.run([sys.executable, __file__, "--make-model", str(work), "--case", case, "--arch", ARCH], check=True)
     model, x = (Path(p) for p in (work / "model.txt").read_text().split("\n")[:2])
     ref_script = work / "ref_dump.py"
     ref_script.write_text(script)
@@ -247,10 +279,11 @@ def bench_case(case: str, work: Path, repeat: int, opt_level: int) -> dict:
              "--input", str(x), "--force", "--no-progress", "--opt-level", str(opt_level)]
     ref = [sys.executable, str(ref_script), str(model), str(x), str(work / "out_ref")]
     verify = [sys.executable, "-m", "irgen", "verify", str(work / "out_irgen"), "--no-report", "--no-progress"]
-    runs: dict[str, list[dict]] = {"irgen": [], ref_name: [], "verify": []}
+    modes = [(f"verify-{m}", [*verify, "--mode", m], (0, 1)) for m in MODES] if each_mode else []
+    runs: dict[str, list[dict]] = {"irgen": [], ref_name: [], "verify": [], **{name: [] for name, _, _ in modes}}
     for i in range(repeat):
         # verify right after the generation it checks; exit code 1 (a failed check) is reported, not fatal
-        for name, argv, ok in (("irgen", irgen, (0,)), ("verify", verify, (0, 1)), (ref_name, ref, (0,))):
+        for name, argv, ok in (("irgen", irgen, (0,)), ("verify", verify, (0, 1)), *modes, (ref_name, ref, (0,))):
             subprocess.run(["rm", "-rf", str(work / "out_ref")], check=True)
             r = timed(argv, work / f"{name}.log", ok)
             runs[name].append(r)
@@ -265,6 +298,7 @@ def bench_case(case: str, work: Path, repeat: int, opt_level: int) -> dict:
     sizes = {"irgen": size(work / "out_irgen"), ref_name: size(work / "out_ref")}
     summary = {}
     verify_runs = runs.pop("verify")
+    per_mode = {name: runs.pop(name) for name, _, _ in modes}
     verify_summary = {k: {"min": min(r[k] for r in verify_runs), "median": statistics.median(r[k] for r in verify_runs)}
                       for k in ("wall_s", "peak_rss_mib", "cpu_s")}
     verify_ratio = {k: verify_summary[k]["median"] / statistics.median(r[k] for r in runs["irgen"])
@@ -288,10 +322,17 @@ def bench_case(case: str, work: Path, repeat: int, opt_level: int) -> dict:
           f"   ({sizes['irgen'][1]} vs {sizes[ref_name][1]} files)", flush=True)
     vw = verify_summary["wall_s"]
     print(f"{'verify [s]':14s}{vw['min']:11.2f}{vw['median']:11.2f}   verify/generation: wall {verify_ratio['wall_s']:.2f}, "
-          f"cpu {verify_ratio['cpu_s']:.2f}; exit codes {[r['exit_code'] for r in verify_runs]}\n", flush=True)
+          f"cpu {verify_ratio['cpu_s']:.2f}; exit codes {[r['exit_code'] for r in verify_runs]}", flush=True)
+    mode_ratio = {}
+    for name, rs in per_mode.items():
+        mode_ratio[name] = statistics.median(r["wall_s"] for r in rs) / statistics.median(r["wall_s"] for r in runs["irgen"])
+        print(f"{name + ' [s]':22s}{min(r['wall_s'] for r in rs):7.2f}{statistics.median(r['wall_s'] for r in rs):11.2f}"
+              f"   /generation: wall {mode_ratio[name]:.2f}", flush=True)
+    print(flush=True)
     return {"model": what, "reference": ref_name, "runs": runs, "summary": summary,
             "ratio_irgen_over_reference_median": ratio,
-            "verify": {"runs": verify_runs, "summary": verify_summary, "ratio_verify_over_generation_median": verify_ratio}}
+            "verify": {"runs": verify_runs, "summary": verify_summary, "ratio_verify_over_generation_median": verify_ratio,
+                       "modes": per_mode, "ratio_mode_over_generation_median": mode_ratio}}
 
 
 def main() -> int:
@@ -302,8 +343,14 @@ def main() -> int:
     ap.add_argument("--opt-level", type=int, default=3, help="irgen --opt-level (default 3)")
     ap.add_argument("--json", type=Path, help="save the results here")
     ap.add_argument("--keep", type=Path, help="work in this folder and keep it (default: a temp folder)")
+    ap.add_argument("--arch", choices=sorted(ARCHS), default="resnet18",
+                    help="the ONNX cases' network: ResNet-18 (default) or ResNet-50 (Bottlenecks [3, 4, 6, 3])")
+    ap.add_argument("--each-mode", action="store_true",
+                    help="also time 'irgen verify --mode single', 'entire' and 'source' one by one")
     ap.add_argument("--make-model", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    global ARCH
+    ARCH = args.arch
     if args.make_model:
         import warnings
 
@@ -317,11 +364,11 @@ def main() -> int:
         for case in args.case or list(CASES):
             work = (args.keep or Path(tmp)) / case
             work.mkdir(parents=True, exist_ok=True)
-            results[case] = bench_case(case, work, args.repeat, args.opt_level)
+            results[case] = bench_case(case, work, args.repeat, args.opt_level, args.each_mode)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({
-            "repeat": args.repeat, "opt_level": args.opt_level,
+            "repeat": args.repeat, "opt_level": args.opt_level, "arch": args.arch,
             "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()},
             "cases": results,
         }, indent=2) + "\n")

@@ -585,3 +585,39 @@ def test_single_scales_its_absolute_tolerance_with_the_magnitude(tmp_path):
     wrong = golden.copy()
     wrong.flat[0] += np.float32(1e-3 * np.abs(golden).max())
     assert compare(recomputed, wrong, integer=False, th=th, scaled=True)["status"] == "fail"
+
+
+def test_a_run_on_golden_bits_reuses_the_checked_result(qdq, monkeypatch):
+    """verify's entire and source checks run a layer on inputs equal to its golden files (an exact
+    model): the single check's result is reused, and only for the same bits."""
+    from irgen import quant
+    from irgen.runners import LayerRunner, TensorFiles
+
+    _, out = qdq
+    ir = json.loads((out / "ir.json").read_text())
+    files = TensorFiles(out, ir, None)
+    layer = next(l for l in ir["layers"] if l.get("quant") and l["op"] == "conv2d" and l["inputs"][0].get("producer"))
+    golden_in = [files.load(r) for r in layer["inputs"]]
+    golden_out = [files.load(r) for r in layer["outputs"]]
+    runner = LayerRunner(files)
+    outs, note = runner.run(layer, golden_in)
+    assert note is None and all(np.array_equal(o, g) for o, g in zip(outs, golden_out))
+    calls = []
+    real = quant.recompute
+    monkeypatch.setattr(quant, "recompute", lambda *a, **k: calls.append(1) or real(*a, **k))
+    runner.run(layer, golden_in, check=False)
+    assert calls == [1]  # nothing remembered yet: computed
+    runner.remember(layer, outs)
+    again = runner.run(layer, [g.copy() for g in golden_in], check=False)[0]
+    assert calls == [1] and all(np.array_equal(a, g) and a.dtype == g.dtype for a, g in zip(again, golden_out))
+    changed = golden_in[0].copy()
+    flat = changed.reshape(-1)
+    flat[:64] = np.where(flat[:64] < 100, flat[:64] + 20, flat[:64] - 20)
+    other = runner.run(layer, [changed, *golden_in[1:]], check=False)[0]
+    assert calls == [1, 1]  # other bits: computed again, and the result is not the golden one
+    assert not np.array_equal(other[0], golden_out[0])
+    # a wrong result is never remembered
+    fresh = LayerRunner(files)
+    fresh.remember(layer, other)
+    fresh.run(layer, golden_in, check=False)
+    assert calls == [1, 1, 1]

@@ -63,41 +63,110 @@ def compare(got: np.ndarray, golden: np.ndarray, *, integer: bool, th: Threshold
     if golden.size == 0:
         m.update(exact_share=1.0, exact=True)
         return m
-    a = got.astype(np.float64)
-    b = golden.astype(np.float64)
-    nan_a, nan_b = np.isnan(a), np.isnan(b)
-    same = (a == b) | (nan_a & nan_b)
-    m["exact_share"] = float(np.mean(same))
-    m["exact"] = bool(same.all())
-    diff = np.where(same, 0.0, np.abs(a - b))
-    diff = np.where(np.isnan(diff), np.inf, diff)
-    peak = float(np.max(np.abs(np.where(nan_b, 0.0, b))))
-    m["max_abs"] = float(diff.max())
-    m["max_rel"] = float(m["max_abs"] / peak) if peak > 0 else (0.0 if m["max_abs"] == 0 else math.inf)
-    fa, fb = np.where(nan_a | nan_b, 0.0, a), np.where(nan_a | nan_b, 0.0, b)
-    na, nb = float(np.linalg.norm(fa)), float(np.linalg.norm(fb))
-    m["cosine"] = 1.0 if na == 0 and nb == 0 else (float(np.dot(fa.ravel(), fb.ravel()) / (na * nb)) if na and nb else 0.0)
-    err = float(np.sum(diff[np.isfinite(diff)] ** 2)) if not m["exact"] else 0.0
-    m["sqnr_db"] = None if m["exact"] or err == 0 else (10 * math.log10(float(np.sum(fb ** 2)) / err) if np.sum(fb ** 2) > 0 else -math.inf)
+    if _equal(got, golden):  # the common case, without a float64 copy of either
+        return _exact(m, integer, ulp_limit)
+    peak, first = _measure(m, got, golden)
     if integer:
         m["max_lsb"] = int(m["max_abs"]) if math.isfinite(m["max_abs"]) else None
         if not m["exact"]:
-            m["first_diff"] = [int(i) for i in np.argwhere(~same)[0]]  # where, to look at it
+            m["first_diff"] = [int(i) for i in np.unravel_index(first, golden.shape)]  # where, to look at it
         if not m["exact"] and (m["max_lsb"] is None or m["max_lsb"] > lsb_limit):
             m.update(status="fail", message=f"{(1 - m['exact_share']) * golden.size:.0f} of {golden.size} values differ, "
                                             f"up to {m['max_lsb']} LSB (allowed {lsb_limit}), the first at "
                                             f"{m['first_diff']}")
         return m
     if ulp_limit is not None:
-        return ulp_verdict(m, got, golden, same, ulp_limit)
+        return ulp_verdict(m, got, golden, None, ulp_limit)
     scale = max(1.0, peak) if scaled else 1.0
-    bad = diff > th.atol * scale + th.rtol * np.abs(np.where(nan_b, 0.0, b))
-    if bad.any():
-        m.update(status="fail", message=f"{int(bad.sum())} of {golden.size} values outside "
+    outside = 0 if m["max_abs"] <= th.atol * scale else _outside(got, golden, th.atol * scale, th.rtol)
+    if outside:
+        m.update(status="fail", message=f"{outside} of {golden.size} values outside "
                                         f"atol={th.atol:g}{'*' + format(scale, '.3g') if scaled else ''} rtol={th.rtol:g}; "
                                         f"max |err| {m['max_abs']:.3g}")
     elif th.min_cosine is not None and m["cosine"] is not None and m["cosine"] < th.min_cosine:
         m.update(status="fail", message=f"cosine {m['cosine']:.6f} < {th.min_cosine}")
+    return m
+
+
+#: elements per slice of :func:`_measure` and :func:`_outside`: a few float64 buffers of this size,
+#: reused, instead of a dozen fresh tensor-sized ones (each of those costs its page faults)
+_SLICE = 1 << 16
+
+
+def _slices(got: np.ndarray, golden: np.ndarray):
+    """(start, a, b, same, diff, b_abs, fa, fb) per slice of the flattened tensors, in float64:
+    ``same`` elementwise equality (NaN equal to NaN), ``diff`` |a - b| (0 where equal, inf where
+    one is NaN), ``b_abs`` |b| (NaN as 0), ``fa``/``fb`` the values with NaNs as 0 (for the sums)."""
+    ga, gb = got.reshape(-1), golden.reshape(-1)
+    for i in range(0, gb.size, _SLICE):
+        a = ga[i:i + _SLICE].astype(np.float64)
+        b = gb[i:i + _SLICE].astype(np.float64)
+        if np.isfinite(a).all() and np.isfinite(b).all():  # the common case: no masks
+            yield i, a == b, np.abs(a - b), np.abs(b), a, b
+            continue
+        nan_a, nan_b = np.isnan(a), np.isnan(b)
+        same = (a == b) | (nan_a & nan_b)
+        with np.errstate(invalid="ignore"):
+            diff = np.where(same, 0.0, np.abs(a - b))
+        diff = np.where(np.isnan(diff), np.inf, diff)
+        either = nan_a | nan_b
+        yield i, same, diff, np.abs(np.where(nan_b, 0.0, b)), np.where(either, 0.0, a), np.where(either, 0.0, b)
+
+
+def _measure(m: dict[str, Any], got: np.ndarray, golden: np.ndarray) -> tuple[float, int]:
+    """Fill ``m``'s exact share, max |err|, max rel, cosine and SQNR of ``got`` against ``golden``
+    (in float64; NaN equal to NaN and left out of the sums, a NaN against a number an infinite
+    error); return the largest |golden| and the flat index of the first difference (-1: none)."""
+    count, first, max_abs, peak, sa, sb, sab, err = 0, -1, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
+    with np.errstate(over="ignore", invalid="ignore"):
+        for i, same, diff, b_abs, fa, fb in _slices(got, golden):
+            c = int(np.count_nonzero(same))
+            if first < 0 and c < same.size:
+                first = i + int(np.argmin(same))
+            count += c
+            max_abs, peak = max(max_abs, float(diff.max())), max(peak, float(b_abs.max()))
+            sa, sb, sab = sa + _dot(fa, fa), sb + _dot(fb, fb), sab + _dot(fa, fb)
+            finite = diff if math.isfinite(float(diff.max())) else diff[np.isfinite(diff)]
+            err += _dot(finite, finite)
+    m["exact_share"] = count / golden.size
+    m["exact"] = count == golden.size
+    m["max_abs"] = max_abs
+    m["max_rel"] = float(max_abs / peak) if peak > 0 else (0.0 if max_abs == 0 else math.inf)
+    na, nb = math.sqrt(sa), math.sqrt(sb)
+    with np.errstate(invalid="ignore"):
+        m["cosine"] = 1.0 if na == 0 and nb == 0 else (float(np.float64(sab) / (na * nb)) if na and nb else 0.0)
+    err = err if not m["exact"] else 0.0
+    m["sqnr_db"] = None if m["exact"] or err == 0 else (10 * math.log10(sb / err) if sb > 0 else -math.inf)
+    return peak, first
+
+
+def _dot(a: np.ndarray, b: np.ndarray) -> float:
+    """The dot product of two float64 vectors, on this thread (BLAS's ``ddot`` starts its own
+    threads for it, and on a busy machine waits for them longer than the sum takes)."""
+    return float(np.einsum("i,i->", a, b))
+
+
+def _outside(got: np.ndarray, golden: np.ndarray, atol: float, rtol: float) -> int:
+    """How many elements differ by more than ``atol + rtol * |golden|``."""
+    return sum(int(np.count_nonzero(diff > atol + rtol * b_abs)) for _, _, diff, b_abs, _, _ in _slices(got, golden))
+
+
+def _equal(got: np.ndarray, golden: np.ndarray) -> bool:
+    """Whether every element of ``got`` equals ``golden``'s (NaN equal to NaN), as :func:`compare`
+    decides it element by element."""
+    try:
+        return bool(np.array_equal(got, golden, equal_nan=True))
+    except TypeError:  # a dtype whose NaN numpy cannot test: the element-by-element path decides
+        return False
+
+
+def _exact(m: dict[str, Any], integer: bool, ulp_limit: int | None) -> dict[str, Any]:
+    """:func:`compare`'s metrics of two equal tensors."""
+    m.update(exact_share=1.0, exact=True, cosine=1.0)
+    if integer:
+        m["max_lsb"] = 0
+    elif ulp_limit is not None:
+        m.update(max_ulp=0, max_ulp_of_peak=0.0)
     return m
 
 
@@ -116,7 +185,8 @@ def ulp_of_peak(golden: np.ndarray) -> float:
     return 2.0 ** (max(math.frexp(peak)[1] - 1, lowest) - bits) if peak > 0 else 2.0 ** (lowest - bits)
 
 
-def ulp_verdict(m: dict[str, Any], got: np.ndarray, golden: np.ndarray, same: np.ndarray, limit: int) -> dict[str, Any]:
+def ulp_verdict(m: dict[str, Any], got: np.ndarray, golden: np.ndarray, same: np.ndarray | None,
+                limit: int) -> dict[str, Any]:
     """``m`` with the verdict of a reduced-precision float tensor: ``max_ulp`` (elementwise units
     in the last place of ``golden``'s dtype, ``got`` rounded to it) and ``max_ulp_of_peak`` (the
     largest difference in units of the ulp at the tensor's largest |value|). ``limit`` 0: every
@@ -124,6 +194,9 @@ def ulp_verdict(m: dict[str, Any], got: np.ndarray, golden: np.ndarray, same: np
     within ``limit`` ulp of the peak (a sum that cancels has few bits left: its own ulp is no
     measure of its error)."""
     golden = np.asarray(golden)
+    if same is None:
+        a, b = np.asarray(got, np.float64), np.asarray(golden, np.float64)
+        same = (a == b) | (np.isnan(a) & np.isnan(b))
     ulp = ulp_distance(np.asarray(got).astype(golden.dtype), golden)
     if ulp is None:
         ulp = np.where(same, 0, np.iinfo(np.int64).max)

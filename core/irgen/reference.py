@@ -139,10 +139,11 @@ def _conv(x: np.ndarray, w: np.ndarray, strides, dilation, before, after, g: int
     work = np.dtype(np.float64) if exact_in_float else acc
     xp = np.pad(x.astype(work), ((0, 0), (0, 0), *zip(before, after)))
     out = tuple((xp.shape[2 + i] - dilation[i] * (kernel[i] - 1) - 1) // strides[i] + 1 for i in range(nd))
-    cols = _windows(xp, kernel, strides, dilation, out).reshape(n, g, ci, *out, *kernel)
-    wg = w.astype(work).reshape(g, o // g, ci, *kernel)
-    sp, kk = "zyx"[-nd:], "DHW"[-nd:]
-    y = np.einsum(f"ngc{sp}{kk},goc{kk}->ngo{sp}", cols, wg, optimize=True)
+    depth, positions = ci * int(np.prod(kernel)), int(np.prod(out))
+    # the windows as (N, G, C/G x kernel, positions) columns: one batched BLAS matrix product
+    win = _windows(xp, kernel, strides, dilation, out)
+    cols = win.transpose(0, 1, *range(2 + nd, 2 + 2 * nd), *range(2, 2 + nd)).reshape(n, g, depth, positions)
+    y = np.matmul(w.astype(work).reshape(g, o // g, depth), cols)
     if exact_in_float:
         y = y.astype(acc)  # whole numbers, exactly
     return y.reshape(n, o, *out).astype(out_dtype)
