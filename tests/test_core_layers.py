@@ -24,7 +24,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("IR model, numpy reference, model inputs", {"reference", "declared", "runkey", "inputs"}),
     ("Relax passes and kernels", {
         "graph", "canonical", "ops", "recurrent", "quant", "spill", "share", "schedule", "target", "vm", "parallel_build",
-        "execute", "widen"}),
+        "execute", "widen", "stepwise"}),
     ("layer forming and records", {"layers", "ir", "forming"}),
     ("compile and plan", {"plan", "cache", "compile"}),
     ("run", {"pipeline", "decode", "runners", "capture", "workers", "sweep", "cliargs", "cachetool"}),

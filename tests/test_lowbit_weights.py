@@ -5,7 +5,8 @@ Each model is built here (onnxruntime's ``MatMulNBitsQuantizer`` on a float MLP,
 ``onnx.helper``), run through ``irgen run`` (and ``irgen verify`` in ``single`` and ``entire``, by
 conftest), and every layer output irgen writes is compared with onnxruntime's own value of that
 tensor, bit for bit: the weight-only layers' float32 sums are MLAS's (one SGEMM pass over K, the
-16-lane vector kernel for one row, K slices for other layouts), the float8 quantize layers ONNX
+16-lane vector kernel for one row, K slices for other layouts, MLAS's one-row SGEMM kernel for
+one row of those), the float8 quantize layers ONNX
 Runtime's rounding. Before irgen took them, MatMulNBits was refused as an unsupported op, a float8
 QuantizeLinear stopped TVM's importer ("zero_point param datatype should be one of ..."), and a
 block DequantizeLinear's weights reached the IR only as float32 values, without their blocks.
@@ -187,8 +188,8 @@ def test_matmul_nbits_whose_weights_do_not_fit_its_shape_is_refused(tmp_path, ca
 
 
 def _block_dq(signed: bool, axis: int, zero_point: bool, op: str = "MatMul", k: int = 320, n: int = 48,
-              block: int = 32, seed: int = 3):
-    """x [6, k] -> MatMul(x, DequantizeLinear(W int4/uint4 [k, n], block_size along ``axis``)) -> Relu."""
+              block: int = 32, seed: int = 3, rows: int = 6):
+    """x [rows, k] -> MatMul(x, DequantizeLinear(W int4/uint4 [k, n], block_size along ``axis``)) -> Relu."""
     rng = np.random.default_rng(seed)
     kind = TensorProto.INT4 if signed else TensorProto.UINT4
     w = rng.integers(-8 if signed else 0, 8 if signed else 16, (k, n))
@@ -203,8 +204,8 @@ def _block_dq(signed: bool, axis: int, zero_point: bool, op: str = "MatMul", k: 
                               name="dq_w", axis=axis, block_size=block),
              helper.make_node(op, ["x", "W"], ["h"], name="mm"),
              helper.make_node("Relu", ["h"], ["y"], name="relu")]
-    g = helper.make_graph(nodes, "blk", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [6, k])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [6, n])], initializer=inits)
+    g = helper.make_graph(nodes, "blk", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [rows, k])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [rows, n])], initializer=inits)
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
     onnx.checker.check_model(m, full_check=True)
     return m, w
@@ -233,6 +234,45 @@ def test_block_dequantize_linear_equals_onnxruntime(signed, axis, zero_point, tm
     scale = np.load(out / layer["params"]["scale"]["file"])
     assert scale.shape == ((48, 10) if axis == 0 else (320, 2))
     assert _assert_layers_equal_onnxruntime(out, ir, path, x) == 2 * 6 * 48
+
+
+#: one row (M = 1: a decoder's token step, a batch-1 head): (signed, axis, zero point, K, N, block).
+#: Blocked along N, and along K in blocks MatMulNBits does not take (8), ONNX Runtime runs MLAS's
+#: SGEMM on the dequantized weight, which gives one row its own kernel (``order: "groups4"``);
+#: K and N no multiples of 16 (K % 4 = 1, 2, 3), a K below four
+ONE_ROW = [(True, 1, True, 320, 48, 32), (False, 1, False, 37, 21, 8), (True, 1, False, 18, 17, 4),
+           (False, 1, True, 3, 5, 2), (True, 0, True, 72, 30, 8), (False, 0, False, 41, 19, 8)]
+
+
+@pytest.mark.parametrize("signed,axis,zero_point,k,n,block", ONE_ROW,
+                         ids=[f"{'int4' if s else 'uint4'}-axis{a}-k{k}-n{n}-b{b}" for s, a, _, k, n, b in ONE_ROW])
+def test_block_dequantize_linear_one_row_equals_onnxruntime(signed, axis, zero_point, k, n, block, tmp_path):
+    model, _ = _block_dq(signed, axis, zero_point, k=k, n=n, block=block, rows=1)
+    path, out, x, ir = _run(tmp_path, model, 1, k)
+    (layer,) = _weight_only(ir)
+    acc = layer["quant"]["accumulation"]
+    assert (acc["order"], acc["fma"]) == ("groups4", False)
+    assert _assert_layers_equal_onnxruntime(out, ir, path, x) == 2 * n
+
+
+@pytest.mark.parametrize("rows,k", [(6, 37), (7, 40), (5, 3)])
+def test_block_dequantize_linear_one_column_equals_onnxruntime(rows, k, tmp_path):
+    """N = 1 (a regression head): MLAS swaps the operands into its one-row kernel of a transposed
+    B (``order: "lanes8"``; the fold of an output depends on its row: 4, 2 and 1 rows here)."""
+    model, _ = _block_dq(True, 0, True, k=k, n=1, block=8, rows=rows)
+    path, out, x, ir = _run(tmp_path, model, rows, k)
+    (layer,) = _weight_only(ir)
+    assert layer["quant"]["accumulation"]["order"] == "lanes8"
+    assert _assert_layers_equal_onnxruntime(out, ir, path, x) == 2 * rows
+
+
+def test_matmul_nbits_one_row_keeps_its_vector_kernel(tmp_path):
+    """A block DequantizeLinear along K in blocks of 16 or more on one row: ONNX Runtime's
+    MatMulNBits, whose one-row kernel is another (``lanes16``), not the SGEMM's."""
+    model, _ = _block_dq(True, 0, True, k=72, n=30, block=16, rows=1)
+    path, out, x, ir = _run(tmp_path, model, 1, 72)
+    assert _weight_only(ir)[0]["quant"]["accumulation"]["order"] == "lanes16"
+    assert _assert_layers_equal_onnxruntime(out, ir, path, x) == 2 * 30
 
 
 class _Reader:
@@ -268,7 +308,7 @@ def test_quantize_static_block_int4_weights_of_quantized_activations(tmp_path):
 # ------------------------------------------------------------------ float8 QDQ
 
 
-def _float8(kind: str, h: int = 48, seed: int = 4, saturate: int = 1, zero: float = 0.0):
+def _float8(kind: str, h: int = 48, seed: int = 4, saturate: int = 1, zero: float = 0.0, rows: int = 4, k: int = 32):
     """x -> Q/DQ (float8) -> MatMul(DQ(float8 W1)) -> Add -> Relu -> Q/DQ (float8) -> MatMul(DQ(float8 W2))."""
     tp, dt = {"e4m3fn": (TensorProto.FLOAT8E4M3FN, ml_dtypes.float8_e4m3fn),
               "e5m2": (TensorProto.FLOAT8E5M2, ml_dtypes.float8_e5m2)}[kind]
@@ -281,7 +321,7 @@ def _float8(kind: str, h: int = 48, seed: int = 4, saturate: int = 1, zero: floa
     def f32(name, arr):
         return numpy_helper.from_array(np.asarray(arr, np.float32), name)
 
-    w1, w2 = rng.standard_normal((32, h)) * 0.3, rng.standard_normal((h, 16)) * 0.3
+    w1, w2 = rng.standard_normal((k, h)) * 0.3, rng.standard_normal((h, 16)) * 0.3
     inits = [f8("W1q", w1 / 0.004), f32("sw1", 0.004), f8("W2q", w2 / 0.01), f32("sw2", 0.01),
              f32("sx", 0.02), f8("zx", np.float32(zero)), f32("sh", 0.05), f8("zh", np.float32(0)),
              f32("B1", rng.standard_normal(h) * 0.1)]
@@ -295,8 +335,8 @@ def _float8(kind: str, h: int = 48, seed: int = 4, saturate: int = 1, zero: floa
              helper.make_node("DequantizeLinear", ["rq", "sh", "zh"], ["rd"], name="dq_r"),
              helper.make_node("DequantizeLinear", ["W2q", "sw2"], ["W2"], name="dq_w2"),
              helper.make_node("MatMul", ["rd", "W2"], ["y"], name="mm2")]
-    g = helper.make_graph(nodes, "fp8", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 32])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 16])], initializer=inits)
+    g = helper.make_graph(nodes, "fp8", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [rows, k])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [rows, 16])], initializer=inits)
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
     onnx.checker.check_model(m, full_check=True)
     return m
@@ -351,3 +391,62 @@ def test_float8_forms_irgen_does_not_realize_are_refused(what, expected, tmp_pat
     assert irgen_main(["run", str(path), "-o", str(tmp_path / "out"), "--no-progress", "--no-cache"]) != 0
     err = capsys.readouterr().err
     assert expected in err and "'q_x'" in err
+
+
+#: (kind, K of the first MatMul, hidden width): K and N no multiples of 16, every K % 4
+FLOAT8_ONE_ROW = [("e4m3fn", 32, 48), ("e4m3fn", 19, 37), ("e5m2", 30, 21), ("e5m2", 7, 18)]
+
+
+@pytest.mark.parametrize("kind,k,h", FLOAT8_ONE_ROW, ids=[f"{a}-k{k}-h{h}" for a, k, h in FLOAT8_ONE_ROW])
+def test_float8_qdq_one_row_equals_onnxruntime(kind, k, h, tmp_path):
+    """A float8 model on one row: its float MatMuls run MLAS's one-row SGEMM kernel (``groups4``)."""
+    model = _float8(kind, h=h, rows=1, k=k)
+    path, out, x, ir = _run(tmp_path, model, 1, k, seed=6)
+    dense = [layer["quant"] for layer in ir["layers"] if layer["op"] == "dense"]
+    assert [(q["kind"], q["accumulation"]["order"]) for q in dense] == [("float_dense", "groups4")] * 2
+    assert _assert_layers_equal_onnxruntime(out, ir, path, x) == k + h * 4 + 16
+
+
+def _float8_gemm(rows: int, k: int, n: int, trans_b: int, bias: bool, seed: int = 4):
+    """x [rows, k] -> Q/DQ (float8 E4M3FN) -> Gemm(., DQ(float8 W), B, transB) -> y [rows, n]."""
+    rng = np.random.default_rng(seed)
+    dt = ml_dtypes.float8_e4m3fn
+    w = rng.standard_normal((n, k) if trans_b else (k, n)) * 0.3
+
+    def f8(name, arr):
+        return helper.make_tensor(name, TensorProto.FLOAT8E4M3FN, list(np.shape(arr)),
+                                  np.asarray(arr).astype(dt).view(np.uint8).tobytes(), raw=True)
+
+    inits = [f8("Wq", w / 0.004), numpy_helper.from_array(np.float32(0.004), "sw"),
+             numpy_helper.from_array(np.float32(0.02), "sx"), f8("zx", np.float32(0)),
+             numpy_helper.from_array((rng.standard_normal(n) * 0.1).astype(np.float32), "B")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "sx", "zx"], ["xq"], name="q_x"),
+             helper.make_node("DequantizeLinear", ["xq", "sx", "zx"], ["xd"], name="dq_x"),
+             helper.make_node("DequantizeLinear", ["Wq", "sw"], ["W"], name="dq_w"),
+             helper.make_node("Gemm", ["xd", "W"] + (["B"] if bias else []), ["y"], name="gemm", transB=trans_b)]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [rows, k])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [rows, n])],
+                          initializer=inits if bias else inits[:-1])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
+    onnx.checker.check_model(m, full_check=True)
+    return m
+
+
+#: (rows, K, N, transB, bias, order): a batch-1 classifier head (torch's Linear: transB = 1, a
+#: bias, which MLAS adds after the fold), its transposed weight on more rows (the blocked SGEMM,
+#: as without transB), transB = 0 (whose sums start at the bias), K = 600 in two slices (each
+#: added to the bias in turn), and one column (N = 1) with and without a bias
+GEMMS = [(1, 37, 21, 1, True, "lanes8"), (1, 64, 7, 1, True, "lanes8"), (1, 5, 6, 1, False, "lanes8"),
+         (4, 300, 21, 1, True, "k"), (1, 37, 21, 0, False, "groups4"), (1, 37, 21, 0, True, "groups4"),
+         (1, 18, 5, 0, True, "groups4"), (4, 600, 21, 0, True, "k"), (3, 600, 21, 1, True, "k"),
+         (6, 37, 1, 0, True, "lanes8"), (7, 22, 1, 0, False, "lanes8")]
+
+
+@pytest.mark.parametrize("rows,k,n,trans_b,bias,order", GEMMS,
+                         ids=[f"m{r}-k{k}-n{n}-tb{t}-{'bias' if b else 'nobias'}" for r, k, n, t, b, _ in GEMMS])
+def test_float8_gemm_equals_onnxruntime(rows, k, n, trans_b, bias, order, tmp_path):
+    path, out, x, ir = _run(tmp_path, _float8_gemm(rows, k, n, trans_b, bias), rows, k, seed=8)
+    (dense,) = [layer["quant"] for layer in ir["layers"] if layer["op"] == "dense"]
+    assert (dense["kind"], dense["accumulation"]["order"]) == ("float_dense", order)
+    assert dense["accumulation"].get("initial") == ("bias" if bias and order != "lanes8" else None)
+    assert _assert_layers_equal_onnxruntime(out, ir, path, x) == rows * (k + n)

@@ -136,13 +136,14 @@ def _softmax(x: np.ndarray, axis: int) -> np.ndarray:
 def emulate(out: Path, layer: dict) -> list[np.ndarray]:
     """The layer's outputs from its golden inputs and parameters: every op in float32 on the
     storage values, the outputs rounded to the storage type once (``round: layer``); or (``round:
-    op``, float16 accumulation) every op's result rounded, and the sums of convolutions and matrix
-    products accumulated in float16, each product and each partial sum rounded."""
+    op``, float16 or bfloat16 accumulation) every op's result rounded, and the sums of convolutions
+    and matrix products accumulated in the storage type, each partial sum rounded (each product
+    too in float16; a product of two bfloat16 values is exact in float32)."""
     arith = layer["arith"]
     storage = BF16 if arith["storage"] == "bfloat16" else np.dtype(np.float16)
     vals = {f"input:{k}": _load(out, r).astype(np.float32) for k, r in enumerate(layer["inputs"])}
     vals.update({f"param:{k}": _load(out, r).astype(np.float32) for k, r in layer["params"].items()})
-    total = _sum_f32 if arith["accumulate"] == "float32" else _sum_f16
+    total = {"float32": _sum_f32, "float16": _sum_f16, "bfloat16": _sum_bf16}[arith["accumulate"]]
     for j, op in enumerate(layer["fused_ops"]):
         args = [vals[a] if isinstance(a, str) else (np.float32(a["value"]) if "value" in a else a) for a in op["args"]]
         fn = EMULATED[op["relax_op"]]
@@ -160,6 +161,15 @@ def _sum_f16(products: np.ndarray) -> np.ndarray:
     for p in np.moveaxis(products.astype(np.float16), -1, 0):
         acc = acc + p
     return acc.astype(np.float32)
+
+
+def _sum_bf16(products: np.ndarray) -> np.ndarray:
+    """bfloat16 sums of the last axis: the float32 products added one by one from zero, each
+    partial sum rounded to bfloat16 (ml_dtypes)."""
+    acc = np.zeros(products.shape[:-1], np.float32)
+    for p in np.moveaxis(products.astype(np.float32), -1, 0):
+        acc = (acc + p).astype(BF16).astype(np.float32)
+    return acc
 
 
 def _run(model: Path, out: Path, *extra: str) -> dict:
@@ -311,11 +321,13 @@ class Ops(nn.Module):
         return torch.log_softmax(self.fc(z), -1)
 
 
-@pytest.mark.parametrize("kind", ["onnx-fp16", "pt2-bf16"])
+@pytest.mark.parametrize("kind", ["onnx-fp16", "pt2-bf16", "pt2-bf16-accumulate"])
 def test_more_ops_are_exact_and_verify(kind, tmp_path):
     """Norms (float32 sums as TVM's kernels add them), the C library's expf/erff/logf where
     TVM's kernels call them, a transposed convolution: exact in single and entire; a bfloat16
-    group norm (which TVM's type inference refuses) imports through float32."""
+    group norm (which TVM's type inference refuses) imports through float32. With
+    ``--accumulate bf16`` every op's result is rounded inside a fused kernel too (conv, bias,
+    sigmoid in one kernel: TVM would drop the rounding between them)."""
     torch.manual_seed(0)
     m, x = Ops().eval(), torch.randn(1, 3, 16, 16, generator=torch.Generator().manual_seed(1))
     if kind == "onnx-fp16":
@@ -326,8 +338,11 @@ def test_more_ops_are_exact_and_verify(kind, tmp_path):
         pytest.importorskip("irgen_torch")
         path = tmp_path / "ops.pt2"
         torch.export.save(torch.export.export(m.to(torch.bfloat16), (x.to(torch.bfloat16),)), str(path))
-    ir = _run(path, tmp_path / "out")
+    ir = _run(path, tmp_path / "out", *(["--accumulate", "bf16"] if kind.endswith("accumulate") else []))
     assert all("arith" in l for l in ir["layers"]) and len(ir["layers"]) >= 10
+    if kind.endswith("accumulate"):
+        assert {l["arith"]["accumulate"] for l in ir["layers"]} == {"bfloat16"}
+        assert any(len([o for o in l["fused_ops"] if o["relax_op"] != "relax.reshape"]) >= 3 for l in ir["layers"])
     _assert_verifies(tmp_path / "out")
 
 
@@ -349,13 +364,15 @@ def test_accumulate_fp16_golden_is_a_float16_datapath(onnx_fp16, tmp_path):
 
 
 @pytest.mark.parametrize("model,acc,message", [
-    ("pt2", "bf16", "--accumulate bf16 is not supported"),
     ("pt2", "fp16", "a bfloat16 layer accumulates in float32 or bfloat16"),
+    ("onnx16", "bf16", "a float16 layer accumulates in float32 or float16"),
     ("float32", "fp16", "the model has no float16 or bfloat16 layer"),
 ])
-def test_accumulate_that_cannot_be_computed_is_an_error(model, acc, message, pt2_bf16, tmp_path, capsys):
+def test_accumulate_that_cannot_be_computed_is_an_error(model, acc, message, pt2_bf16, onnx_fp16, tmp_path, capsys):
     if model == "pt2":
         path = pt2_bf16[2]
+    elif model == "onnx16":
+        path = onnx_fp16[0]
     else:
         path = tmp_path / "net32.onnx"
         torch.onnx.export(_net()[0], (_net()[1],), str(path), dynamo=False, opset_version=17)
@@ -417,6 +434,45 @@ def test_pt2_bfloat16_verifies_exactly_and_against_torch(pt2_bf16):
     assert np.abs(y.astype(np.float64) - golden.astype(np.float64)).max() <= Thresholds().max_ulp * _ulp_of_peak(y)
 
 
+def test_accumulate_bf16_golden_is_a_bfloat16_datapath(pt2_bf16, tmp_path):
+    """``--accumulate bf16``: convolutions and matrix products add their (exact float32) products
+    to a bfloat16 accumulator, every partial sum rounded (irgen.stepwise's kernels), every op's
+    result rounded: the golden data is that, bit for bit (the test's emulation, and one
+    convolution output added up here in plain Python), it differs from the default float32
+    accumulation, and it verifies (single and entire exact; torch within its bound)."""
+    m, x, path, out, ir = pt2_bf16
+    acc = tmp_path / "acc"
+    ir16 = _run(path, acc, "--input", str(out / ir["inputs"][0]["file"]), "--accumulate", "bf16")
+    declared = {"storage": "bfloat16", "accumulate": "bfloat16", "round": "op", "products": "float32"}
+    assert _assert_golden_is_declared(acc, ir16, "bfloat16", min_ops=6, arith=declared) > 1000
+    differs = {l["name"]: int((_load(out, l["outputs"][0]) != _load(acc, l16["outputs"][0])).sum())
+               for l, l16 in zip(ir["layers"], ir16["layers"])}
+    assert differs["c1.conv2d"] > 0 and differs["c2.conv2d"] > 0 and differs["fc1.linear"] > 0, differs
+
+    # one output of the first convolution (3x3, padding 1, then bias and relu), added up by hand
+    layer = next(l for l in ir16["layers"] if l["name"] == "c1.conv2d")
+    xin = _load(acc, layer["inputs"][0]).astype(np.float32)
+    w, b = (_load(acc, layer["params"][k]).astype(np.float32) for k in ("weight", "bias"))
+    golden = _load(acc, layer["outputs"][0]).astype(np.float32)
+    f32 = np.float32
+    for oc, oy, ox in [(5, 0, 0), (2, 3, 6), (7, 7, 7)]:
+        s = f32(0)
+        for ci in range(3):
+            for i in range(3):
+                for j in range(3):
+                    iy, ix = oy + i - 1, ox + j - 1
+                    v = xin[0, ci, iy, ix] if 0 <= iy < 8 and 0 <= ix < 8 else f32(0)
+                    s = f32(f32(s + f32(v * w[oc, ci, i, j])).astype(BF16))
+        y = max(f32(f32(s + b[oc]).astype(BF16)), f32(0))
+        assert golden[0, oc, oy, ox] == y, (oc, oy, ox, golden[0, oc, oy, ox], y)
+    _assert_verifies(acc)
+    # the same without fusion (every op its own kernel)
+    ir0 = _run(path, tmp_path / "o0", "--input", str(out / ir["inputs"][0]["file"]), "--accumulate", "bf16",
+               "--opt-level", "0")
+    for l3, l0 in zip(ir16["layers"], ir0["layers"]):
+        assert np.array_equal(_load(acc, l3["outputs"][0]), _load(tmp_path / "o0", l0["outputs"][0])), l3["name"]
+
+
 def test_bfloat16_input_file_round_trips(pt2_bf16, tmp_path):
     """The model input file irgen wrote (bfloat16 as numpy saves it) is taken back by ``--input``."""
     _, _, path, out, ir = pt2_bf16
@@ -467,10 +523,11 @@ def test_a_bfloat16_array_reaches_the_vm_in_a_fresh_process():
 
 
 @pytest.mark.slow  # ResNet-18 at 224x224: 3.4 M values, about a minute each
-@pytest.mark.parametrize("kind", ["onnx-fp16", "pt2-bf16"])
+@pytest.mark.parametrize("kind", ["onnx-fp16", "pt2-bf16", "pt2-bf16-accumulate"])
 def test_resnet18_full_size_is_exact(kind, tmp_path):
     """ResNet-18 (tests/models.py) at 224x224: every golden value equals the declared arithmetic
-    (single and entire exact), and every layer is within --max-ulp of the runtime."""
+    (single and entire exact), and every layer is within --max-ulp of the runtime (accumulating
+    in bfloat16: its sqrt(K) bound)."""
     import sys
 
     sys.path.insert(0, str(Path(__file__).parent))
@@ -489,7 +546,7 @@ def test_resnet18_full_size_is_exact(kind, tmp_path):
         pytest.importorskip("irgen_torch")
         path = tmp_path / "r18.pt2"
         torch.export.save(torch.export.export(m.to(torch.bfloat16), (x.to(torch.bfloat16),)), str(path))
-    _run(path, tmp_path / "out")
+    _run(path, tmp_path / "out", *(["--accumulate", "bf16"] if kind.endswith("accumulate") else []))
     result = _assert_verifies(tmp_path / "out")
     assert sum(row["checks"]["single"]["elements"] for row in result["layers"]) > 3_000_000
 

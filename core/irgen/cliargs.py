@@ -155,7 +155,8 @@ def _run_parser(commands, after: argparse.ArgumentParser) -> argparse.ArgumentPa
     run.add_argument("--accumulate", choices=["fp32", "fp16", "bf16"], default=None,
                      help="float16/bfloat16 layers: the type convolutions and matrix products accumulate in "
                           "(default: fp32, what the source runtimes do; fp16: float16, every product, partial sum "
-                          "and op result rounded to float16; bf16: refused, TVM cannot compute it to the bit)")
+                          "and op result rounded to float16; bf16: bfloat16, exact products, every partial sum and op "
+                          "result rounded to bfloat16)")
     run.add_argument("--frontend", default=None, help="frontend name (default: by file type)")
     run.add_argument("--backend", default="generic", help="backend name (default: generic)")
     run.add_argument("--serializer", action="append", default=None, metavar="NAME",

@@ -8,9 +8,10 @@ A ``float16``/``bfloat16`` layer declares in ``ir.json`` how it computes
   the storage values (exact in float32), a convolution or matrix product adds its products in
   float32 in the order of its reduction loops (input channel, kernel row, kernel column; ``k``
   of a matrix product) from zero, and the layer rounds its outputs to the storage type
-  once, to nearest even (``"round": "layer"``); or ``float16`` (``--accumulate fp16``,
-  ``"round": "op"``): convolutions and matrix products round each product (``products``) and
-  each partial sum to float16, and every op's float32 result is rounded to float16.
+  once, to nearest even (``"round": "layer"``); or the storage type (``--accumulate fp16``/
+  ``bf16``, ``"round": "op"``): convolutions and matrix products round each product to
+  ``products`` (float16; float32 for bfloat16, where a product is exact) and each partial sum
+  to the storage type, and every op's float32 result is rounded to the storage type.
 
 :func:`run` recomputes a layer so (:data:`OPS32`: the float32 ops in TVM's order, and the C
 library's ``expf``/``erff``/``logf`` where TVM's kernels call them); ``irgen.reference.run_layer``
@@ -470,8 +471,8 @@ def accumulation_length(layer: dict) -> int:
 
 def source_ulp_limit(layer: dict, max_ulp: int) -> int:
     """The ulp a layer may differ from its source runtime by, recomputed from the runtime's inputs
-    (docs/verify.md): ``max_ulp``; accumulating in the storage type (``--accumulate fp16``, which
-    no runtime does), ``max_ulp * ceil(sqrt(K))``, K its :func:`accumulation_length` (the
+    (docs/verify.md): ``max_ulp``; accumulating in the storage type (``--accumulate fp16``/``bf16``,
+    which no runtime does), ``max_ulp * ceil(sqrt(K))``, K its :func:`accumulation_length` (the
     rounding errors of K partial sums grow like sqrt(K))."""
     arith = layer.get("arith") or {}
     if arith.get("accumulate") in (None, "float32"):

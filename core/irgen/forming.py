@@ -74,7 +74,8 @@ def form_graph(host, imported: ImportedModel, be: Backend, quantizer: str | None
     mod = guard_gathers(tuple_output_outside_dataflow(drop_dead_bindings(imported.mod)), imported.provenance)
     mod = fold_batch_norm(mod, imported.provenance)
     quant: dict[str, dict] = {}
-    qg = QGraph(mod, frontend=imported.frontend, dialect=imported.dialect, ranges=dict(imported.quant_ranges))
+    qg = QGraph(mod, frontend=imported.frontend, dialect=imported.dialect, ranges=dict(imported.quant_ranges),
+                source_ops={v: op_type for v, (_, op_type, _) in imported.provenance.by_var.items()})
     scheme = pick_quantizer(host, qg, quantizer)
     if scheme is not None:
         progress.stage(f"quantization scheme {scheme.name}")

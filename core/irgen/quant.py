@@ -654,6 +654,10 @@ class QGraph:
     * ``frontend``: the name of the frontend that imported the model (informative).
     * ``ranges``: a quantized tensor's binding name -> its integer range, when narrower
       than its dtype's (:attr:`irgen.api.ImportedModel.quant_ranges`).
+    * ``source_ops``: a binding name -> the op type of the source node whose tensor it
+      holds (:attr:`irgen.api.Provenance.by_var`); absent for the bindings a frontend adds
+      inside one node (a product before the bias the same node adds): what a runtime
+      may compute in one kernel.
     * ``bindings``: ``main``'s bindings in order, each an :class:`irgen.graph.Binding`
       (``name``, ``var``, ``value``; ``op`` is the Relax op name such as
       ``"relax.nn.conv2d"`` for a call, else None).
@@ -676,6 +680,7 @@ class QGraph:
     frontend: str = ""
     dialect: str | None = None
     ranges: dict[str, tuple[int, int]] = field(default_factory=dict)
+    source_ops: dict[str, str] = field(default_factory=dict)
     bindings: list = field(default_factory=list)
     quant: dict[str, dict[str, Any]] = field(default_factory=dict)
 

@@ -1043,7 +1043,8 @@ OPS: dict[str, Callable[[list[Any], dict], Any]] = {
     "relax.nn.conv3d": lambda args, attrs: conv3d(args[0], args[1], attrs),
     "relax.nn.conv3d_transpose": lambda args, attrs: conv3d_transpose(args[0], args[1], attrs),
     "relax.matmul": lambda args, attrs: (matmul_block_weight(args, attrs) if attrs.get("weight")
-                                         else matmul_fma_blocked(args[0], args[1], attrs) if attrs.get("accumulation")
+                                         else matmul_ordered(args[0], args[1], attrs, *args[2:])
+                                         if attrs.get("accumulation")
                                          else _matmul(args[0], args[1], attrs)),
     "relax.add": _binary(np.add),
     "relax.subtract": _binary(np.subtract),
@@ -1324,9 +1325,11 @@ def matmul_block_weight(args: list, attrs: dict) -> np.ndarray:
     ``rows`` along ``w``'s axis 1 when ``weight.axis`` is 0, else along its axis 0), summed in
     the ``accumulation`` order: ``order: "k"``, fused multiply-adds from zero per ``k_block``
     slice, the slices added; ``order: "lanes16"`` (one row), 16 fused multiply-add chains (lane
-    ``k % 16``), folded as :func:`_fold_lanes16` says."""
+    ``k % 16``), folded as :func:`_fold_lanes16` says; ``order: "groups4"`` (one row) and
+    ``"lanes8"`` (one column), as :func:`matmul_groups4` and :func:`matmul_lanes8` say."""
     spec, acc = attrs["weight"], attrs.get("accumulation") or {}
-    if spec.get("bits") != 4 or not acc.get("fma") or acc.get("order") not in ("k", "lanes16"):
+    if spec.get("bits") != 4 or acc.get("order") not in ("k", "lanes16", "groups4", "lanes8") \
+            or acc.get("fma") != (acc.get("order") in ("k", "lanes16")):
         raise NotImplementedError(f"block weight {spec.get('bits')} bits, accumulation {acc}")
     x, packed, scale, zp = (np.asarray(a) for a in args[:4])
     p = packed.astype(np.int64)
@@ -1341,19 +1344,106 @@ def matmul_block_weight(args: list, attrs: dict) -> np.ndarray:
         for k in range(w.shape[0]):
             lanes[k % 16] = fma32(x2[:, k:k + 1], w[k:k + 1], lanes[k % 16])
         return _fold_lanes16(lanes).reshape(*x.shape[:-1], w.shape[1])
-    return matmul_fma_blocked(x, w, attrs)
+    return matmul_ordered(x, w, attrs)
 
 
-def matmul_fma_blocked(x: np.ndarray, w: np.ndarray, attrs: dict) -> np.ndarray:
+def _initial(acc: dict, initial, rows: int, n: int) -> np.ndarray | None:
+    """The value a matmul's sums start from: ``initial`` broadcast to ``[rows, n]`` when the
+    ``accumulation`` says ``"initial": "bias"``, else None (zero)."""
+    if bool(acc.get("initial")) != (initial is not None):
+        raise NotImplementedError(f"matmul accumulation {acc} with {0 if initial is None else 1} initial value")
+    return None if initial is None else np.broadcast_to(np.asarray(initial, np.float32), (rows, n)).copy()
+
+
+def matmul_groups4(x: np.ndarray, w: np.ndarray, attrs: dict, initial: np.ndarray | None = None) -> np.ndarray:
+    """``x [..., K] @ w [K, N]`` in float32, in the ``accumulation`` order ``groups4`` (one row of
+    ``x``, MLAS's single-row SGEMM kernel): per output, from zero, each group of four consecutive
+    k (then one of two, then one, for the last ``K % 4``) summed as ``((p0 + p1) + p2) + p3``, each
+    product ``x[k] * w[k, n]`` and each sum rounded to float32 (no fused multiply-add), and the
+    group's sum added to the output (which starts at ``initial``, a bias, when given)."""
+    acc = attrs["accumulation"]
+    if acc.get("fma") or acc.get("order") != "groups4" or np.ndim(w) != 2:
+        raise NotImplementedError(f"matmul accumulation {acc}")
+    f = np.float32
+    w = np.asarray(w, f)
+    x2 = np.asarray(x, f).reshape(-1, w.shape[0])
+    kk = w.shape[0]
+    total = _initial(acc, initial, x2.shape[0], w.shape[1])
+    total = np.zeros((x2.shape[0], w.shape[1]), f) if total is None else total
+    k0 = 0
+    for size in [4] * (kk // 4) + [2] * (kk % 4 // 2) + [1] * (kk % 2):
+        part = (x2[:, k0:k0 + 1] * w[k0:k0 + 1]).astype(f)
+        for k in range(k0 + 1, k0 + size):
+            part = (part + (x2[:, k:k + 1] * w[k:k + 1]).astype(f)).astype(f)
+        total = (part + total).astype(f)
+        k0 += size
+    return total.reshape(*np.shape(x)[:-1], w.shape[1])
+
+
+def matmul_lanes8(x: np.ndarray, w: np.ndarray, attrs: dict, initial: np.ndarray | None = None) -> np.ndarray:
+    """``x [M, K] @ w [K, N]`` (M or N is 1) in float32, in the ``accumulation`` order ``lanes8``
+    (MLAS's one-row kernel of a transposed B, and of one column): per output, 8 partial sums from
+    zero, the product of element k (rounded to float32) added to lane ``k % 8``; the R outputs
+    (along the axis that is not 1) folded by place: in whole groups of four as ``(((l0 + l1) + l2)
+    + l3) + (((l4 + l5) + l6) + l7)``, the next two of the last ``R % 4`` as ``((l0 + l2) + (l4 +
+    l6)) + ((l1 + l3) + (l5 + l7))``, a last one as ``((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 +
+    l7))``; every sum rounded to float32; ``initial`` (a bias) added to the fold."""
+    acc = attrs["accumulation"]
+    f = np.float32
+    w = np.asarray(w, f)
+    x2 = np.asarray(x, f).reshape(-1, w.shape[0])
+    if acc.get("fma") or acc.get("order") != "lanes8" or w.ndim != 2 or min(x2.shape[0], w.shape[1]) != 1:
+        raise NotImplementedError(f"matmul accumulation {acc}")
+    a = np.zeros((8, x2.shape[0], w.shape[1]), f)
+    for k in range(w.shape[0]):
+        a[k % 8] = (a[k % 8] + (x2[:, k:k + 1] * w[k:k + 1]).astype(f)).astype(f)
+
+    def s(*v):  # left to right, each sum rounded
+        t = v[0]
+        for u in v[1:]:
+            t = (t + u).astype(f)
+        return t
+
+    fold4 = s(s(a[0], a[1], a[2], a[3]), s(a[4], a[5], a[6], a[7]))
+    fold2 = s(s(s(a[0], a[2]), s(a[4], a[6])), s(s(a[1], a[3]), s(a[5], a[7])))
+    fold1 = s(s(s(a[0], a[1]), s(a[2], a[3])), s(s(a[4], a[5]), s(a[6], a[7])))
+    outputs = max(x2.shape[0], w.shape[1])
+    place = np.arange(outputs).reshape(x2.shape[0], w.shape[1])
+    four = outputs - outputs % 4
+    y = np.where(place < four, fold4, np.where(place < four + (outputs % 4 & 2), fold2, fold1)).astype(f)
+    start = _initial(acc, initial, x2.shape[0], w.shape[1])
+    y = y if start is None else (y + start).astype(f)
+    return y.reshape(*np.shape(x)[:-1], w.shape[1])
+
+
+#: a float32 matmul's ``accumulation`` order -> its numpy recompute ``(x, w, attrs, initial)``
+MATMUL_ORDERS: dict[str, Callable[..., np.ndarray]] = {
+    "k": lambda x, w, attrs, initial=None: matmul_fma_blocked(x, w, attrs, initial),
+    "groups4": lambda x, w, attrs, initial=None: matmul_groups4(x, w, attrs, initial),
+    "lanes8": lambda x, w, attrs, initial=None: matmul_lanes8(x, w, attrs, initial),
+}
+
+
+def matmul_ordered(x: np.ndarray, w: np.ndarray, attrs: dict, initial: np.ndarray | None = None) -> np.ndarray:
+    """``x [..., K] @ w [K, N]`` in the order ``attrs["accumulation"]`` declares (:data:`MATMUL_ORDERS`),
+    from ``initial`` (a third operand: a bias the sums start from, ``"initial": "bias"``) if given."""
+    acc = attrs["accumulation"]
+    fn = MATMUL_ORDERS.get(acc.get("order"))
+    if fn is None:
+        raise NotImplementedError(f"matmul accumulation {acc}")
+    return fn(x, w, attrs, initial)
+
+
+def matmul_fma_blocked(x: np.ndarray, w: np.ndarray, attrs: dict, initial: np.ndarray | None = None) -> np.ndarray:
     """``x [..., K] @ w [K, N]`` in float32, in the ``accumulation`` order ``k``: per output, fused
     multiply-adds from zero over each slice of ``k_block`` values of K, the slices added in order
-    (MLAS's SGEMM)."""
+    (MLAS's SGEMM); with ``initial`` (``accumulation["initial"]``: a bias ``[N]``) added to it."""
     acc = attrs["accumulation"]
     if not acc.get("fma") or acc.get("order") != "k" or np.ndim(w) != 2:
         raise NotImplementedError(f"matmul accumulation {acc}")
     w = np.asarray(w, np.float32)
     x2 = np.asarray(x, np.float32).reshape(-1, w.shape[0])
-    block, total = int(acc["k_block"]), None
+    block, total = int(acc["k_block"]), _initial(acc, initial, x2.shape[0], w.shape[1])
     for k0 in range(0, w.shape[0], block):
         part = np.zeros((x2.shape[0], w.shape[1]), np.float32)
         for k in range(k0, min(w.shape[0], k0 + block)):

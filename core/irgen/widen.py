@@ -14,9 +14,13 @@ the layer hands on is cast back to the storage type under its own name. The laye
 internal values stay ``float32``. Names and types of every original binding are kept, so
 layer grouping and capture work as before.
 
-``--accumulate fp16``/``bf16`` (``accumulate`` = the storage type, ``"round": "op"``): the
-convolutions and matrix products stay TVM's kernels in the storage type (every partial sum
-rounded to it), and every other op computes in float32 and rounds its result.
+``--accumulate fp16``/``bf16`` (``accumulate`` = the storage type, ``"round": "op"``): every
+op other than a convolution or matrix product computes in float32 and rounds its result. In
+float16 the convolutions and matrix products stay TVM's kernels in float16 (every product and
+partial sum rounded to it). In bfloat16 TVM's kernels cannot round inside a kernel (its
+bfloat16 legalization computes in float32 and drops casts between float32 values), so the
+convolutions and matrix products are :mod:`irgen.stepwise`'s kernels (exact products, every
+partial sum rounded to bfloat16) and every other op's result is rounded by its kernel too.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Any
 import tvm
 from tvm import relax
 
+from irgen import stepwise as _stepwise
 from irgen.api import IrgenError
 from irgen.graph import Binding, Constant, main_bindings, rebuild_main, tensor_type, var_names
 
@@ -79,20 +84,18 @@ def accumulate_dtype(storage: str, choice: str | None = None) -> str:
 
 def declared_arith(storage: str, accumulate: str = "float32") -> dict[str, Any]:
     """The ``arith`` record of a reduced-precision layer (docs/output-format.md). Accumulating
-    in float16, ``products`` says each product is rounded to float16 before it is added (as
-    TVM's float16 kernels do)."""
+    in the storage type, ``products`` says what each product is rounded to before it is added:
+    float16 (as TVM's float16 kernels do), or float32 for bfloat16 (exact; irgen's kernels)."""
     if accumulate not in ACCUMULATE.values():
         raise IrgenError(f"unknown accumulation type {accumulate!r}")
     if accumulate not in ("float32", storage):
         raise IrgenError(f"--accumulate: a {storage} layer accumulates in float32 or {storage}, not {accumulate}")
     if accumulate == "float32":
         return {"storage": storage, "accumulate": accumulate, "round": "layer"}
-    if accumulate == "bfloat16":
-        raise IrgenError("--accumulate bf16 is not supported: TVM's bfloat16 kernels keep the partial sums of a fused "
-                         "layer in float32 (its bfloat16 legalization widens the buffers inside a kernel), so no "
-                         "bfloat16 accumulator can be computed to the bit; bfloat16 layers accumulate in float32 "
-                         "(--accumulate fp32, the default)")
-    return {"storage": storage, "accumulate": accumulate, "round": "op", "products": storage}
+    # a product of two bfloat16 values is exact in float32 (irgen.stepwise adds it so); TVM's
+    # float16 kernels round each product to float16
+    products = "float32" if accumulate == "bfloat16" else storage
+    return {"storage": storage, "accumulate": accumulate, "round": "op", "products": products}
 
 
 def _widenable(b: Binding, storage: str) -> bool:
@@ -114,12 +117,14 @@ def widen(mod: tvm.IRModule, assignment: dict[str, int], arith: dict[int, dict],
     layer_of = _layers_of(bindings, assignment)
     out_names = _names_in(func.body.body)
     per_op = {k for k, a in arith.items() if a.get("round") == "op"}  # every op's result rounded
+    # accumulating in bfloat16: irgen's own kernels (irgen.stepwise), every op's result rounded by one
+    stepwise = {k for k in per_op if arith[k]["storage"] == "bfloat16"}
     plan = {b.name: arith[layer_of[b.name]]["storage"] for b in bindings
             if layer_of.get(b.name) in arith and _widenable(b, arith[layer_of[b.name]]["storage"])
-            and not (layer_of[b.name] in per_op and b.op in ACCUMULATING)}
+            and not (layer_of[b.name] in per_op - stepwise and b.op in ACCUMULATING)}
     rounded = {n for n in plan if layer_of[n] in per_op}
     needed = _storage_needed(bindings, plan, layer_of, keep | out_names | rounded)
-    bb = relax.BlockBuilder()
+    bb = relax.BlockBuilder(mod if stepwise else None)
     new: list[Binding] = []
     wide: dict[str, relax.Var] = {}  # name -> its float32 value (a widened binding's, or a cast input's)
     assign = dict(assignment)
@@ -153,13 +158,20 @@ def widen(mod: tvm.IRModule, assignment: dict[str, int], arith: dict[int, dict],
         k = layer_of[b.name]
         call = b.value
         args = [as_f32(a, b.name, k, j) for j, a in enumerate(call.args)]
-        w = add(f"{b.name}__f32", relax.Call(call.op, args, _float32_out(call.attrs, plan[b.name]), call.ty_args), k)
-        if tensor_type(w) is None or tensor_type(w)[1] != "float32":
-            raise IrgenError(f"internal: {call.op.name} at {b.name!r} gives {w.ty} on float32 inputs")
+        if k in stepwise and b.op in ACCUMULATING:
+            w = add(f"{b.name}__f32", _stepwise.accumulating_call(bb, b.op, args, call.attrs, tensor_type(b.var)[0],
+                                                                   b.name), k)
+        else:
+            w = add(f"{b.name}__f32", relax.Call(call.op, args, _float32_out(call.attrs, plan[b.name]),
+                                                 call.ty_args), k)
+            if tensor_type(w) is None or tensor_type(w)[1] != "float32":
+                raise IrgenError(f"internal: {call.op.name} at {b.name!r} gives {w.ty} on float32 inputs")
+            if k in stepwise:  # TVM drops a float32 -> bfloat16 -> float32 round trip inside a kernel
+                w = add(f"{b.name}__bf16", _stepwise.rounding_call(bb, w, b.name), k)
         wide[b.name] = w
         if b.name in needed:
             new.append(Binding(b.name, b.var, bb.normalize(relax.op.astype(w, plan[b.name]))))
-    return rebuild_main(mod, new), assign
+    return rebuild_main(bb.get() if stepwise else mod, new), assign
 
 
 def _float32_out(attrs, storage: str):

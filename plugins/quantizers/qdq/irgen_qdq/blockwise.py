@@ -22,7 +22,8 @@ runs one SGEMM pass over all of K, a chain of fused multiply-adds from zero per 
 (``k_block`` = K); on one row (M = 1) it takes MLAS's AVX-512 vector kernel instead (``order:
 "lanes16"``: 16 chains, element k in lane k % 16, folded as ``FoldAccumulators`` /
 ``_mm512_reduce_add_ps``); other layouts run MLAS's SGEMM on the dequantized weights, K sliced as
-:func:`irgen_qdq.mlas.k_block` says. The TIR kernels compute that order;
+:func:`irgen_qdq.mlas.k_block` says, or on one row (one column) its one-row kernels (``order: "groups4"``, ``"lanes8"``:
+:mod:`irgen_qdq.sgemm_m1`). The TIR kernels compute that order;
 :func:`recompute_weight_only` recomputes it in numpy from the record and the parameters
 (``irgen.reference.matmul_block_weight``).
 """
@@ -35,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from . import sgemm_m1
 from .common import SCHEME, _ops
 from .mlas import k_block
 
@@ -124,6 +126,9 @@ def _accumulation(m: dict, mrows: int, k: int, n: int) -> dict[str, Any]:
                         "folded in float32: the columns in whole groups of four as ((a0+a1)+a2)+a3 per four lanes, "
                         "(g0+g2)+(g1+g3); the last N % 4 columns as h_i = a_i + a_(i+8), t_i = h_i + h_(i+4), "
                         "(t0+t2)+(t1+t3) (MatMulNBits CompFp32, one row: MLAS's AVX-512 vector kernel)"}
+    one = None if nbits else sgemm_m1.accumulation(mrows, n, False, "MLAS SGEMM on the dequantized weights")
+    if one is not None:  # MLAS's SGEMM of one row or one column
+        return one
     block = k if nbits else k_block(n, k)
     how = ("MatMulNBits (CompFp32): B dequantized, one SGEMM pass over K" if nbits
            else "MLAS SGEMM on the dequantized weights, K in slices")
@@ -210,6 +215,86 @@ def _kernel_lanes16(k: int, n: int, m: dict):
     return kernel
 
 
+def _kernel_groups4(k: int, n: int, m: dict):
+    """The TIR kernel of one row in the ``groups4`` order (:mod:`irgen_qdq.sgemm_m1`): the products
+    and sums rounded one by one, the weight dequantized on the fly; blocked along either axis."""
+    from tvm.script import tirx as T
+
+    rows, nb, bs = m["rows"], m["blocks"], m["block_size"]
+    half, a0, sg = bs // 2, int(m["axis"] == 0), 16 if m["signed"] else 0
+    zdt = "int8" if m["signed"] else "uint8"
+    g4, g2, g1 = sgemm_m1.groups(k)
+    t2, t1 = 4 * g4, 4 * g4 + 2 * g2  # the first k of the group of two, of the single row
+
+    def wv(wp, s, z, kk, j):  # the row: N when blocked along K, else K
+        return _weight_value(wp, s, z, j * a0 + kk * (1 - a0), kk * a0 + j * (1 - a0), bs, sg)
+
+    @T.prim_func(private=True, s_tir=True)
+    def kernel(x: T.Buffer((T.int64(1), T.int64(k)), "float32", layout=None),
+               wp: T.Buffer((T.int64(rows), T.int64(nb), T.int64(half)), "uint8", layout=None),
+               s: T.Buffer((T.int64(rows), T.int64(nb)), "float32", layout=None),
+               z: T.Buffer((T.int64(rows), T.int64(nb)), zdt, layout=None),
+               y: T.Buffer((T.int64(1), T.int64(n)), "float32", layout=None)):
+        with T.sblock("root"):
+            c = T.sblock_alloc_buffer((1,), "float32", scope="local")
+            for j in T.parallel(n):
+                c[0] = T.float32(0)
+                for g in range(g4):
+                    c[0] = (((x[0, 4 * g] * wv(wp, s, z, 4 * g, j) + x[0, 4 * g + 1] * wv(wp, s, z, 4 * g + 1, j))
+                             + x[0, 4 * g + 2] * wv(wp, s, z, 4 * g + 2, j))
+                            + x[0, 4 * g + 3] * wv(wp, s, z, 4 * g + 3, j)) + c[0]
+                for _ in range(g2):
+                    c[0] = (x[0, t2] * wv(wp, s, z, t2, j) + x[0, t2 + 1] * wv(wp, s, z, t2 + 1, j)) + c[0]
+                for _ in range(g1):
+                    c[0] = x[0, t1] * wv(wp, s, z, t1, j) + c[0]
+                y[0, j] = c[0]
+
+    return kernel
+
+
+def _kernel_lanes8(mrows: int, k: int, n: int, m: dict):
+    """The TIR kernel of one row or one column in the ``lanes8`` order (:mod:`irgen_qdq.sgemm_m1`),
+    the weight dequantized on the fly; output ``o``'s place is ``o % n + o // n``."""
+    from tvm.script import tirx as T
+
+    rows, nb, bs = m["rows"], m["blocks"], m["block_size"]
+    half, a0, sg = bs // 2, int(m["axis"] == 0), 16 if m["signed"] else 0
+    zdt = "int8" if m["signed"] else "uint8"
+    four, two = sgemm_m1.folds(max(mrows, n))
+
+    @T.prim_func(private=True, s_tir=True)
+    def kernel(x: T.Buffer((T.int64(mrows), T.int64(k)), "float32", layout=None),
+               wp: T.Buffer((T.int64(rows), T.int64(nb), T.int64(half)), "uint8", layout=None),
+               s: T.Buffer((T.int64(rows), T.int64(nb)), "float32", layout=None),
+               z: T.Buffer((T.int64(rows), T.int64(nb)), zdt, layout=None),
+               y: T.Buffer((T.int64(mrows), T.int64(n)), "float32", layout=None)):
+        with T.sblock("root"):
+            a = T.sblock_alloc_buffer((8,), "float32", scope="local")
+            for o in T.parallel(mrows * n):
+                for lane in range(8):
+                    a[lane] = T.float32(0)
+                for kk in range(k):
+                    a[kk % 8] = a[kk % 8] + x[o // n, kk] * _weight_value(
+                        wp, s, z, o % n * a0 + kk * (1 - a0), kk * a0 + o % n * (1 - a0), bs, sg)
+                if o % n + o // n < four:
+                    y[o // n, o % n] = (((a[0] + a[1]) + a[2]) + a[3]) + (((a[4] + a[5]) + a[6]) + a[7])
+                elif o % n + o // n < two:
+                    y[o // n, o % n] = ((a[0] + a[2]) + (a[4] + a[6])) + ((a[1] + a[3]) + (a[5] + a[7]))
+                else:
+                    y[o // n, o % n] = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]))
+
+    return kernel
+
+
+#: ``accumulation["order"]`` -> the TIR kernel ``(mrows, k, n, m, acc)`` computing it
+_KERNELS = {
+    "k": _kernel,
+    "lanes16": lambda mrows, k, n, m, acc: _kernel_lanes16(k, n, m),
+    "groups4": lambda mrows, k, n, m, acc: _kernel_groups4(k, n, m),
+    "lanes8": lambda mrows, k, n, m, acc: _kernel_lanes8(mrows, k, n, m),
+}
+
+
 def _weight_record(m: dict) -> dict[str, Any]:
     return {"dtype": "int4" if m["signed"] else "uint4", "bits": 4, "block_size": m["block_size"],
             "axis": m["axis"], "rows": m["rows"], "blocks": m["blocks"], "length": m["length"],
@@ -228,7 +313,7 @@ def _realize_one(qg, mm, m: dict) -> None:
     attrs = {"out_dtype": "float32", "weight": _weight_record(m), "accumulation": acc,
              "arg_roles": ["input", "weight", "scale", "zero_point"]}
     digest = hashlib.sha256(json.dumps([mrows, k, n, attrs], sort_keys=True).encode()).hexdigest()[:12]
-    func = _kernel_lanes16(k, n, m) if acc["order"] == "lanes16" else _kernel(mrows, k, n, m, acc)
+    func = _KERNELS[acc["order"]](mrows, k, n, m, acc)
     gv = qg.add_kernel(func, f"fma_matmul_4bit_{digest}", "relax.matmul", attrs)
     x2 = x if len(xshape) == 2 else qg.emit(op.reshape(x, [mrows, k]))
     zdt = np.int8 if m["signed"] else np.uint8

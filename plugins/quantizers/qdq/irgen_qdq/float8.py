@@ -141,46 +141,124 @@ def _sgemm_kernel(mrows: int, k: int, n: int, block: int):
     return kernel
 
 
+def _sgemm_bias_kernel(mrows: int, k: int, n: int, block: int):
+    """:func:`_sgemm_kernel` from a Gemm's bias ``c [n]``: MLAS's output before the sums (beta = 1),
+    each slice's sum added to it in order."""
+    from tvm.script import tirx as T
+
+    nblocks = (k + block - 1) // block
+
+    @T.prim_func(private=True, s_tir=True)
+    def kernel(x: T.Buffer((T.int64(mrows), T.int64(k)), "float32", layout=None),
+               w: T.Buffer((T.int64(k), T.int64(n)), "float32", layout=None),
+               c: T.Buffer((T.int64(n),), "float32", layout=None),
+               y: T.Buffer((T.int64(mrows), T.int64(n)), "float32", layout=None)):
+        with T.sblock("root"):
+            part = T.sblock_alloc_buffer((1,), "float32", scope="local")
+            for i in T.parallel(mrows):
+                for j in range(n):
+                    y[i, j] = c[j]
+                    for kb in range(nblocks):
+                        part[0] = T.float32(0)
+                        for kr in range(T.min(block, k - kb * block)):
+                            part[0] = T.call_llvm_pure_intrin("float32", "llvm.fma", x[i, kb * block + kr],
+                                                              w[kb * block + kr, j], part[0])
+                        y[i, j] = part[0] + y[i, j]
+
+    return kernel
+
+
+def _gemm_bias(qg, b, n: int):
+    """The bias a Gemm adds to the matmul ``b`` (its product, no tensor of the model), as ``(the add's
+    binding, float32 [n])``, or None. ONNX Runtime's Gemm copies the bias into its output and runs
+    MLAS's SGEMM with beta = 1: the sums start from the bias (a beta other than 1 is a multiply
+    the add reads, not a constant: not taken)."""
+    relax, _, _, Constant = _ops()
+    users = qg.users.get(b.name, [])
+    if len(users) != 1 or qg.n_users(b.name) != 1 or b.name in qg.source_ops:
+        return None
+    u = qg.bindings[users[0]]
+    if u.op != "relax.add" or qg.source_ops.get(u.name) != "Gemm":
+        return None
+    y, c = u.value.args
+    if not isinstance(y, relax.Var) or y.name != b.name or not isinstance(c, Constant):
+        return None
+    bias = c.value.numpy()
+    if bias.dtype != np.float32 or bias.size not in (1, n) or bias.ndim > 2 or bias.ndim == 2 and bias.shape[0] != 1:
+        return None
+    return u, np.ascontiguousarray(np.broadcast_to(bias.reshape(-1), (n,)))
+
+
+def _constant_weight(qg, w):
+    """A matmul's weight operand as a float32 ``[K, N]`` array: a constant, or the transpose of one
+    (a ``permute_dims`` only the matmul reads). Returns ``(array, transposed, the permute's binding
+    name or None)``, or None. ``transposed``: MLAS reads B transposed, a Gemm's ``transB`` (a
+    permute inside the node); a Transpose node's tensor (``irgen verify`` asks for it, so ONNX
+    Runtime cannot fuse it into the MatMul) is B as is."""
+    relax, _, _, Constant = _ops()
+    if isinstance(w, Constant):
+        return w.value.numpy(), False, None
+    pb = qg.producer(w) if isinstance(w, relax.Var) else None
+    if pb is None or pb.op != "relax.permute_dims" or not isinstance(pb.value.args[0], Constant) \
+            or qg.n_users(pb.name) != 1 or pb.value.args[0].value.numpy().ndim != 2 \
+            or (pb.value.attrs.axes is not None and [int(a) for a in pb.value.attrs.axes] != [1, 0]):
+        return None
+    return np.ascontiguousarray(pb.value.args[0].value.numpy().T), pb.name not in qg.source_ops, pb.name
+
+
 def realize_float_matmuls(qg) -> int:
     """In a float8 model, every float MatMul of a float32 activation by a constant 2-D float32 weight
-    (a folded float8 weight) in MLAS's SGEMM order (ONNX Runtime runs it so: no float8 kernel),
-    ``kind: "float_dense"``; how many. K slices: :func:`irgen_qdq.mlas.k_block`."""
+    (a folded float8 weight; or its transpose, a Gemm's ``transB``) in MLAS's SGEMM order (ONNX
+    Runtime runs it so: no float8 kernel), ``kind: "float_dense"``; how many. K slices:
+    :func:`irgen_qdq.mlas.k_block`; one row or one column: MLAS's one-row kernels
+    (:mod:`irgen_qdq.sgemm_m1`). A Gemm's bias is where the sums start (:func:`_gemm_bias`)."""
+    from . import sgemm_m1
     from .mlas import k_block
 
     relax, op, q, Constant = _ops()
     done = 0
     for b in list(qg.bindings):
-        if b.op != "relax.matmul" or not isinstance(b.value.args[1], Constant) or \
-                not isinstance(b.value.args[0], relax.Var):
+        if b.op != "relax.matmul" or not isinstance(b.value.args[0], relax.Var):
             continue
-        x, w = b.value.args[0], b.value.args[1].value.numpy()
-        if w.ndim != 2 or w.dtype != np.float32 or str(x.ty.dtype) != "float32" or x.ty.shape is None:
+        found = _constant_weight(qg, b.value.args[1])
+        x = b.value.args[0]
+        if found is None or found[0].dtype != np.float32 or str(x.ty.dtype) != "float32" or x.ty.shape is None:
             continue
+        w, trans_b, perm = found
         xshape = [int(d) for d in x.ty.shape.values]
         k, n = w.shape
         mrows = int(np.prod(xshape[:-1])) if len(xshape) > 1 else 1
-        acc = {"dtype": "float32", "fma": True, "order": "k", "k_block": k_block(n, k),
-               "rule": "per output: fused multiply-adds over k from zero in blocks of k_block, the blocks added "
-                       "in order in float32 (MLAS SGEMM)"}
-        attrs = {"out_dtype": "float32", "accumulation": acc, "arg_roles": ["input", "weight"]}
+        acc = sgemm_m1.accumulation(mrows, n, trans_b, "MLAS SGEMM") or \
+            {"dtype": "float32", "fma": True, "order": "k", "k_block": k_block(n, k),
+             "rule": "per output: fused multiply-adds over k from zero in blocks of k_block, the blocks added "
+                     "in order in float32 (MLAS SGEMM)"}
+        gemm = _gemm_bias(qg, b, n) if acc["order"] in ("k", "groups4") else None  # lanes8: the bias after
+        if gemm is not None:
+            acc = {**acc, "initial": "bias", "rule": acc["rule"] + "; the output starts at the bias (a Gemm's C, "
+                                                                   "MLAS's beta = 1), not at zero"}
+        roles = ["input", "weight", *(["bias"] if gemm else [])]
+        attrs = {"out_dtype": "float32", "accumulation": acc, "arg_roles": roles}
         digest = hashlib.sha256(json.dumps([mrows, k, n, attrs], sort_keys=True).encode()).hexdigest()[:12]
-        gv = qg.add_kernel(_sgemm_kernel(mrows, k, n, acc["k_block"]), f"sgemm_{digest}", "relax.matmul", attrs)
+        func = (_sgemm_bias_kernel if gemm else _sgemm_kernel)(mrows, k, n, acc["k_block"]) \
+            if acc["order"] == "k" else sgemm_m1.float_kernel(mrows, k, n, acc)
+        gv = qg.add_kernel(func, f"sgemm_{digest}", "relax.matmul", attrs)
         x2 = x if len(xshape) == 2 else qg.emit(op.reshape(x, [mrows, k]))
-        call = relax.call_tir(gv, relax.Tuple([x2, relax.const(w)]), relax.TensorType([mrows, n], "float32"))
+        args = [x2, relax.const(w), *([relax.const(gemm[1])] if gemm else [])]
+        call = relax.call_tir(gv, relax.Tuple(args), relax.TensorType([mrows, n], "float32"))
         expr = call if len(xshape) == 2 else op.reshape(qg.emit(call), [*xshape[:-1], n])
         rec = {"scheme": SCHEME, "kind": "float_dense", "realization": "float", "op": "dense",
                "inputs": [q.float_record()], "output": q.float_record(), "accumulation": acc}
-        qg.replace([b.name], expr, rec)
+        qg.replace([*([perm] if perm else []), b.name, *([gemm[0].name] if gemm else [])], expr, rec)
         done += 1
     return done
 
 
 def recompute_float_dense(layer: dict, inputs: list, params: dict) -> np.ndarray:
-    """A ``float_dense`` layer: its matmul in the record's ``accumulation`` order."""
-    from irgen.plugin import run_op
+    """A ``float_dense`` layer: its ``fused_ops``, the matmul in the record's ``accumulation`` order
+    (its kernel's attributes), then what the layer fused after it (a Gemm's bias ``add``)."""
+    from irgen.plugin import run_layer
 
-    return run_op("relax.matmul", [inputs[0], params["weight"]], {"accumulation": layer["quant"]["accumulation"]},
-                  layer.get("name", "?"))
+    return run_layer(layer, inputs, params)[0]
 
 
 def float8_qdq(x: np.ndarray, scale: float, dtype: str) -> np.ndarray:
