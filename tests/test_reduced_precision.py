@@ -582,3 +582,30 @@ def test_tflite_float16_weights(tmp_path):
         assert w.dtype == np.float32 and np.array_equal(w.astype(np.float16).astype(np.float32), w), rec["name"]
     result = verify_output(tmp_path / "out")
     assert result["passed"] and result["source"]["ran"], result["problems"]
+
+
+def test_pt2_bfloat16_constant_torch_computes(tmp_path):
+    """A bfloat16 value the program builds from shapes and constants alone (a transformer's
+    additive mask: ``finfo.min`` where the mask is 0) is computed by torch at import and handed
+    to TVM as a bfloat16 constant (torch's ``numpy()`` refuses bfloat16): it imports, the
+    golden output equals torch's, and verify passes."""
+    pytest.importorskip("irgen_torch")
+
+    class Masked(nn.Module):
+        def forward(self, x):
+            keep = torch.arange(x.shape[-1]) % 3 != 0  # from the shape alone: computed at import
+            bias = torch.zeros(x.shape[-1], dtype=x.dtype).masked_fill(~keep, torch.finfo(x.dtype).min)
+            return torch.softmax(x * 2 + bias, dim=-1)
+
+    x = torch.randn(2, 8).to(torch.bfloat16)
+    path = tmp_path / "masked.pt2"
+    torch.export.save(torch.export.export(Masked(), (x,)), str(path))
+    np.save(tmp_path / "x.npy", x.float().numpy().astype(BF16))
+    out = tmp_path / "out"
+    ir = _run(path, out, "--input", str(tmp_path / "x.npy"))
+    with torch.no_grad():
+        want = Masked()(x).float().numpy()
+    got = _load(out, ir["outputs"][0]).astype(np.float64)
+    assert np.all(got[:, ::3] == 0) and np.abs(got - want).max() <= 2 * _ulp_of_peak(want.astype(BF16))
+    result = verify_output(out)
+    assert result["passed"], result["problems"]

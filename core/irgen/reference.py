@@ -1040,7 +1040,8 @@ OPS: dict[str, Callable[[list[Any], dict], Any]] = {
         args[0], args[1], attrs),
     "relax.nn.conv1d": lambda args, attrs: conv1d(args[0], args[1], attrs),
     "relax.nn.conv2d_transpose": lambda args, attrs: conv2d_transpose(args[0], args[1], attrs),
-    "relax.nn.conv3d": lambda args, attrs: conv3d(args[0], args[1], attrs),
+    "relax.nn.conv3d": lambda args, attrs: (conv3d_fma_blocked if attrs.get("accumulation") else conv3d)(
+        args[0], args[1], attrs),
     "relax.nn.conv3d_transpose": lambda args, attrs: conv3d_transpose(args[0], args[1], attrs),
     "relax.matmul": lambda args, attrs: (matmul_block_weight(args, attrs) if attrs.get("weight")
                                          else matmul_ordered(args[0], args[1], attrs, *args[2:])
@@ -1501,4 +1502,55 @@ def conv2d_fma_blocked(x: np.ndarray, w: np.ndarray, attrs: dict) -> np.ndarray:
                 total = part if total is None else (total + part).astype(np.float32)
             y[b, gi * og:(gi + 1) * og] = total
     return y.reshape(n, o, oh, ow)
+
+
+def conv3d_fma_blocked(x: np.ndarray, w: np.ndarray, attrs: dict) -> np.ndarray:
+    """A float32 3-D convolution (NCDHW/OIDHW) in the accumulation order ``attrs["accumulation"]``
+    declares: :func:`conv2d_fma_blocked` with ``k`` the index of input channel, kernel depth,
+    kernel row, kernel column in that order (ONNX Runtime's MLAS convolutions: vol2col, then
+    SGEMM's K slices over the output positions od*oh*ow)."""
+    acc = attrs["accumulation"]
+    if (str(attrs.get("data_layout") or "NCDHW"), str(attrs.get("kernel_layout") or "OIDHW")) != ("NCDHW", "OIDHW") \
+            or acc.get("order") != "im2col" or not acc.get("fma"):
+        raise NotImplementedError(f"accumulation {acc}")
+    x, w = np.asarray(x, np.float32), np.asarray(w, np.float32)
+    g = int(attrs.get("groups", 1))
+    n, o, cg, kd, kh, kw = x.shape[0], *w.shape
+    stride, dil = (_triple(attrs.get(a, [1, 1, 1])) for a in ("strides", "dilation"))
+    pad = [int(v) for v in np.atleast_1d(attrs.get("padding", [0] * 6))]
+    pad = pad * 6 if len(pad) == 1 else pad * 2 if len(pad) == 3 else pad
+    xp = np.pad(x, ((0, 0), (0, 0), *((pad[a], pad[a + 3]) for a in range(3))))
+    size = [(xp.shape[2 + a] - dil[a] * (w.shape[2 + a] - 1) - 1) // stride[a] + 1 for a in range(3)]
+    (sd, sh, sw), (dd, dh, dw), (od, oh, ow) = stride, dil, size
+    y = np.empty((n, o, od * oh * ow), np.float32)
+    og = o // g
+    for b in range(n):
+        for gi in range(g):
+            cols = np.empty((cg, kd, kh, kw, od * oh * ow), np.float32)
+            for q in range(kd):
+                for i in range(kh):
+                    for j in range(kw):
+                        win = xp[b, gi * cg:(gi + 1) * cg, q * dd:q * dd + sd * (od - 1) + 1:sd,
+                                 i * dh:i * dh + sh * (oh - 1) + 1:sh, j * dw:j * dw + sw * (ow - 1) + 1:sw]
+                        cols[:, q, i, j] = win.reshape(cg, -1)
+            y[b, gi * og:(gi + 1) * og] = _fma_blocked_gemm(w[gi * og:(gi + 1) * og].reshape(og, -1),
+                                                            cols.reshape(cg * kd * kh * kw, -1), int(acc["k_block"]))
+    return y.reshape(n, o, od, oh, ow)
+
+
+def _triple(v) -> list[int]:
+    v = [int(a) for a in np.atleast_1d(v)]
+    return v * 3 if len(v) == 1 else v
+
+
+def _fma_blocked_gemm(wm: np.ndarray, cols: np.ndarray, block: int) -> np.ndarray:
+    """``wm [M, K] @ cols [K, N]`` in float32: fused multiply-adds from zero over each K slice of
+    ``block``, the slices' sums added in order (MLAS's SGEMM of a convolution)."""
+    total = None
+    for k0 in range(0, wm.shape[1], block):
+        part = np.zeros((wm.shape[0], cols.shape[1]), np.float32)
+        for k in range(k0, min(wm.shape[1], k0 + block)):
+            part = fma32(wm[:, k:k + 1], cols[k:k + 1], part)
+        total = part if total is None else (total + part).astype(np.float32)
+    return total
 

@@ -168,13 +168,15 @@ def _uncomputed(importer, nodes) -> list:
     one that has a value is bound in ``importer.env`` as a constant."""
     from tvm import relax
 
+    from .runner import to_numpy  # (runner imports this module)
+
     computed = importer.ctx.computed
     rest = []
     for node in nodes:
         if node.name not in computed:
             rest.append(node)
-        elif computed[node.name] is not None:
-            importer.env[node] = relax.const(computed[node.name].numpy())
+        elif computed[node.name] is not None:  # a bfloat16 value through ml_dtypes (torch's numpy() refuses it)
+            importer.env[node] = relax.const(to_numpy(computed[node.name]))
     return rest
 
 

@@ -257,7 +257,7 @@ def _mlas_conv(qg, e, b, new: dict):
 
     from . import mlas
 
-    if b.op != "relax.nn.conv2d":
+    if b.op not in ("relax.nn.conv2d", "relax.nn.conv3d"):
         return None
     x, w = (_float64_arg(a, new) for a in b.value.args[:2])
     if not isinstance(w, Constant):
