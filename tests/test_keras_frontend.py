@@ -255,3 +255,27 @@ def test_keras_applications_mobilenet_v2_int8_is_bit_exact(tmp_path):
             np.testing.assert_array_equal(got, ref[src], err_msg=layer["name"])
             compared += got.size
     print(f"\nMobileNetV2 int8: {len(ir['layers'])} layers, {compared} values equal to the reference interpreter")
+
+
+def test_recurrent_keras_model_with_an_open_batch(tmp_path):
+    """A ``.keras`` model with stacked LSTMs and an open batch (``Input((steps, features))``, as
+    Keras' examples write it): TFLite's converter cannot lower the loops of such a model
+    ("TensorListReserve ... requires element_shape to be static"); the frontend converts it at
+    batch 1, and the golden output equals Keras' own ``model(x)``."""
+    tf = tflite_models._tf()
+    tf.keras.utils.set_random_seed(3)
+    model = tf.keras.Sequential([tf.keras.Input((6, 5)), tf.keras.layers.LSTM(8, return_sequences=True),
+                                 tf.keras.layers.LSTM(8), tf.keras.layers.Dense(3)])
+    path = tmp_path / "stacked.keras"
+    model.save(path)
+    with pytest.raises(Exception, match="element_shape"):  # the converter alone, as irgen found it
+        tf.lite.TFLiteConverter.from_keras_model(model).convert()
+    x = np.random.default_rng(5).standard_normal((1, 6, 5)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    out = tmp_path / "out"
+    assert _irgen([str(path), "-o", str(out), "--input", str(tmp_path / "x.npy")]) == 0
+    ir = json.loads((out / "ir.json").read_text())
+    golden = np.load(out / ir["outputs"][0]["file"])
+    np.testing.assert_allclose(golden, model(x).numpy(), rtol=1e-4, atol=1e-5)
+    steps = {l["name"].split(".")[0] + "." + l["name"].split(".")[1] for l in ir["layers"] if l["name"].startswith("WHILE_")}
+    assert len(steps) == 2 * 6, sorted(steps)  # both loops unrolled: a layer group per step

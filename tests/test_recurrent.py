@@ -24,8 +24,8 @@
 
 Not here, because irgen cannot get the model: torch's dynamically quantized LSTM
 (``quantize_dynamic``) fails ``torch.export`` inside torch (its ONNX export is a float LSTM,
-which runs), and ONNX Runtime's ``quantize_dynamic`` writes ``DynamicQuantizeLSTM``, a
-contrib op irgen reports as unsupported.
+which runs). ONNX Runtime's ``quantize_dynamic`` (``DynamicQuantizeLSTM``) is tested in
+``tests/test_recurrent_dynamic.py``.
 """
 
 from __future__ import annotations

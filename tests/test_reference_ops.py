@@ -150,6 +150,9 @@ OP_CASES = {
     "gather_elements": (lambda x, i: op.gather_elements(x, i, axis=1),
                         [_f(3, 4), R.integers(0, 4, (3, 2)).astype("int64")]),
     "gather_nd": (lambda x, i: op.gather_nd(x, i), [_f(3, 4, 2), R.integers(0, 3, (5, 2)).astype("int64")]),
+    # a .pt2's aten.index.Tensor (transformers' attention mask: broadcast index tensors)
+    "index_tensor": (lambda x, i, j: op.index_tensor(x, [i, j]),
+                     [_f(3, 5, 2), R.integers(0, 3, (2, 1)).astype("int64"), R.integers(0, 5, (1, 4)).astype("int64")]),
     "one_hot": (lambda i: op.one_hot(i, relax.prim_value(tvm.tirx.FloatImm("float32", 1.0)),
                                      relax.prim_value(tvm.tirx.FloatImm("float32", 0.0)), 5, -1),
                 [R.integers(0, 5, (2, 3)).astype("int32")]),

@@ -220,6 +220,18 @@ def test_pickled_module_allowed_with_flag(tmp_path):
     assert (tmp_path / "out" / "ir.json").is_file()
 
 
+def test_dynamically_quantized_lstm_refused_with_the_reason(tmp_path):
+    """torch's quantize_dynamic of an LSTM: torch.export cannot export it (its packed weights), and its
+    activations are quantized as it runs; the error says both, not torch's CellParamsBase message."""
+    import warnings
+
+    warnings.simplefilter("ignore")
+    q = torch.ao.quantization.quantize_dynamic(torch_classes.Recurrent().eval(), {torch.nn.LSTM}, dtype=torch.qint8)
+    torch.save(q, tmp_path / "qlstm.pth")
+    r = _irgen(["run", "qlstm.pth", "-o", "out", "--allow-pickle", "--input-shape", "x=5,1,4", "--no-progress"], tmp_path)
+    _assert_error(r, tmp_path / "out", "'lstm'", "dynamically quantized", "quantize_dynamic", "DynamicQuantizeLSTM")
+
+
 @pytest.mark.parametrize(
     "extra,needles",
     [

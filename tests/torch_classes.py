@@ -26,3 +26,14 @@ class Net(nn.Module):
 
 class NotAModule:
     pass
+
+
+class Recurrent(nn.Module):
+    """A two-layer LSTM (torch's quantize_dynamic replaces it by its dynamic int8 LSTM)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(4, 8, num_layers=2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lstm(x)[0]

@@ -45,11 +45,15 @@ class InputSpec:
 class DeclaredTensor:
     """One input or output of a model file as the file declares it, before any shape is
     chosen: ``shape`` holds an int for a fixed dimension and the dimension's symbol (a
-    ``str``: ONNX's ``dim_param``, ``"?"`` when unnamed) for an open one."""
+    ``str``: ONNX's ``dim_param``, ``"?"`` when unnamed) for an open one. ``path`` (2.4),
+    where the frontend knows it, is the tensor's place in the structure the model returns
+    (a torch program's output pytree: ``logits``, ``present.0``), for a tensor whose name
+    does not say what it is (a torch output is named after its FX node)."""
 
     name: str
     shape: tuple[int | str, ...]
     dtype: str
+    path: str | None = None
 
 
 @dataclass(frozen=True)

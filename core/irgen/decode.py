@@ -3,13 +3,16 @@ decode steps against a KV cache.
 
 The model is a decoder exported with its cache as inputs and outputs (transformers' cache
 in ONNX's naming: ``past_key_values.I.key`` / ``.value`` in, ``present.I.key`` / ``.value``
-out). Each step is one complete ``irgen run`` into ``OUT/step_NNN`` (step 0 the prefill over
-the prompt with an empty cache, each later step one token), and each step's inputs come from
-the golden data of the step before it: the next token is the argmax of the last position's
-logits (greedy), the cache is the previous step's ``present`` outputs, the attention mask is
-all ones over the cache and the new tokens, the positions continue. ``OUT/trace.json`` lists
-the steps, their tokens, cache lengths and the input each output feeds. ``irgen verify OUT``
-checks every step (its source check runs the source runtime on the step's own inputs).
+out; an output whose name says nothing, one named after a graph node, is known by its place
+in what the model returns, :attr:`~irgen.api.DeclaredTensor.path`, such as ``present.0``:
+see :func:`label`). Each step is one complete ``irgen run`` into ``OUT/step_NNN`` (step 0
+the prefill over the prompt with an empty cache, each later step one token), and each step's
+inputs come from the golden data of the step before it: the next token is the argmax of the
+last position's logits (greedy), the cache is the previous step's ``present`` outputs, the
+attention mask is all ones over the cache and the new tokens, the positions continue.
+``OUT/trace.json`` lists the steps, their tokens, cache lengths and the input each output
+feeds. ``irgen verify OUT`` checks every step (its source check runs the source runtime on
+the step's own inputs).
 
 Which input plays which part is read from the model's declared interface
 (``Frontend.interface``): :func:`roles` explains every refusal.
@@ -62,24 +65,37 @@ class Roles:
     vocab: int | None
 
 
+def label(t: DeclaredTensor) -> str:
+    """What a declared tensor is called for its role: its path in the model's returned
+    structure where the frontend gives one (an output named after a graph node), else its
+    name."""
+    return t.path or t.name
+
+
 def _cache_key(name: str) -> str:
     """``past_key_values.0.key`` and ``present.0.key`` both give ``0.key``."""
     return re.sub(r"^[._/-]+|[._/-]+$", "", _CACHE_WORDS.sub("", name)).lower()
 
 
+def _shown(t: DeclaredTensor) -> str:
+    return t.name if t.path in (None, t.name) else f"{t.name} ({t.path})"
+
+
 def _pairs(iface: ModelInterface, batch: str | int) -> tuple[CachePair, ...]:
-    past = [t for t in iface.inputs if re.search(r"past|cache", t.name, re.I) and t.name != "cache_position"]
-    present = {_cache_key(t.name): t for t in iface.outputs if re.search(r"present|cache", t.name, re.I)}
+    past = [t for t in iface.inputs if re.search(r"past|cache", label(t), re.I) and label(t) != "cache_position"]
+    present = {_cache_key(label(t)): t for t in iface.outputs if re.search(r"present|cache", label(t), re.I)}
     if not past:
         raise IrgenError("--decode: the model has no cache inputs (inputs named past_key_values.I.key/.value, "
                          f"or past*; its inputs: {', '.join(t.name for t in iface.inputs)})")
     pairs = []
     for t in past:
-        out = present.pop(_cache_key(t.name), None)
+        out = present.pop(_cache_key(label(t)), None)
         if out is None:
             raise IrgenError(f"--decode: no output gives the next value of cache input {t.name!r} (expected one "
-                             f"named like {t.name.replace('past_key_values', 'present')!r}; outputs: "
-                             f"{', '.join(o.name for o in iface.outputs)})")
+                             f"named like {label(t).replace('past_key_values', 'present')!r}, the same name once "
+                             "past_key_values/past/present/cache is taken out, or at such a path in what the model "
+                             "returns, e.g. {'logits': ..., 'present': [tensors]}; outputs: "
+                             f"{', '.join(_shown(o) for o in iface.outputs)})")
         open_axes = [k for k, d in enumerate(t.shape) if isinstance(d, str) and d != batch]
         if len(open_axes) != 1 or len(out.shape) != len(t.shape):
             raise IrgenError(f"--decode: cache input {t.name!r} has the declared shape {list(t.shape)}: expected one "
@@ -104,7 +120,7 @@ def roles(iface: ModelInterface) -> Roles:
         raise IrgenError(f"--decode: cannot tell what to feed input(s) {', '.join(map(repr, other))} at each step "
                          "(known: input_ids, attention_mask, position_ids, cache_position and the cache)")
     paired = {p.present for p in pairs}
-    logits = next((t for t in iface.outputs if t.name == "logits"), None) \
+    logits = next((t for t in iface.outputs if label(t) == "logits"), None) \
         or next((t for t in iface.outputs if t.name not in paired), None)
     if logits is None or len(logits.shape) != 3:
         raise IrgenError("--decode: the model needs a logits output of shape [batch, sequence, vocabulary]")

@@ -29,7 +29,8 @@ API 2.0 took every scheme's own arithmetic out of this module into the scheme's 
 renamed a shared primitive to a name that says what it computes, and made a scheme's
 recompute and consistency check fields of its ``Quantizer``. API 2.1 added
 ``Quantizer.runtime_exact``; API 2.2 the recurrent layers' helpers; API 2.3
-``Frontend.interface`` with ``ModelInterface`` and ``DeclaredTensor``.
+``Frontend.interface`` with ``ModelInterface`` and ``DeclaredTensor``; API 2.4 ``add_kernel`` and
+``DeclaredTensor.path``.
 
 Registration (what the hooks register)
 --------------------------------------
@@ -59,7 +60,8 @@ Registration (what the hooks register)
   layer), which ``check_layer`` and serializers then meet; ``FusionRule``'s docstring
   says which followers join.
 * ``ModelInterface``, ``DeclaredTensor`` (2.3): what ``Frontend.interface`` returns, a model
-  file's declared inputs and outputs with open dimensions as symbols (``irgen run --decode``).
+  file's declared inputs and outputs with open dimensions as symbols (``irgen run --decode``);
+  ``DeclaredTensor.path`` (2.4): a tensor's place in the structure the model returns.
 * ``ImportedModel``, ``InputSpec``, ``Provenance``: what a frontend returns
   (the Relax module, its inputs, and which source nodes each binding came from).
 * ``TensorInfo``, ``StoredTensor``, ``TENSOR_KINDS`` (1.1): what
@@ -97,7 +99,8 @@ The graph a scheme reads and rewrites
   ``qg.add_kernel(func, name, op, attrs)`` (2.1) adds a TIR kernel for arithmetic no Relax op
   has (an accumulation order) and returns its ``GlobalVar`` for a ``relax.call_tir``;
   ``kernel_op(name)`` is the ``(op, attrs)`` the kernel of that name computes, as ``fused_ops``
-  records it.
+  records it; ``add_kernel(bb, func, name, op, attrs)`` (2.4) does the same through a frontend's
+  ``relax.BlockBuilder`` while it imports (a source op's arithmetic no Relax op has).
 * ``QTensor``: a tensor's scale, zero point, dtype and per-channel axis.
 * ``Binding`` (``name``, ``var``, ``value``, ``op`` such as ``"relax.nn.conv2d"``)
   and ``Constant`` (a Relax constant: ``c.value.numpy()``).
@@ -135,6 +138,7 @@ What a frontend's converter of an LSTM, GRU or RNN uses (``irgen_onnx.recurrent`
   item ``<node>:h[layer, direction, step]``), which the frontend's source runner gives,
   computed by the runtime's own op one step at a time; ``concat_states`` joins states into
   the op's results.
+* ``MAX_RECURRENT_STEPS``: the longest sequence (or loop) a frontend unrolls.
 
 Integer arithmetic
 ------------------
@@ -244,6 +248,7 @@ from irgen.quant import (
     FLOAT64,
     QGraph,
     QTensor,
+    add_kernel,
     kernel_op,
     accumulate,
     check_qparams,
@@ -288,7 +293,7 @@ from irgen.safeio import (
     regular_tree,
 )
 
-API_VERSION = "2.3"
+API_VERSION = "2.4"
 
 #: names whose module imports TVM: (module, name there), loaded by :func:`__getattr__`
 _LAZY = {
@@ -310,6 +315,7 @@ _LAZY = {
     "recurrent_states_tensor": ("irgen.recurrent", "states_tensor"),
     "recurrent_state_tensor": ("irgen.recurrent", "state_tensor"),
     "concat_states": ("irgen.recurrent", "concat_states"),
+    "MAX_RECURRENT_STEPS": ("irgen.recurrent", "MAX_STEPS"),
 }
 
 
@@ -333,12 +339,12 @@ __all__ = [
     "ImportedModel", "InputSpec", "Provenance", "ModelInterface", "DeclaredTensor", "IrgenError", "UnsupportedOpsError", "QUANT_DIALECTS",
     "TensorInfo", "StoredTensor", "TENSOR_KINDS", "Signature", "Mismatch", "SIGNATURE_CODES", "DumpReader",
     # the graph a scheme reads and rewrites
-    "QGraph", "QTensor", "kernel_op", "Binding", "Constant", "attrs_to_dict", "substitute", "main_bindings",
+    "QGraph", "QTensor", "kernel_op", "add_kernel", "Binding", "Constant", "attrs_to_dict", "substitute", "main_bindings",
     "module_bindings", "check_tensor_sizes", "tuple_output_outside_dataflow", "arg_ref", "op_args", "program_arg",
     "weight_tensor",
     # recurrent layers
     "RecurrentCell", "unroll_recurrent", "reorder_gates", "recurrent_states_tensor", "recurrent_state_tensor",
-    "concat_states",
+    "concat_states", "MAX_RECURRENT_STEPS",
     # integer arithmetic
     "DOUBLE", "SINGLE", "WIDE", "FLOAT64", "ROUNDING_RULES", "rescale_float64", "rx_rescale_float64", "round_half_away",
     "rx_round_half_away", "float_record", "quantize_half_away", "quantize_multiplier",

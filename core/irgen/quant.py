@@ -630,6 +630,16 @@ class QTensor:
 KERNEL_OPS: dict[str, tuple[str, dict[str, Any]]] = {}
 
 
+def add_kernel(bb, func, name: str, op: str, attrs: dict[str, Any]):
+    """Add the TIR ``PrimFunc`` ``func`` through the ``relax.BlockBuilder`` ``bb`` (a frontend's,
+    while it imports) and return its ``GlobalVar``, for a ``relax.call_tir``: as
+    :meth:`QGraph.add_kernel`, the kernel computes the Relax op ``op`` with ``attrs``, which
+    ``fused_ops`` records and the numpy reference must know."""
+    gv = bb.add_func(func, name)
+    KERNEL_OPS[gv.name_hint] = (op, attrs)
+    return gv
+
+
 def kernel_op(name: str) -> tuple[str, dict[str, Any]] | None:
     """(the Relax op, its attributes) that the kernel :meth:`QGraph.add_kernel` added under the
     ``GlobalVar`` name ``name`` computes, or None."""

@@ -34,7 +34,9 @@ RECURRENT_OPS = frozenset(GATES)
 MAX_STEPS = 4096
 
 #: source op types (lower case; an ATen op without its ``aten.`` and overload) -> the cell kind
-_SOURCE_KINDS = {"lstm": "lstm", "gru": "gru", "rnn": "rnn", "rnn_tanh": "rnn", "rnn_relu": "rnn"}
+_SOURCE_KINDS = {"lstm": "lstm", "gru": "gru", "rnn": "rnn", "rnn_tanh": "rnn", "rnn_relu": "rnn",
+                 "dynamicquantizelstm": "lstm",  # an LSTM with int8 weights, its inputs quantized as it runs
+                 "unidirectional_sequence_lstm": "lstm", "unidirectional_sequence_rnn": "rnn"}
 
 
 def recurrent_kind(op_type: str) -> str | None:

@@ -406,6 +406,13 @@ def _unary_f(fn: Callable) -> Callable:
     return run
 
 
+def _activation(fn: Callable) -> Callable:
+    """A float activation: ``fn`` in float64 then cast, or a declared ``approximation``."""
+    exact = _unary_f(fn)
+    return lambda args, attrs: (rational_fma(args[0], attrs["approximation"]) if attrs.get("approximation")
+                                else exact(args, attrs))
+
+
 def _concat(args, attrs):
     return np.concatenate([np.asarray(a) for a in args], axis=int(attrs.get("axis", 0)))
 
@@ -1015,6 +1022,12 @@ def _gather_nd(args, attrs):
     return data[tuple(np.moveaxis(idx, -1, 0))]
 
 
+def _index_tensor(args, attrs):
+    """relax.index_tensor: ``data[I0, I1, ...]``, numpy's advanced indexing (a ``.pt2``'s
+    ``aten.index.Tensor``; the index tensors broadcast together)."""
+    return np.asarray(args[0])[tuple(np.asarray(a).astype(np.int64) for a in args[1:])]
+
+
 def _matmul_like_einsum(args, attrs):
     """relax.einsum: accumulated in float64 (integers in int64), cast to the operands' dtype."""
     ops = [np.asarray(a) for a in args]
@@ -1056,8 +1069,8 @@ OPS: dict[str, Callable[[list[Any], dict], Any]] = {
     "relax.minimum": _binary(np.minimum),
     "relax.nn.relu": lambda args, attrs: np.maximum(args[0], np.zeros((), args[0].dtype)),
     "relax.clip": _clip,
-    "relax.sigmoid": _unary_f(lambda x: 1.0 / (1.0 + np.exp(-x))),
-    "relax.tanh": _unary_f(np.tanh),
+    "relax.sigmoid": _activation(lambda x: 1.0 / (1.0 + np.exp(-x))),
+    "relax.tanh": _activation(np.tanh),
     "relax.sqrt": _unary_f(np.sqrt),
     "relax.rsqrt": _unary_f(lambda x: 1.0 / np.sqrt(x)),
     "relax.exp": _unary_f(np.exp),
@@ -1148,6 +1161,7 @@ OPS: dict[str, Callable[[list[Any], dict], Any]] = {
     "relax.gather_elements": lambda args, attrs: np.take_along_axis(
         np.asarray(args[0]), np.asarray(args[1]).astype(np.int64), axis=int(attrs.get("axis", 0))),
     "relax.gather_nd": _gather_nd,
+    "relax.index_tensor": _index_tensor,
     "relax.one_hot": _one_hot,
     "relax.nn.leakyrelu": _leakyrelu,
     "relax.nn.prelu": _prelu,
@@ -1317,6 +1331,31 @@ def fma32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
     inexact_even = (err != 0) & ((bits & 1) == 0)
     toward = np.where((err > 0) == (s > 0), 1, -1)  # one ulp away from zero, or toward it
     return np.where(inexact_even, bits + toward, bits).view(np.float64).astype(np.float32)
+
+
+def rational_fma(x: np.ndarray, spec: dict) -> np.ndarray:
+    """An odd rational approximation in float32 as ``spec`` (a ``relax.sigmoid`` / ``relax.tanh``
+    kernel's ``approximation``) declares it: ``v = min(max(x, lo), hi)`` (``clamp``), ``v2 = v·v``,
+    ``P`` and ``Q`` by Horner's rule in ``v2`` with fused multiply-adds from their first two
+    coefficients (``p``, ``q``: highest degree first), ``v·P / Q``, plus ``offset``, then at
+    least ``floor`` (when given); every step rounded to float32."""
+    f32 = np.float32
+    lo, hi = (f32(b) for b in spec["clamp"])
+    v = np.minimum(np.maximum(np.asarray(x, f32), lo), hi)
+    v2 = v * v
+
+    def horner(coefs):
+        acc = fma32(v2, f32(coefs[0]), f32(coefs[1]))
+        for c in coefs[2:]:
+            acc = fma32(acc, v2, f32(c))
+        return acc
+
+    r = (v * horner(spec["p"])) / horner(spec["q"])
+    if spec.get("offset"):
+        r = r + f32(spec["offset"])
+    if spec.get("floor") is not None:
+        r = np.maximum(r, f32(spec["floor"]))
+    return r.astype(f32)
 
 
 def matmul_block_weight(args: list, attrs: dict) -> np.ndarray:

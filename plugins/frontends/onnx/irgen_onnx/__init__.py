@@ -7,7 +7,8 @@ back to ONNX node and tensor names.
 
 Modules: :mod:`irgen_onnx.translate` (the importer: ``load`` and its naming
 importer), :mod:`irgen_onnx.converters` (irgen's converters over TVM's;
-:mod:`irgen_onnx.recurrent`: LSTM, GRU and RNN, one layer per time step),
+:mod:`irgen_onnx.recurrent`: LSTM, GRU and RNN, one layer per time step;
+:mod:`irgen_onnx.dynamic_lstm`: ONNX Runtime's DynamicQuantizeLSTM, its int8 arithmetic),
 :mod:`irgen_onnx.runner` (the source runner for ``verify``; :mod:`irgen_onnx.openvino_runner`:
 OpenVINO for a model with ``FakeQuantize`` nodes, which :mod:`irgen_onnx.fakequant` lowers), :mod:`irgen_onnx.interface`
 (the declared inputs and outputs, for ``irgen run --decode``),

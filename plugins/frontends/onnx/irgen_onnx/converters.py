@@ -15,7 +15,8 @@ here it is one ``relax.tile`` (GPT-J's rotary tables: verify's numpy reference, 
 QDQ scheme evaluating a constant operand, can run it).
 
 ``LSTM``, ``GRU``, ``RNN`` (none in TVM 0.27): unrolled one step at a time, each step a
-layer (:mod:`irgen_onnx.recurrent`).
+layer (:mod:`irgen_onnx.recurrent`); ONNX Runtime's ``DynamicQuantizeLSTM`` likewise, each step
+ONNX Runtime's integer arithmetic (:mod:`irgen_onnx.dynamic_lstm`).
 
 A converter returns ``NotImplemented`` to leave a node form it does not handle
 to TVM's converter.
@@ -27,7 +28,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from . import float8, nbits, recurrent
+from . import dynamic_lstm, float8, nbits, recurrent
 
 
 def _bound(expr, default: float):
@@ -163,9 +164,10 @@ CONVERTERS: dict[str, Callable[..., Any]] = {
     "QuantizeLinear": float8.quantize,  # float8 zero points only (irgen_onnx.float8); others: TVM's
     "DequantizeLinear": float8.dequantize,
     **dict.fromkeys(("LSTM", "GRU", "RNN"), recurrent.convert),
+    dynamic_lstm.OP: dynamic_lstm.convert,  # ONNX Runtime's int8 LSTM (irgen_onnx.dynamic_lstm)
 }
 
 #: the ops whose converter binds and names its own results: ``fn(bb, inputs, attrs, opset, ctx)``
 #: (:class:`irgen_onnx.translate.Context`: the node, the namer, the provenance), returning the
 #: node's outputs bound
-WITH_CONTEXT = frozenset({"LSTM", "GRU", "RNN"})
+WITH_CONTEXT = frozenset({"LSTM", "GRU", "RNN", dynamic_lstm.OP})

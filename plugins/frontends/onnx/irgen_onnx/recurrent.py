@@ -25,7 +25,8 @@ from irgen.plugin import IrgenError
 
 #: ONNX gate order -> irgen's (LSTM ``iofc`` -> ``ifgo``, GRU ``zrh`` -> ``rzn``)
 _ORDER = {"LSTM": [0, 2, 3, 1], "GRU": [1, 0, 2], "RNN": [0]}
-_KIND = {"LSTM": "lstm", "GRU": "gru", "RNN": "rnn"}
+_KIND = {"LSTM": "lstm", "GRU": "gru", "RNN": "rnn",
+         "DynamicQuantizeLSTM": "lstm"}  # ONNX Runtime's, int8 weights (:mod:`irgen_onnx.dynamic_lstm`)
 _ACTS = {"LSTM": 3, "GRU": 2, "RNN": 1}
 
 
@@ -206,7 +207,11 @@ def step_states(model, node, values: dict) -> dict[str, np.ndarray]:
     ``values``: the tensors the node reads (initializers included), by name."""
     from onnx import helper
 
+    from . import dynamic_lstm
     from .runner import inference_session
+
+    if node.op_type == dynamic_lstm.OP:
+        return dynamic_lstm.step_states(node, values)
 
     def value(k):
         name = node.input[k] if len(node.input) > k else ""

@@ -26,8 +26,11 @@ def _typed(model):
 
 def _is_quantized(model) -> bool:
     """Whether the graph holds QuantizeLinear or DequantizeLinear nodes (QDQ format), or MatMulNBits
-    (one intra-op thread: MLAS gives a thread of one row its vector kernel, another order of sums)."""
-    return any(n.op_type in ("QuantizeLinear", "DequantizeLinear", "MatMulNBits") for n in model.graph.node)
+    (one intra-op thread: MLAS gives a thread of one row its vector kernel, another order of sums),
+    or DynamicQuantizeLSTM (one intra-op thread: each thread's batch rows quantize their ``h`` with a
+    range of their own)."""
+    return any(n.op_type in ("QuantizeLinear", "DequantizeLinear", "MatMulNBits", "DynamicQuantizeLSTM")
+               for n in model.graph.node)
 
 
 def _with_outputs(model, tensors: list[str]):

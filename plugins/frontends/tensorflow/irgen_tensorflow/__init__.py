@@ -357,6 +357,8 @@ def _naming_converter(where: str, namer, provenance: Provenance, state: dict[str
             return expr
 
         _SUPPORTED_QUANTIZED_OPS = tf_fe.OperatorConverter._SUPPORTED_QUANTIZED_OPS | converters.QUANTIZED_OK
+        # what a WHILE loop's unrolled steps (:mod:`.loops`) name and record their bindings with
+        irgen_where, irgen_namer, irgen_provenance, irgen_state = where, namer, provenance, state
 
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
@@ -495,9 +497,9 @@ def interpreter_runner(content: bytes, where: str, kernels: str = "reference"):
     tf = _tf()  # an IrgenError when TensorFlow is not installed
     resolver, described = TFLITE_KERNELS.get(kernels, TFLITE_KERNELS["reference"])
 
-    def run(inputs: dict[str, Any], tensors: list[str]) -> dict[str, Any]:
+    def invoke(model: bytes, inputs: dict[str, Any]):
         it = tf.lite.Interpreter(
-            model_content=content,
+            model_content=model,
             experimental_op_resolver_type=getattr(tf.lite.experimental.OpResolverType, resolver),
             experimental_preserve_all_tensors=True,
         )
@@ -509,6 +511,10 @@ def interpreter_runner(content: bytes, where: str, kernels: str = "reference"):
                 value = list(inputs.values())[k]
             it.set_tensor(d["index"], value)
         it.invoke()
+        return it
+
+    def run(inputs: dict[str, Any], tensors: list[str]) -> dict[str, Any]:
+        it = invoke(content, inputs)
         wanted = set(tensors)
         out: dict[str, Any] = {}
         for d in it.get_tensor_details():
@@ -517,6 +523,10 @@ def interpreter_runner(content: bytes, where: str, kernels: str = "reference"):
                     out[d["name"]] = np.array(it.get_tensor(d["index"]))
                 except (ValueError, RuntimeError):
                     continue
+        # a WHILE loop's body tensors, one iteration a run (:mod:`.loop_states`)
+        from irgen_tensorflow.loop_states import loop_states
+
+        out.update(loop_states(content, wanted - out.keys(), lambda m: invoke(m, inputs), it))
         return out
 
     run.runtime, run.kernels = "TFLite interpreter", described

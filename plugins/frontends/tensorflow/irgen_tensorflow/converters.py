@@ -429,6 +429,27 @@ def convert_gelu(conv, op):
     return conv.quantize(gelu(conv.bb.normalize(conv.dequantize(expr, x))), out)
 
 
+def convert_while(conv, op):
+    """WHILE with a static trip count, unrolled (:mod:`irgen_tensorflow.loops`)."""
+    from irgen_tensorflow import loops
+
+    return loops.convert_while(conv, op)
+
+
+def convert_sequence_lstm(conv, op):
+    """UNIDIRECTIONAL_SEQUENCE_LSTM unrolled (:mod:`irgen_tensorflow.sequence_ops`)."""
+    from irgen_tensorflow import sequence_ops
+
+    return sequence_ops.convert_sequence_lstm(conv, op)
+
+
+def convert_sequence_rnn(conv, op):
+    """UNIDIRECTIONAL_SEQUENCE_RNN unrolled (:mod:`irgen_tensorflow.sequence_ops`)."""
+    from irgen_tensorflow import sequence_ops
+
+    return sequence_ops.convert_sequence_rnn(conv, op)
+
+
 #: TFLite operator -> converter(converter, op), installed over TVM's
 CONVERTERS: dict[str, Callable[[Any, Any], Any]] = {
     "PAD": convert_pad,
@@ -452,6 +473,9 @@ CONVERTERS: dict[str, Callable[[Any, Any], Any]] = {
     "BATCH_MATMUL": convert_batch_matmul,
     "FULLY_CONNECTED": convert_fully_connected,
     "GELU": convert_gelu,
+    "WHILE": convert_while,
+    "UNIDIRECTIONAL_SEQUENCE_LSTM": convert_sequence_lstm,
+    "UNIDIRECTIONAL_SEQUENCE_RNN": convert_sequence_rnn,
 }
 
 def wide_bias(expr, tensor):
@@ -513,9 +537,10 @@ QUANTIZED_OK = frozenset({"PAD", "PADV2", "SHAPE", "STRIDED_SLICE", "SLICE", "TR
 _FOLD_LIMIT = 4096  # elements: shape arithmetic, not data
 
 
-def fold_constant(conv, op, expr):
+def fold_constant(conv, op, expr, dtypes=("int32", "int64")):
     """``expr`` folded to a constant when every input of ``op`` is a constant and
-    the result is a small integer tensor (shape arithmetic); otherwise ``expr``."""
+    the result is a small tensor of ``dtypes`` (shape arithmetic; a loop's condition
+    adds ``bool``); otherwise ``expr``."""
     import tvm
     from tvm import relax
 
@@ -531,7 +556,7 @@ def fold_constant(conv, op, expr):
                 var = bb.emit_output(expr)
             bb.emit_func_output(var)
         ty = var.ty
-        if not isinstance(ty, relax.TensorType) or str(ty.dtype) not in ("int32", "int64") \
+        if not isinstance(ty, relax.TensorType) or str(ty.dtype) not in dtypes \
                 or not isinstance(ty.shape, relax.ShapeExpr) \
                 or not all(isinstance(d, tvm.tirx.IntImm) for d in ty.shape.values) \
                 or int(np.prod([int(d) for d in ty.shape.values])) > _FOLD_LIMIT:

@@ -196,6 +196,30 @@ def _refuse_code(path: Path, cfg: Any) -> None:
                                  "irgen reads only the model file it is given")
 
 
+#: Keras layers the converter writes as a WHILE loop (docs/layer-ops.md, TFLite recurrent layers)
+_LOOPED = {"lstm", "gru", "simplernn", "rnn", "bidirectional", "convlstm1d", "convlstm2d", "convlstm3d"}
+
+
+def _looped_layer(cfg: Any) -> tuple[str, str] | None:
+    """(name, class) of the first layer of the config that converts to a WHILE loop, or None."""
+    for obj in _walk_layers(cfg):
+        cls = str(obj.get("class_name"))
+        if cls.rsplit(".", 1)[-1].lower() in _LOOPED:
+            config = obj.get("config") if isinstance(obj.get("config"), dict) else {}
+            return str(config.get("name", cls)), cls
+    return None
+
+
+def _refuse_calibrated_loops(path: Path, cfg: Any) -> None:
+    """Refuse ``--calibration`` on a recurrent layer: TensorFlow 2.21's converter crashes the
+    process (a segmentation fault in its calibrator) on the WHILE loop the layer converts to."""
+    found = _looped_layer(cfg)
+    if found is not None:
+        raise IrgenError(
+            f"{path}: layer {found[0]!r} ({found[1]}) converts to a WHILE loop, which TensorFlow's "
+            "converter cannot quantize (TF 2.21's calibrator crashes on it); run it without --calibration (float)")
+
+
 # ---------------------------------------------------------------- calibration
 
 
@@ -304,7 +328,18 @@ def _converter(tf, path: Path, cfg: Any = None, limit: int | None = None):
     except Exception as err:  # noqa: BLE001  Keras raises many kinds
         msg = " ".join(str(err).split())[:300]
         raise IrgenError(f"{path}: cannot load the Keras model ({type(err).__name__}: {msg})") from None
+    if cfg is not None and _looped_layer(cfg) is not None and any(i.shape[0] is None for i in model.inputs):
+        return _batch_one_converter(tf, model)
     return tf.lite.TFLiteConverter.from_keras_model(model), [tuple(i.shape) for i in model.inputs]
+
+
+def _batch_one_converter(tf, model):
+    """(converter, input shapes) of ``model`` traced at batch 1: the converter lowers a recurrent
+    layer's loop (its tensor lists) only when their element shape is static, and a Keras input's
+    batch is open (``TensorListReserve ... requires element_shape to be static``)."""
+    inputs = [tf.keras.Input(batch_shape=(1, *i.shape[1:]), dtype=i.dtype, name=i.name) for i in model.inputs]
+    fixed = tf.keras.Model(inputs, model(inputs if len(inputs) > 1 else inputs[0]))  # the same layers and weights
+    return tf.lite.TFLiteConverter.from_keras_model(fixed), [tuple(i.shape) for i in fixed.inputs]
 
 
 def _conversion_error(path: Path, err: Exception, log: str) -> IrgenError:
@@ -331,6 +366,8 @@ def convert(path: Path, calibration: Any = None, limit: int | None = DEFAULT_MAX
         _refuse_code(path, cfg)
     if calibration is not None:
         _calibration_files(calibration)
+        if cfg is not None:
+            _refuse_calibrated_loops(path, cfg)
     with _captured_fds() as log, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         tf = _tf()  # its import prints to fd 2 too

@@ -19,7 +19,9 @@ member and tensor sizes, pickled members, symbolic expressions torch would
 ``eval``, AOTInductor code) and loaded under a guard that keeps torch from
 unpickling anything but plain tensors (:mod:`irgen_torch.guard`), unless
 ``--allow-pickle`` says the file is trusted. A ``.pt2`` program's input shapes
-are fixed: ``--input-shape`` must name one of its inputs with its exact shape.
+are fixed, except the dynamic dimensions of a program exported with ``dynamic_shapes``:
+``--input-shape`` gives those (:mod:`irgen_torch.dynamic` specializes the graph to the
+shapes and reads the program's declared interface for ``irgen run --decode``).
 
 The graph is translated without ATen decomposition, so FX node names and ops
 (``aten.conv2d.default``, ...) are the ones ``ExportedProgram.graph`` shows.
@@ -36,13 +38,16 @@ ATen op, over TVM's; :mod:`irgen_torch.recurrent`: ``nn.LSTM``, ``GRU`` and ``RN
 layer per time step), :mod:`irgen_torch.runner` (the source runner for
 ``verify``), :mod:`irgen_torch.loader` / :mod:`irgen_torch.archive` /
 :mod:`irgen_torch.guard` (reading untrusted files), :mod:`irgen_torch.fold`
-(input-independent values); this module registers them.
+(input-independent values), :mod:`irgen_torch.dynamic` (a program's declared
+interface, ``Frontend.interface``, and its graph at the ``--input-shape`` of its
+dynamic dimensions); this module registers them.
 """
 
 from __future__ import annotations
 
 from irgen.plugin import Frontend, Option, hookimpl
 
+from .dynamic import model_interface
 from .runner import record_nodes, source_runner
 from .translate import load_torch, translate
 
@@ -62,6 +67,7 @@ def irgen_register_frontends(register):
             description="PyTorch: torch.export .pt2 programs, .pth state dicts with --model-class",
             runner=source_runner,
             quant_dialect="torch-qdq",
+            interface=model_interface,
         )
     )
 

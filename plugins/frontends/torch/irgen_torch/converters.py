@@ -400,6 +400,18 @@ def convert_numpy_t(imp, node):
     return relax.op.permute_dims(x, list(range(len(x.ty.shape)))[::-1])
 
 
+def convert_to_device(imp, node):
+    # aten::to.device(x, device, dtype, non_blocking, copy, memory_format): transformers' attention
+    # mask ``mask.to(device=..., dtype=torch.bool)``; one device here, so the cast (none in TVM 0.27)
+    from tvm import relax
+
+    x = imp.env[node.args[0]]
+    dtype = _arg(node, 2, "dtype", None)
+    if dtype is None:
+        return x
+    return relax.op.astype(x, imp._convert_data_type(dtype, imp.env))
+
+
 def convert_div_inplace(imp, node):
     # aten::div_(x, y) left in an exported graph (Falcon's rotary embedding): the result of
     # div, as TVM's own add_/mul_ converters do for theirs
@@ -635,6 +647,7 @@ CONVERTERS: dict[str, Callable[[Any, Any], Any]] = {
     "t.default": convert_t,
     "numpy_T.default": convert_numpy_t,
     "div_.Tensor": convert_div_inplace,
+    "to.device": convert_to_device,
     "cat.default": convert_cat,
     "_weight_norm.default": convert_weight_norm,
     **dict.fromkeys(("upsample_nearest2d.vec", "upsample_nearest2d.default", "upsample_nearest3d.vec",

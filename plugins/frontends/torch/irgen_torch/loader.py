@@ -197,6 +197,7 @@ def load_pth(path: Path, options: dict[str, Any]):
         except RuntimeError as err:  # shape mismatches
             raise IrgenError(f"{path}: state dict does not fit {options.get('model_class')}: {one_line(err, 300)}") from None
     model.eval()
+    _refuse_dynamic_modules(model, path)
 
     shapes = options.get("input_shapes") or {}
     if len(shapes) != 1:
@@ -210,3 +211,21 @@ def load_pth(path: Path, options: dict[str, Any]):
     except Exception as err:  # noqa: BLE001
         raise IrgenError(f"{path}: torch.export.export failed on an input of shape {tuple(shape)}: {type(err).__name__}: {one_line(err, 300)}") from None
     return ep, name, local_modules({type(m).__module__ for m in model.modules()})
+
+
+def _refuse_dynamic_modules(model, path) -> None:
+    """A module quantized by ``torch.ao.quantization.quantize_dynamic`` (its ``nn.LSTM``,
+    ``GRU``, ``Linear`` replaced by ``torch.ao.nn.quantized.dynamic`` modules) is refused with
+    the reason: its activations are quantized while it runs, and ``torch.export`` cannot export
+    its packed recurrent weights at all (torch's error otherwise: ``CellParamsBase ... does not
+    have a field with name '__obj_flatten__'``)."""
+    dynamic = next((name for name, m in model.named_modules()
+                    if type(m).__module__.startswith("torch.ao.nn.quantized.dynamic")), None)
+    if dynamic is not None:
+        kind = type(model.get_submodule(dynamic)).__name__
+        raise IrgenError(
+            f"{path}: module {dynamic!r} ({kind}) is dynamically quantized (torch's quantize_dynamic): its "
+            "activations are quantized with parameters computed while the model runs, and torch.export cannot "
+            "export its packed weights; irgen needs static quantization parameters (a float LSTM/GRU/RNN imports "
+            "as float cell layers; for int8, quantize statically, or export the float model to ONNX and use "
+            "onnxruntime's quantize_dynamic, whose DynamicQuantizeLSTM irgen reproduces)")

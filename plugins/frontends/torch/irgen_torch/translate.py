@@ -32,6 +32,7 @@ from irgen.plugin import (
 )
 
 from .converters import CONVERTERS, Context
+from .dynamic import specialize
 from .reduced import ReducedEmit
 from .fold import constant_nodes
 from .hops import inline_autocast
@@ -55,7 +56,8 @@ def user_inputs(ep) -> list[InputSpec]:
                 try:
                     shape.append(int(d))
                 except Exception:  # noqa: BLE001  a symbolic dim
-                    raise IrgenError(f"input {node.name!r} has a dynamic dimension {d}; export with static shapes") from None
+                    raise IrgenError(f"input {node.name!r} has a dynamic dimension {d}; give its shape with "
+                                     f"--input-shape {node.name}=DIMS") from None
             specs.append(InputSpec(node.name, tuple(shape), str(val.dtype).replace("torch.", "")))
     return specs
 
@@ -349,6 +351,7 @@ def load_torch(path: Path, options: dict[str, Any]) -> ImportedModel:
     regular_file(path, "model")  # a FIFO or a device is refused before torch opens it
     if path.suffix.lower() == ".pt2":
         ep = load_pt2(path, options)
+        specialize(ep, options.get("input_shapes") or {})  # dynamic shapes: the graph at --input-shape
         _check_input_shapes(user_inputs(ep), options.get("input_shapes") or {})
         imported = translate(ep, where)
     else:
