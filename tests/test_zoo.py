@@ -23,6 +23,7 @@ DEFAULT = {
     "vit-qdq-pre",                  # ORT QDQ, int8 attention after quant_pre_process
     "vit-pt2e-arm",                 # torchao PT2E, Arm quantizer (int8 activations, per-tensor weights), .pt2
     "hf_llama-pt2",                 # transformers decoder (RMSNorm, rotary positions, GQA, cache concat), .pt2
+    "word_lm-dyn",                  # LSTM language model, ORT quantize_dynamic (DynamicQuantizeLSTM)
 }
 
 

@@ -53,7 +53,10 @@ QUANTIZED_FORMATS = ("qdq", "qdq-pc", "qdq-pre", "qdq-mm", "qdq-a16", "qdq-w4", 
                      "tflite-int8-fio",
                      "tflite-16x8", "keras-int8")
 TORCH_FORMATS = ("onnx", "pt2", "qdq", "qdq-pc", "qdq-pre", "qdq-mm", "qdq-a16", "qdq-w4", "nbits", "qdq-fp8", "ptq",
-                 "pt2e", "pt2e-arm", "fp16", "bf16")
+                 "pt2e", "pt2e-arm", "fp16", "bf16", "dyn")
+#: ``dyn``: onnxruntime's ``quantize_dynamic`` of a recurrent model's LSTMs
+#: (``op_types_to_quantize=["LSTM"]``: ``DynamicQuantizeLSTM``, int8 weights, its input quantized
+#: as it runs; float layers with int8 weights, so not in QUANTIZED_FORMATS); a GRU it leaves float
 #: the reduced-precision float formats: fp16, the float ONNX model through onnxruntime's
 #: ``convert_float_to_float16`` (float32 inputs and outputs); bf16, the torch model in bfloat16
 #: exported to .pt2 (bfloat16 inputs); built for these models
@@ -252,6 +255,62 @@ def _hf(cls_name: str, cfg_name: str, inputs: dict[str, tuple[int, ...]], **cfg)
     return build
 
 
+def _tv_video(name: str, frames: int = 4, size: int = 32) -> Callable:
+    """A torchvision video classifier (``torchvision.models.video``: 3-D convolutions, 3-D
+    pooling; random weights) over a clip of ``frames`` RGB frames."""
+    def build():
+        tv = import_torchvision()
+        model = getattr(tv.models.video, name)(weights=None, num_classes=10)
+        _randomize_bn(model)
+        return model, {"x": (1, 3, frames, size, size)}
+
+    return build
+
+
+def _word_lm():
+    """PyTorch's word-language-model example (``examples/word_language_model``'s ``RNNModel``,
+    LSTM): token embedding, a 2-layer LSTM, a decoder to the vocabulary; its logits."""
+    import torch
+    from torch import nn
+
+    class RNNModel(nn.Module):
+        def __init__(self, ntoken: int = 128, ninp: int = 32, nhid: int = 32, nlayers: int = 2):
+            super().__init__()
+            self.encoder = nn.Embedding(ntoken, ninp)
+            self.rnn = nn.LSTM(ninp, nhid, nlayers)
+            self.decoder = nn.Linear(nhid, ntoken)
+
+        def forward(self, input_ids):
+            emb = self.encoder(input_ids.transpose(0, 1))  # (sequence, batch, features), as the example
+            return self.decoder(self.rnn(emb)[0])
+
+    torch.manual_seed(0)
+    return RNNModel(), {"input_ids": (1, 16)}
+
+
+def _gru_kws():
+    """A keyword spotter as the KWS literature builds them (a CRNN): a 1-D convolution over
+    40 log-mel features, a 2-layer bidirectional GRU (batch first), the last step classified."""
+    import torch
+    from torch import nn
+
+    class CRNN(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Sequential(nn.Conv1d(40, 32, 3, padding=1), nn.BatchNorm1d(32), nn.ReLU())
+            self.gru = nn.GRU(32, 24, num_layers=2, batch_first=True, bidirectional=True)
+            self.fc = nn.Linear(48, 12)
+
+        def forward(self, x):  # x: (batch, time, 40)
+            h = self.conv(x.transpose(1, 2)).transpose(1, 2)
+            return self.fc(self.gru(h)[0][:, -1])
+
+    torch.manual_seed(0)
+    model = CRNN()
+    _randomize_bn(model)
+    return model, {"x": (1, 20, 40)}
+
+
 _TEXT = {"input_ids": (1, 16)}
 _HF_TEXT = dict(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
                 max_position_embeddings=40)
@@ -296,7 +355,16 @@ TORCH_MODELS: dict[str, Callable] = {
     "hf_wav2vec2": _hf("Wav2Vec2Model", "Wav2Vec2Config", {"x": (1, 1600)}, hidden_size=32, num_hidden_layers=2,
                        num_attention_heads=2, intermediate_size=64, conv_dim=(16, 16), conv_stride=(5, 2),
                        conv_kernel=(10, 3), num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=2),
+    # video: 3-D convolutions and pooling (R3D), mixed 3-D/2-D (MC3), (2+1)-D factorized (R(2+1)D)
+    "r3d_18": _tv_video("r3d_18"),
+    "mc3_18": _tv_video("mc3_18"),
+    "r2plus1d_18": _tv_video("r2plus1d_18"),
+    # recurrent: an LSTM language model (each time step a layer), a bidirectional GRU keyword spotter
+    "word_lm": _word_lm,
+    "gru_kws": _gru_kws,
 }
+#: the models with an LSTM (their ``dyn`` format: ORT's quantize_dynamic of the LSTMs alone)
+LSTM_MODELS = ("word_lm",)
 #: the torch models also quantized by torch itself (``ptq``: FX post-training quantization with
 #: torch's default mapping, ``get_default_qconfig_mapping()``: x86, per-channel int8 weights,
 #: reduce_range uint8 activations; ``_convert_to_reference_decomposed_fx``, then a ``.pt2``)
@@ -308,6 +376,8 @@ TORCH_PTQ_MODELS = ("resnet18", "mobilenet_v2", "mobilenet_v3_small", "efficient
 #: "list index out of range" in their linear annotation)
 TORCH_PT2E_MODELS = (*TORCH_PTQ_MODELS, "vit", "bert", "hf_llama", "hf_wav2vec2", "mobilevit_xxs", "efficientvit_b0",
                      "poolformer_s12")
+#: the TFLite converter crashes (a segmentation fault in its calibration) on every recurrent loop
+_LOOP_CALIBRATION = "the TFLite converter: a segmentation fault calibrating a WHILE loop (TF 2.21)"
 #: cases the tools before irgen cannot build (not irgen's failures), left out of the zoo
 NOT_BUILT = {
     "hf_beit-qdq-pre": "onnxruntime's quant_pre_process: 'Incomplete symbolic shape inference'",
@@ -318,16 +388,20 @@ NOT_BUILT = {
     # the random-weight model's activations vanish in block 4 (calibrated scale 8e-10), so RELU6's bound
     # overflows int32: the interpreter fails to prepare it (irgen refuses it too, with the same reason)
     "MobileNetV2-tflite-16x8": "the TFLite interpreter: 'no_integer_overflow_from_quantization was not true' (DEPTHWISE_CONV_2D)",
+    **{f"{m}-{f}": _LOOP_CALIBRATION for m in ("KerasLSTM", "KerasGRU")
+       for f in ("keras-int8", "tflite-int8", "tflite-int8-fio", "tflite-16x8")},
 }
 #: quantized models without a MatMul: qdq-mm would leave them float (nothing to check as quantized)
 NO_MATMUL = ("resnet18", "mobilenet_v2", "mobilenet_v3_small", "efficientnet_b0", "squeezenet1_1",
-             "shufflenet_v2_x0_5", "googlenet", "densenet121", "poolformer_s12", "resnet50d")
+             "shufflenet_v2_x0_5", "googlenet", "densenet121", "poolformer_s12", "resnet50d", "r3d_18", "mc3_18",
+             "r2plus1d_18")
 #: the torch models that are also quantized (the others are float only)
 QUANTIZED_TORCH_MODELS = ("resnet18", "mobilenet_v2", "mobilenet_v3_small", "efficientnet_b0", "squeezenet1_1",
                           "shufflenet_v2_x0_5", "googlenet", "densenet121", "convnext_tiny", "vit", "bert", "swin_v2_t",
                           "resnet50d",
                           "poolformer_s12", "mobilevit_xxs", "efficientvit_b0", "hf_roberta", "hf_albert", "hf_llama",
-                          "hf_beit", "hf_dinov2", "hf_wav2vec2")
+                          "hf_beit", "hf_dinov2", "hf_wav2vec2", "r3d_18", "mc3_18", "r2plus1d_18", "word_lm",
+                          "gru_kws")
 
 # ------------------------------------------------------------------ keras models
 
@@ -339,7 +413,20 @@ KERAS_MODELS: dict[str, tuple[str, int]] = {
     "DenseNet121": ("DenseNet121", 64),
     "EfficientNetV2B0": ("EfficientNetV2B0", 64),  # Normalization (int8 SUB)
     "ConvNeXtTiny": ("ConvNeXtTiny", 64),  # LayerNormalization, GELU (int8: tables, SQUARED_DIFFERENCE, RSQRT)
+    # recurrent (Keras layers, not applications): the TFLite converter writes each as a WHILE loop
+    "KerasLSTM": ("recurrent:LSTM", 12),
+    "KerasGRU": ("recurrent:GRU", 12),
 }
+
+
+def _keras_recurrent(layer: str, features: int):
+    """A sequence classifier as Keras' examples build them: two stacked ``layer`` (``LSTM`` or
+    ``GRU``) layers of 16 units over 8 steps of ``features`` features, a Dense head."""
+    import tensorflow as tf
+
+    rnn = getattr(tf.keras.layers, layer)
+    return tf.keras.Sequential([tf.keras.Input((8, features)), rnn(16, return_sequences=True), rnn(16),
+                                tf.keras.layers.Dense(10)]), (1, 8, features)
 
 
 @dataclass
@@ -361,7 +448,8 @@ def cases(formats=None) -> list[Case]:
            if (f in ("onnx", "pt2") or (m in TORCH_PTQ_MODELS if f == "ptq" else m in TORCH_PT2E_MODELS
                                         if f in PT2E_QUANTIZERS else m in QUANTIZED_TORCH_MODELS))
            and f"{m}-{f}" not in NOT_BUILT and not (f == "qdq-mm" and m in NO_MATMUL)
-           and (f not in LOWBIT_FORMATS or m in LOWBIT_MODELS) and (f not in REDUCED_FORMATS or m in REDUCED_MODELS)]
+           and (f not in LOWBIT_FORMATS or m in LOWBIT_MODELS) and (f not in REDUCED_FORMATS or m in REDUCED_MODELS)
+           and (f != "dyn" or m in LSTM_MODELS)]
     out += [Case(m, f) for m in KERAS_MODELS for f in KERAS_FORMATS if f"{m}-{f}" not in NOT_BUILT]
     return [c for c in out if formats is None or c.fmt in formats]
 
@@ -455,6 +543,11 @@ def _quantize_onnx(model_name: str, fmt: str, folder: Path, onnx_path: Path, fee
 
     if fmt == "nbits":
         return _matmul_nbits(src, out)
+    if fmt == "dyn":
+        from onnxruntime.quantization import quantize_dynamic
+
+        quantize_dynamic(str(src), str(out), op_types_to_quantize=["LSTM"], per_channel=True)
+        return out
     options = dict(QDQ_OPTIONS.get(fmt, {}))
     for key in ("activation_type", "weight_type"):
         if key in options:
@@ -557,32 +650,46 @@ def _quantize_torch(model_name: str, fmt: str, folder: Path, feeds) -> Path:
     return out
 
 
+def _tflite_converter(tf, model):
+    """The TFLite converter of a Keras model, as its TFLite guide has users convert one with a
+    recurrent layer: at batch 1 (the converter lowers the layer's loop only with a static
+    element shape; an open batch fails with "TensorListReserve ... element_shape to be static")."""
+    if model.inputs[0].shape[0] is None and any(type(l).__name__ in ("LSTM", "GRU", "SimpleRNN", "Bidirectional")
+                                                for l in model.layers):
+        inputs = tf.keras.Input(batch_shape=(1, *model.inputs[0].shape[1:]))
+        model = tf.keras.Model(inputs, model(inputs))
+    return tf.lite.TFLiteConverter.from_keras_model(model)
+
+
 def _keras(model_name: str, fmt: str, folder: Path):
     import tensorflow as tf
 
     app, size = KERAS_MODELS[model_name]
     keras_path = folder / f"{model_name}.keras"
-    x = _sample((1, size, size, 3), np.float32, 1)
+    recurrent = app.startswith("recurrent:")
+    shape = (1, 8, size) if recurrent else (1, size, size, 3)
+    x = _sample(shape, np.float32, 1)
     calib = folder / f"{model_name}.calibration"
     if not keras_path.exists():
         tf.keras.utils.set_random_seed(0)
-        model = getattr(tf.keras.applications, app)(weights=None, input_shape=(size, size, 3), classes=10)
+        model = (_keras_recurrent(app.removeprefix("recurrent:"), size)[0] if recurrent
+                 else getattr(tf.keras.applications, app)(weights=None, input_shape=(size, size, 3), classes=10))
         model.save(keras_path)
     if not calib.exists():
         calib.mkdir()
         for k in range(CALIBRATION_SAMPLES):
-            np.save(calib / f"{k:02d}.npy", _sample((1, size, size, 3), np.float32, 100 + k))
+            np.save(calib / f"{k:02d}.npy", _sample(shape, np.float32, 100 + k))
     if fmt == "tflite":
         path = folder / f"{model_name}.float.tflite"
         if not path.exists():
             model = tf.keras.models.load_model(keras_path)
-            path.write_bytes(tf.lite.TFLiteConverter.from_keras_model(model).convert())
+            path.write_bytes(_tflite_converter(tf, model).convert())
         return path, x, []
     if fmt == "tflite-dr":
         path = folder / f"{model_name}.dr.tflite"
         if not path.exists():
             model = tf.keras.models.load_model(keras_path)
-            conv = tf.lite.TFLiteConverter.from_keras_model(model)
+            conv = _tflite_converter(tf, model)
             conv.optimizations = [tf.lite.Optimize.DEFAULT]  # no representative dataset: dynamic range
             path.write_bytes(conv.convert())
         return path, x, []
@@ -590,7 +697,7 @@ def _keras(model_name: str, fmt: str, folder: Path):
         path = folder / f"{model_name}.{fmt.removeprefix('tflite-')}.tflite"
         if not path.exists():
             model = tf.keras.models.load_model(keras_path)
-            conv = tf.lite.TFLiteConverter.from_keras_model(model)
+            conv = _tflite_converter(tf, model)
             conv.optimizations = [tf.lite.Optimize.DEFAULT]
             samples = [np.load(f) for f in sorted(calib.glob("*.npy"))]
             conv.representative_dataset = lambda: ([s] for s in samples)
@@ -721,7 +828,7 @@ FORMAT_TITLES = {
     "tflite": "TFLite float",
     "keras-int8": "`.keras` + `--calibration`", "tflite-int8": "TFLite full-int8",
     "tflite-int8-fio": "TFLite full-int8, float input/output", "tflite-16x8": "TFLite 16x8 (int16 activations)",
-    "tflite-dr": "TFLite dynamic range",
+    "tflite-dr": "TFLite dynamic range", "dyn": "ORT `quantize_dynamic` of the LSTMs",
 }
 
 
