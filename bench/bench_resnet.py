@@ -27,7 +27,7 @@ Prints min/median per tool and the
 irgen/reference ratio of medians; ``--json PATH`` saves every figure.
 
     python bench/bench_resnet.py [--case float|qdq|tflite-int8] [--arch resnet18|resnet50] [--each-mode]
-                                 [--repeat 3] [--opt-level 3] [--json results.json]
+                                 [--no-cache] [--repeat 3] [--opt-level 3] [--json results.json]
 """
 
 from __future__ import annotations
@@ -143,6 +143,7 @@ def make_tflite_model(folder: Path) -> tuple[Path, Path]:
 #: ``--arch`` -> blocks per stage (BasicBlocks for ResNet-18, Bottlenecks for ResNet-50)
 ARCHS = {"resnet18": [2, 2, 2, 2], "resnet50": [3, 4, 6, 3]}
 ARCH = "resnet18"
+NO_CACHE = False
 
 
 def make_model(folder: Path) -> tuple[Path, Path]:
@@ -276,7 +277,7 @@ def bench_case(case: str, work: Path, repeat: int, opt_level: int, each_mode: bo
     ref_script = work / "ref_dump.py"
     ref_script.write_text(script)
     irgen = [sys.executable, "-m", "irgen", "run", str(model), "-o", str(work / "out_irgen"),
-             "--input", str(x), "--force", "--no-progress", "--opt-level", str(opt_level)]
+             "--input", str(x), "--force", "--no-progress", "--opt-level", str(opt_level), *(["--no-cache"] if NO_CACHE else [])]
     ref = [sys.executable, str(ref_script), str(model), str(x), str(work / "out_ref")]
     verify = [sys.executable, "-m", "irgen", "verify", str(work / "out_irgen"), "--no-report", "--no-progress"]
     modes = [(f"verify-{m}", [*verify, "--mode", m], (0, 1)) for m in MODES] if each_mode else []
@@ -347,10 +348,13 @@ def main() -> int:
                     help="the ONNX cases' network: ResNet-18 (default) or ResNet-50 (Bottlenecks [3, 4, 6, 3])")
     ap.add_argument("--each-mode", action="store_true",
                     help="also time 'irgen verify --mode single', 'entire' and 'source' one by one")
+    ap.add_argument("--no-cache", action="store_true",
+                    help="time irgen's runs with --no-cache (a first run: import, compile, execute); by default "
+                         "the runs after the first reuse the compile cache")
     ap.add_argument("--make-model", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    global ARCH
-    ARCH = args.arch
+    global ARCH, NO_CACHE
+    ARCH, NO_CACHE = args.arch, args.no_cache
     if args.make_model:
         import warnings
 
@@ -368,7 +372,7 @@ def main() -> int:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({
-            "repeat": args.repeat, "opt_level": args.opt_level, "arch": args.arch,
+            "repeat": args.repeat, "opt_level": args.opt_level, "arch": args.arch, "no_cache": args.no_cache,
             "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()},
             "cases": results,
         }, indent=2) + "\n")

@@ -621,3 +621,34 @@ def test_a_run_on_golden_bits_reuses_the_checked_result(qdq, monkeypatch):
     fresh.remember(layer, other)
     fresh.run(layer, golden_in, check=False)
     assert calls == [1, 1, 1]
+
+
+def test_source_runtime_runs_while_single_and_entire_check(onnx_float, monkeypatch):
+    """The source runtime's child process is started before the single check and waited for by
+    the source check: it works on its own core meanwhile. The values are the same as a run
+    started at the source check (the plain call), and an error it raises is the source check's."""
+    import threading
+
+    from irgen import source as source_mod
+    from irgen import verify as verify_mod
+
+    _, out = onnx_float
+    events = []
+    real_single = verify_mod._VerifyRun.single
+    monkeypatch.setattr(verify_mod._VerifyRun, "single", lambda self: (events.append("single"), real_single(self))[1])
+    real_started = source_mod.started
+
+    def started(run, feeds, wanted):
+        events.append("start")
+        wait = real_started(run, feeds, wanted)
+        return lambda: (events.append(f"wait:{threading.current_thread() is threading.main_thread()}"), wait())[1]
+
+    monkeypatch.setattr(source_mod, "started", started)
+    background = verify_output(out)
+    assert events == ["start", "single", "wait:True"], events
+    assert background["passed"] and background["source"]["ran"]
+    monkeypatch.setattr(source_mod, "started", lambda run, feeds, wanted: (_ for _ in ()).throw(AssertionError()))
+    plain = verify_output(out, source_runner=lambda feeds, wanted: source_mod.isolated_source_runner(
+        out, json.loads((out / "ir.json").read_text()))[0](feeds, wanted))
+    for a, b in zip(background["layers"], plain["layers"]):
+        assert a["checks"]["source"]["max_abs"] == b["checks"]["source"]["max_abs"], a["name"]

@@ -314,8 +314,35 @@ def isolated_source_runner(out: Path, ir: dict, model: Path | None = None, host=
         run.max_lsb = what.get("max_lsb")
         return payload
 
-
+    run.start = lambda feeds, wanted: started(run, feeds, wanted)
     return run, src
+
+
+def started(run: Callable, feeds: dict[str, Any], wanted: list[str]) -> Callable[[], Any]:
+    """``run(feeds, wanted)`` begun now on a daemon thread (its work is in the child process
+    it starts, so it overlaps the caller's own checks on another core); the returned function
+    waits for it and returns its result or raises its error. A daemon thread: an interrupted
+    verify exits at once, and multiprocessing ends the daemon child."""
+    import threading
+
+    box: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            box["value"] = run(feeds, wanted)
+        except BaseException as err:  # noqa: BLE001  handed to the caller of wait()
+            box["error"] = err
+
+    thread = threading.Thread(target=work, name="irgen-source-check", daemon=True)
+    thread.start()
+
+    def wait() -> Any:
+        thread.join()
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
+
+    return wait
 
 
 def load_host(plugins, strict: bool):

@@ -267,6 +267,7 @@ def verify_output(out_dir: str | Path, *, modes=MODES, thresholds: Thresholds | 
     run.load_source(source_runner, host, plugins, strict, allow_pickle=allow_pickle, options=frontend_options,
                     given=given_options, max_tensor_bytes=max_tensor_bytes)
     run.check_folder(host, plugins, strict, max_tensor_bytes)
+    run.start_source()
     run.single()
     run.entire()
     run.source()
@@ -307,6 +308,8 @@ class _VerifyRun:
         self.model_sha_ok: bool | None = None
         self.source_runner: Callable | None = None
         self.source_unseen: list[str] = []  # source tensors the layers name that the runtime did not give
+        #: (feeds, wanted tensors, wait) of a source run begun in the background (:meth:`start_source`)
+        self._source_started: tuple | None = None
         # what the source check did: run (with which runtime and kernels), or skipped and why
         self.source_info: dict[str, Any] | None = {"ran": False, "skipped": None, "runtime": None, "seconds": None,
                                                    "end_to_end": None} if "source" in self.modes else None
@@ -448,12 +451,11 @@ class _VerifyRun:
             self.source_info["skipped"] = self.inputs_refused
             self.notes.append(f"source check skipped: {self.inputs_refused}")
             return
-        self.say("source: run the model in its own runtime")
-        self.check_model_file()
-        feeds = {t["name"]: self.files.load(t) for t in self.graph_inputs}
-        wanted = sorted({s for l in self.layers for s in (l.get("source") or {}).get("outputs") or [] if s is not None})
+        feeds, wanted, pending = self._source_started or self._source_request()
+        if pending is None:
+            self.say("source: run the model in its own runtime")
         try:
-            values = self.source_runner(feeds, wanted)
+            values = pending() if pending is not None else self.source_runner(feeds, wanted)
         except IrgenError as err:
             if not self.source_optional:
                 raise
@@ -605,6 +607,26 @@ class _VerifyRun:
             self.record(layer, mode, m, golden, compared)
             passed[rec["name"]] = golden if m.get("status") == "pass" else None
         return passed
+
+    def _source_request(self) -> tuple[dict[str, np.ndarray], list[str], None]:
+        """(the model inputs, the source tensors the layers name, None): what the source
+        check asks the runtime for; the model file checked first (:meth:`check_model_file`)."""
+        self.check_model_file()
+        feeds = {t["name"]: self.files.load(t) for t in self.graph_inputs}
+        wanted = sorted({s for l in self.layers for s in (l.get("source") or {}).get("outputs") or [] if s is not None})
+        return feeds, wanted, None
+
+    def start_source(self) -> None:
+        """Begin the source check's run now when its runner can run in the background (the
+        child process of :func:`irgen.source.isolated_source_runner`: its ``start``), so the
+        runtime works on the model while ``single`` and ``entire`` run; :meth:`source` waits
+        for it."""
+        start = getattr(self.source_runner, "start", None)
+        if "source" not in self.modes or self.inputs_refused or start is None:
+            return
+        feeds, wanted, _ = self._source_request()
+        self.say("source: run the model in its own runtime (in the background)")
+        self._source_started = (feeds, wanted, start(feeds, wanted))
 
     def check_model_file(self) -> None:
         """The model the source check runs: its path goes into the result's ``model``, and
