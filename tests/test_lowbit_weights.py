@@ -98,6 +98,12 @@ def _weight_only(ir: dict) -> list[dict]:
 #: (block size, symmetric, rows): every block size the quantizer offers, with and without zero
 #: points; K = 144 is no multiple of 32, 64 or 128 (a padded last block), N = 30 leaves two
 #: columns after the groups of four of the one-row kernel
+def _default_few(cases: list, keep: set[int]) -> list:
+    """``cases`` as pytest params, those whose index is not in ``keep`` slow (the default suite
+    keeps one of each order and form; ``-m slow`` runs them all)."""
+    return [c if i in keep else pytest.param(*c, marks=pytest.mark.slow) for i, c in enumerate(cases)]
+
+
 NBITS = [(16, True, 6), (16, False, 6), (32, True, 6), (32, False, 6), (64, True, 6), (64, False, 6),
          (128, True, 6), (128, False, 6), (32, False, 1), (128, True, 1)]
 
@@ -244,7 +250,7 @@ ONE_ROW = [(True, 1, True, 320, 48, 32), (False, 1, False, 37, 21, 8), (True, 1,
            (False, 1, True, 3, 5, 2), (True, 0, True, 72, 30, 8), (False, 0, False, 41, 19, 8)]
 
 
-@pytest.mark.parametrize("signed,axis,zero_point,k,n,block", ONE_ROW,
+@pytest.mark.parametrize("signed,axis,zero_point,k,n,block", _default_few(ONE_ROW, {0, 3, 4}),
                          ids=[f"{'int4' if s else 'uint4'}-axis{a}-k{k}-n{n}-b{b}" for s, a, _, k, n, b in ONE_ROW])
 def test_block_dequantize_linear_one_row_equals_onnxruntime(signed, axis, zero_point, k, n, block, tmp_path):
     model, _ = _block_dq(signed, axis, zero_point, k=k, n=n, block=block, rows=1)
@@ -397,7 +403,7 @@ def test_float8_forms_irgen_does_not_realize_are_refused(what, expected, tmp_pat
 FLOAT8_ONE_ROW = [("e4m3fn", 32, 48), ("e4m3fn", 19, 37), ("e5m2", 30, 21), ("e5m2", 7, 18)]
 
 
-@pytest.mark.parametrize("kind,k,h", FLOAT8_ONE_ROW, ids=[f"{a}-k{k}-h{h}" for a, k, h in FLOAT8_ONE_ROW])
+@pytest.mark.parametrize("kind,k,h", _default_few(FLOAT8_ONE_ROW, {1, 2}), ids=[f"{a}-k{k}-h{h}" for a, k, h in FLOAT8_ONE_ROW])
 def test_float8_qdq_one_row_equals_onnxruntime(kind, k, h, tmp_path):
     """A float8 model on one row: its float MatMuls run MLAS's one-row SGEMM kernel (``groups4``)."""
     model = _float8(kind, h=h, rows=1, k=k)
@@ -442,7 +448,7 @@ GEMMS = [(1, 37, 21, 1, True, "lanes8"), (1, 64, 7, 1, True, "lanes8"), (1, 5, 6
          (6, 37, 1, 0, True, "lanes8"), (7, 22, 1, 0, False, "lanes8")]
 
 
-@pytest.mark.parametrize("rows,k,n,trans_b,bias,order", GEMMS,
+@pytest.mark.parametrize("rows,k,n,trans_b,bias,order", _default_few(GEMMS, {0, 5, 7, 9}),
                          ids=[f"m{r}-k{k}-n{n}-tb{t}-{'bias' if b else 'nobias'}" for r, k, n, t, b, _ in GEMMS])
 def test_float8_gemm_equals_onnxruntime(rows, k, n, trans_b, bias, order, tmp_path):
     path, out, x, ir = _run(tmp_path, _float8_gemm(rows, k, n, trans_b, bias), rows, k, seed=8)

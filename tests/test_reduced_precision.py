@@ -321,7 +321,9 @@ class Ops(nn.Module):
         return torch.log_softmax(self.fc(z), -1)
 
 
-@pytest.mark.parametrize("kind", ["onnx-fp16", "pt2-bf16", "pt2-bf16-accumulate"])
+@pytest.mark.parametrize("kind", ["onnx-fp16", "pt2-bf16",
+                                  # 5 s; the default suite has test_accumulate_bf16_golden_is_a_bfloat16_datapath
+                                  pytest.param("pt2-bf16-accumulate", marks=pytest.mark.slow)])
 def test_more_ops_are_exact_and_verify(kind, tmp_path):
     """Norms (float32 sums as TVM's kernels add them), the C library's expf/erff/logf where
     TVM's kernels call them, a transposed convolution: exact in single and entire; a bfloat16

@@ -61,7 +61,13 @@ def _run(args: list[str]) -> int:
     return irgen_main(["run", *args, "--no-progress"])
 
 
-@pytest.fixture(scope="module", params=CASES, ids=[c[0] for c in CASES])
+#: the default suite runs an LSTM and a GRU with their full sequences; the other forms are slow
+#: (each case converts, runs and verifies a model: 5-8 s)
+DEFAULT_CASES = ("lstm-seq", "gru-seq")
+
+
+@pytest.fixture(scope="module", ids=[c[0] for c in CASES],
+                params=[pytest.param(c, marks=[] if c[0] in DEFAULT_CASES else [pytest.mark.slow]) for c in CASES])
 def case(request, tmp_path_factory):
     name, kind, sequences, bidirectional = request.param
     d = tmp_path_factory.mktemp(name)
@@ -114,6 +120,7 @@ def test_every_iteration_is_layers_and_observable_ones_match(case):
     assert seen >= 2
 
 
+@pytest.mark.slow  # test_verify_compares_every_loop_body_layer_with_the_interpreter verifies these models too
 def test_verify_passes(case, capsys):
     capsys.readouterr()
     code = irgen_main(["verify", str(case["out"]), "--no-progress", "--no-report", "--json"])
@@ -211,7 +218,8 @@ def _fused_model(path: Path, kind: str, time_major: bool = False, cifg: bool = F
     return path
 
 
-@pytest.mark.parametrize("kind,time_major", [("lstm", False), ("lstm", True), ("rnn", False)],
+@pytest.mark.parametrize("kind,time_major", [("lstm", False), pytest.param("lstm", True, marks=pytest.mark.slow),
+                                             pytest.param("rnn", False, marks=pytest.mark.slow)],
                          ids=["lstm", "lstm-time-major", "rnn"])
 def test_fused_sequence_op_steps_equal_the_interpreter(tmp_path, capsys, kind, time_major):
     path = _fused_model(tmp_path / f"{kind}.tflite", kind, time_major)
@@ -573,6 +581,7 @@ def test_a_loop_it_cannot_stop_is_left_out(tmp_path):
     assert got == {}
 
 
+@pytest.mark.slow  # 6 s; the default suite converts a recurrent .keras in test_keras_frontend
 def test_the_keras_frontend_runner_gives_the_loop_body_tensors(tmp_path, capsys):
     """Two stacked LSTMs and a classifier head, through the keras frontend: the second loop's
     iterations read while the first one runs to its end."""
