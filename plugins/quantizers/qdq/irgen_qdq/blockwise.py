@@ -260,7 +260,7 @@ def _kernel_lanes8(mrows: int, k: int, n: int, m: dict):
     rows, nb, bs = m["rows"], m["blocks"], m["block_size"]
     half, a0, sg = bs // 2, int(m["axis"] == 0), 16 if m["signed"] else 0
     zdt = "int8" if m["signed"] else "uint8"
-    four, two = sgemm_m1.folds(max(mrows, n))
+    fold = sgemm_m1.lanes8_fold(max(mrows, n))
 
     @T.prim_func(private=True, s_tir=True)
     def kernel(x: T.Buffer((T.int64(mrows), T.int64(k)), "float32", layout=None),
@@ -276,12 +276,7 @@ def _kernel_lanes8(mrows: int, k: int, n: int, m: dict):
                 for kk in range(k):
                     a[kk % 8] = a[kk % 8] + x[o // n, kk] * _weight_value(
                         wp, s, z, o % n * a0 + kk * (1 - a0), kk * a0 + o % n * (1 - a0), bs, sg)
-                if o % n + o // n < four:
-                    y[o // n, o % n] = (((a[0] + a[1]) + a[2]) + a[3]) + (((a[4] + a[5]) + a[6]) + a[7])
-                elif o % n + o // n < two:
-                    y[o // n, o % n] = ((a[0] + a[2]) + (a[4] + a[6])) + ((a[1] + a[3]) + (a[5] + a[7]))
-                else:
-                    y[o // n, o % n] = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]))
+                fold(y, a, o // n, o % n, o % n + o // n)
 
     return kernel
 

@@ -67,6 +67,25 @@ def folds(outputs: int) -> tuple[int, int]:
     return four, four + (outputs % 4 & 2)
 
 
+def lanes8_fold(outputs: int):
+    """TIR macro ``fold(y, a, r, c, place)``: ``y[r, c]`` = the 8 lanes ``a`` folded as the
+    ``lanes8`` order folds the output at ``place`` among ``outputs`` (:func:`folds`)."""
+    from tvm.script import tirx as T
+
+    four, two = folds(outputs)
+
+    @T.macro
+    def fold(y, a, r, c, place):
+        if place < four:
+            y[r, c] = (((a[0] + a[1]) + a[2]) + a[3]) + (((a[4] + a[5]) + a[6]) + a[7])
+        elif place < two:
+            y[r, c] = ((a[0] + a[2]) + (a[4] + a[6])) + ((a[1] + a[3]) + (a[5] + a[7]))
+        else:
+            y[r, c] = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]))
+
+    return fold
+
+
 def _groups4_float(mrows: int, k: int, n: int, bias: bool = False):
     """The TIR kernel of ``x [1, k] @ w [k, n]`` in the ``groups4`` order (module text); with
     ``bias`` (a Gemm's: MLAS's output before the sums, beta = 1) a buffer ``c [n]`` the sums
@@ -117,7 +136,7 @@ def _lanes8_float(mrows: int, k: int, n: int):
     order: output ``o``'s place among the outputs is ``o % n + o // n`` (one of them is 0)."""
     from tvm.script import tirx as T
 
-    four, two = folds(max(mrows, n))
+    fold = lanes8_fold(max(mrows, n))
 
     @T.prim_func(private=True, s_tir=True)
     def kernel(x: T.Buffer((T.int64(mrows), T.int64(k)), "float32", layout=None),
@@ -130,12 +149,7 @@ def _lanes8_float(mrows: int, k: int, n: int):
                     a[lane] = T.float32(0)
                 for kk in range(k):
                     a[kk % 8] = a[kk % 8] + x[o // n, kk] * w[kk, o % n]
-                if o % n + o // n < four:
-                    y[o // n, o % n] = (((a[0] + a[1]) + a[2]) + a[3]) + (((a[4] + a[5]) + a[6]) + a[7])
-                elif o % n + o // n < two:
-                    y[o // n, o % n] = ((a[0] + a[2]) + (a[4] + a[6])) + ((a[1] + a[3]) + (a[5] + a[7]))
-                else:
-                    y[o // n, o % n] = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]))
+                fold(y, a, o // n, o % n, o % n + o // n)
 
     return kernel
 
