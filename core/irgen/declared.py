@@ -71,7 +71,7 @@ def _pair(v: Any, n: int = 2) -> tuple[int, ...]:
 
 def conv2d_geometry(x: np.ndarray, w: np.ndarray, attrs: dict):
     """A 2-D NCHW/OIHW convolution's padded input, strides, dilations and output size:
-    ``(xp, (sh, sw), (dh, dw), (oh, ow))`` (also :func:`irgen.reference.conv2d_fma_blocked`'s)."""
+    ``(xp, (sh, sw), (dh, dw), (oh, ow))``."""
     h, wd = x.shape[2:]
     kh, kw = w.shape[2:]
     sh, sw = _pair(attrs.get("strides", [1, 1]))

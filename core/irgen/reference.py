@@ -1483,12 +1483,7 @@ def matmul_fma_blocked(x: np.ndarray, w: np.ndarray, attrs: dict, initial: np.nd
         raise NotImplementedError(f"matmul accumulation {acc}")
     w = np.asarray(w, np.float32)
     x2 = np.asarray(x, np.float32).reshape(-1, w.shape[0])
-    block, total = int(acc["k_block"]), _initial(acc, initial, x2.shape[0], w.shape[1])
-    for k0 in range(0, w.shape[0], block):
-        part = np.zeros((x2.shape[0], w.shape[1]), np.float32)
-        for k in range(k0, min(w.shape[0], k0 + block)):
-            part = fma32(x2[:, k:k + 1], w[k:k + 1], part)
-        total = part if total is None else (total + part).astype(np.float32)
+    total = _fma_blocked_gemm(x2, w, int(acc["k_block"]), _initial(acc, initial, x2.shape[0], w.shape[1]))
     return total.reshape(*np.shape(x)[:-1], w.shape[1])
 
 
@@ -1513,34 +1508,7 @@ def conv2d_fma_blocked(x: np.ndarray, w: np.ndarray, attrs: dict) -> np.ndarray:
     column in that order, zeros where the window reads padding) are added by a chain of fused
     multiply-adds from zero in blocks of ``k_block``, and the blocks' sums are added in order in
     float32 (ONNX Runtime's MLAS convolutions: im2col, then SGEMM's K slices)."""
-    acc = attrs["accumulation"]
-    if (str(attrs.get("data_layout") or "NCHW"), str(attrs.get("kernel_layout") or "OIHW")) != ("NCHW", "OIHW") \
-            or acc.get("order") != "im2col" or not acc.get("fma"):
-        raise NotImplementedError(f"accumulation {acc}")
-    x, w = np.asarray(x, np.float32), np.asarray(w, np.float32)
-    g = int(attrs.get("groups", 1))
-    n, o, cg, kh, kw = x.shape[0], *w.shape
-    xp, (sh, sw), (dh, dw), (oh, ow) = declared.conv2d_geometry(x, w, attrs)
-    block = int(acc["k_block"])
-    y = np.empty((n, o, oh * ow), np.float32)
-    og = o // g
-    for b in range(n):
-        for gi in range(g):
-            cols = np.empty((cg, kh, kw, oh * ow), np.float32)
-            for i in range(kh):
-                for j in range(kw):
-                    win = xp[b, gi * cg:(gi + 1) * cg, i * dh:i * dh + sh * (oh - 1) + 1:sh, j * dw:j * dw + sw * (ow - 1) + 1:sw]
-                    cols[:, i, j] = win.reshape(cg, -1)
-            cols = cols.reshape(cg * kh * kw, -1)
-            wm = w[gi * og:(gi + 1) * og].reshape(og, -1)
-            total = None
-            for k0 in range(0, wm.shape[1], block):
-                part = np.zeros((og, cols.shape[1]), np.float32)
-                for k in range(k0, min(wm.shape[1], k0 + block)):
-                    part = fma32(wm[:, k:k + 1], cols[k:k + 1], part)
-                total = part if total is None else (total + part).astype(np.float32)
-            y[b, gi * og:(gi + 1) * og] = total
-    return y.reshape(n, o, oh, ow)
+    return _conv_fma_blocked(x, w, attrs, "NCHW", "OIHW")
 
 
 def conv3d_fma_blocked(x: np.ndarray, w: np.ndarray, attrs: dict) -> np.ndarray:
@@ -1548,44 +1516,40 @@ def conv3d_fma_blocked(x: np.ndarray, w: np.ndarray, attrs: dict) -> np.ndarray:
     declares: :func:`conv2d_fma_blocked` with ``k`` the index of input channel, kernel depth,
     kernel row, kernel column in that order (ONNX Runtime's MLAS convolutions: vol2col, then
     SGEMM's K slices over the output positions od*oh*ow)."""
+    return _conv_fma_blocked(x, w, attrs, "NCDHW", "OIDHW")
+
+
+def _conv_fma_blocked(x: np.ndarray, w: np.ndarray, attrs: dict, data: str, kernel: str) -> np.ndarray:
+    """:func:`conv2d_fma_blocked` and :func:`conv3d_fma_blocked`: in layouts ``data``/``kernel``,
+    the columns of each group (input channel, then the kernel axes, by output position) through
+    :func:`_fma_blocked_gemm`."""
     acc = attrs["accumulation"]
-    if (str(attrs.get("data_layout") or "NCDHW"), str(attrs.get("kernel_layout") or "OIDHW")) != ("NCDHW", "OIDHW") \
+    if (str(attrs.get("data_layout") or data), str(attrs.get("kernel_layout") or kernel)) != (data, kernel) \
             or acc.get("order") != "im2col" or not acc.get("fma"):
         raise NotImplementedError(f"accumulation {acc}")
+    nd = len(data) - 2
     x, w = np.asarray(x, np.float32), np.asarray(w, np.float32)
     g = int(attrs.get("groups", 1))
-    n, o, cg, kd, kh, kw = x.shape[0], *w.shape
-    stride, dil = (_triple(attrs.get(a, [1, 1, 1])) for a in ("strides", "dilation"))
-    pad = [int(v) for v in np.atleast_1d(attrs.get("padding", [0] * 6))]
-    pad = pad * 6 if len(pad) == 1 else pad * 2 if len(pad) == 3 else pad
-    xp = np.pad(x, ((0, 0), (0, 0), *((pad[a], pad[a + 3]) for a in range(3))))
-    size = [(xp.shape[2 + a] - dil[a] * (w.shape[2 + a] - 1) - 1) // stride[a] + 1 for a in range(3)]
-    (sd, sh, sw), (dd, dh, dw), (od, oh, ow) = stride, dil, size
-    y = np.empty((n, o, od * oh * ow), np.float32)
+    n, o, cg, size = x.shape[0], w.shape[0], w.shape[1], w.shape[2:]
+    before, after = _spatial_pads(attrs.get("padding", [0] * nd), nd)
+    strides, dilation = _pair(attrs.get("strides", [1] * nd), nd), _pair(attrs.get("dilation", [1] * nd), nd)
+    xp = np.pad(x, ((0, 0), (0, 0), *zip(before, after)))
+    out = tuple((xp.shape[2 + i] - dilation[i] * (size[i] - 1) - 1) // strides[i] + 1 for i in range(nd))
+    # (N, C, *out, *kernel) -> (N, C, *kernel, *out): k = (channel, kernel axes), by output position
+    win = _windows(xp, size, strides, dilation, out).transpose(0, 1, *range(2 + nd, 2 + 2 * nd), *range(2, 2 + nd))
+    y = np.empty((n, o, int(np.prod(out))), np.float32)
     og = o // g
     for b in range(n):
         for gi in range(g):
-            cols = np.empty((cg, kd, kh, kw, od * oh * ow), np.float32)
-            for q in range(kd):
-                for i in range(kh):
-                    for j in range(kw):
-                        win = xp[b, gi * cg:(gi + 1) * cg, q * dd:q * dd + sd * (od - 1) + 1:sd,
-                                 i * dh:i * dh + sh * (oh - 1) + 1:sh, j * dw:j * dw + sw * (ow - 1) + 1:sw]
-                        cols[:, q, i, j] = win.reshape(cg, -1)
-            y[b, gi * og:(gi + 1) * og] = _fma_blocked_gemm(w[gi * og:(gi + 1) * og].reshape(og, -1),
-                                                            cols.reshape(cg * kd * kh * kw, -1), int(acc["k_block"]))
-    return y.reshape(n, o, od, oh, ow)
+            cols = win[b, gi * cg:(gi + 1) * cg].reshape(cg * int(np.prod(size)), -1)
+            y[b, gi * og:(gi + 1) * og] = _fma_blocked_gemm(w[gi * og:(gi + 1) * og].reshape(og, -1), cols,
+                                                            int(acc["k_block"]))
+    return y.reshape(n, o, *out)
 
 
-def _triple(v) -> list[int]:
-    v = [int(a) for a in np.atleast_1d(v)]
-    return v * 3 if len(v) == 1 else v
-
-
-def _fma_blocked_gemm(wm: np.ndarray, cols: np.ndarray, block: int) -> np.ndarray:
+def _fma_blocked_gemm(wm: np.ndarray, cols: np.ndarray, block: int, total: np.ndarray | None = None) -> np.ndarray:
     """``wm [M, K] @ cols [K, N]`` in float32: fused multiply-adds from zero over each K slice of
-    ``block``, the slices' sums added in order (MLAS's SGEMM of a convolution)."""
-    total = None
+    ``block``, the slices' sums added in order (MLAS's SGEMM), to ``total`` when given."""
     for k0 in range(0, wm.shape[1], block):
         part = np.zeros((wm.shape[0], cols.shape[1]), np.float32)
         for k in range(k0, min(wm.shape[1], k0 + block)):
