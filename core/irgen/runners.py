@@ -230,14 +230,16 @@ class LayerRunner:
                 note = "; ".join(filter(None, [note, "fused_ops and the quant record compute different values"]))
         return outs, note
 
-    def remember(self, layer: dict, outs: list[np.ndarray]) -> None:
+    def remember(self, layer: dict, outs: list[np.ndarray], goldens: dict[str, Any] | None = None) -> None:
         """Note that ``outs``, the layer's checked outputs on its golden input files, are its
         golden outputs bit for bit, every one: the layer is a pure function of its inputs and
         parameters, so a later unchecked run on inputs of the same bits returns the golden files
         instead of computing them again (verify's ``entire`` and ``source`` checks of an exact
-        model recompute nothing twice)."""
+        model recompute nothing twice). ``goldens``: the golden outputs by name, where the caller
+        read them already (None for one: not remembered); by default read from their files."""
         recs = layer.get("outputs") or []
-        if len(outs) == len(recs) and all(same_bits(o, self.files.load(r)) for o, r in zip(outs, recs)):
+        golden = (lambda r: goldens.get(r["name"])) if goldens is not None else self.files.load
+        if len(outs) == len(recs) and all(same_bits(o, golden(r)) for o, r in zip(outs, recs)):
             self._exact_on_golden.add(layer["name"])
 
     def _known(self, layer: dict, inputs: list[np.ndarray]) -> list[np.ndarray] | None:

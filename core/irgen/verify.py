@@ -378,9 +378,9 @@ class _VerifyRun:
             elif not self.refused(layer, "single"):
                 got = self.attempt(layer, "single", lambda: [self.files.load(r) for r in layer.get("inputs") or []])
                 if got is not None:
-                    self.compare_outputs(layer, "single", *got, scaled=True)
+                    passed = self.compare_outputs(layer, "single", *got, scaled=True)
                     if got[1] is None:  # no disagreement of the reference with itself
-                        self.runner.remember(layer, got[0])
+                        self.runner.remember(layer, got[0], passed)
             self.step("layers", i, len(layers))
 
     def entire(self) -> None:
